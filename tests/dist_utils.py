@@ -1,0 +1,56 @@
+"""Run a function on N real ranks (gloo on the CPU) and collect each rank's return value."""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world_size, port, fn, args, queue):
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+    )
+    try:
+        result = fn(*args)
+        queue.put((rank, "ok", result))
+    except BaseException:  # report the traceback to the parent, which fails the test
+        queue.put((rank, "error", traceback.format_exc()))
+    finally:
+        from vapo_megatron import parallel
+
+        parallel.destroy()
+
+
+def run_ranks(world_size: int, fn, *args, timeout: float = 600.0) -> list:
+    """fn(*args) on `world_size` spawned processes; returns [result of rank 0, rank 1, ...]."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results, errors = {}, []
+    for _ in range(world_size):
+        rank, status, value = queue.get()
+        if status == "ok":
+            results[rank] = value
+        else:
+            errors.append(f"rank {rank}:\n{value}")
+            break
+    for p in procs:
+        p.join(timeout=timeout if not errors else 5)
+        if p.is_alive():
+            p.kill()
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return [results[r] for r in range(world_size)]

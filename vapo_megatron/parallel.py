@@ -1,0 +1,212 @@
+"""Distributed start-up and every process group the trainer uses, in one place.
+
+Reads the launcher's environment (torchrun's RANK/WORLD_SIZE/LOCAL_RANK first, then Slurm's
+SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID), starts torch.distributed (NCCL on GPU, gloo on the
+CPU), and initializes Megatron's model parallelism. Data parallelism is derived:
+DP = world_size / (TP * PP). Other modules ask this module for groups, ranks and sizes and
+never reach into megatron's parallel_state themselves.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from vapo_megatron import cpu_compat
+
+
+class LayoutError(ValueError):
+    """A parallel layout that cannot work; the message names the offending setting."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    world_size: int
+    tp: int
+    pp: int
+    dp: int
+    vpp: int | None = None
+
+
+def validate_layout(
+    world_size: int,
+    tp: int,
+    pp: int,
+    vpp: int | None = None,
+    *,
+    num_layers: int | None = None,
+    num_attention_heads: int | None = None,
+    num_query_groups: int | None = None,
+    prefix: str = "parallel",
+) -> Layout:
+    """Check a layout against the world size and (optionally) a model; derive DP."""
+    if tp < 1 or pp < 1:
+        raise LayoutError(f"{prefix}.tensor_parallel={tp} and {prefix}.pipeline_parallel={pp} must be >= 1")
+    if world_size % (tp * pp) != 0:
+        raise LayoutError(
+            f"world size {world_size} is not divisible by {prefix}.tensor_parallel * "
+            f"{prefix}.pipeline_parallel = {tp} * {pp} = {tp * pp}"
+        )
+    if num_attention_heads is not None and num_attention_heads % tp != 0:
+        raise LayoutError(
+            f"{prefix}.tensor_parallel={tp} does not divide the model's num_attention_heads="
+            f"{num_attention_heads}"
+        )
+    if num_query_groups is not None and num_query_groups % tp != 0:
+        raise LayoutError(
+            f"{prefix}.tensor_parallel={tp} does not divide the model's num_key_value_heads="
+            f"{num_query_groups}"
+        )
+    if num_layers is not None:
+        stages = pp * (vpp or 1)
+        if num_layers % stages != 0:
+            what = f"pipeline_parallel * virtual_pipeline = {pp} * {vpp}" if vpp else f"pipeline_parallel = {pp}"
+            raise LayoutError(
+                f"the model's num_hidden_layers={num_layers} is not divisible by {prefix}.{what}"
+            )
+    if vpp is not None and (vpp < 1 or pp < 2):
+        raise LayoutError(f"{prefix}.virtual_pipeline={vpp} needs pipeline_parallel >= 2 and vpp >= 1")
+    return Layout(world_size=world_size, tp=tp, pp=pp, dp=world_size // (tp * pp), vpp=vpp)
+
+
+def launcher_env() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) from torchrun, else Slurm, else a single process.
+
+    Inside torchrun every worker sees the same SLURM_PROCID, so torchrun's variables win.
+    """
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    if "SLURM_PROCID" in os.environ and "SLURM_NTASKS" in os.environ:
+        return (
+            int(os.environ["SLURM_PROCID"]),
+            int(os.environ["SLURM_NTASKS"]),
+            int(os.environ.get("SLURM_LOCALID", 0)),
+        )
+    return 0, 1, 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(
+    tp: int = 1,
+    pp: int = 1,
+    vpp: int | None = None,
+    *,
+    seed: int = 1234,
+    timeout_minutes: int = 30,
+) -> Layout:
+    """Start torch.distributed and Megatron model parallelism; idempotent per process."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    rank, world_size, local_rank = launcher_env()
+    layout = validate_layout(world_size, tp, pp, vpp)
+    on_gpu = torch.cuda.is_available()
+    if on_gpu:
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    else:
+        cpu_compat.activate()
+
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if world_size == 1:
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        elif "MASTER_PORT" not in os.environ:
+            raise RuntimeError("MASTER_PORT is not set: launch with torchrun or the slurm/ scripts")
+        dist.init_process_group(
+            backend="nccl" if on_gpu else "gloo",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(minutes=timeout_minutes),
+        )
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            virtual_pipeline_model_parallel_size=vpp,
+            distributed_timeout_minutes=timeout_minutes,
+        )
+    model_parallel_cuda_manual_seed(seed)
+    return layout
+
+
+def destroy() -> None:
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+# ---- groups, ranks and sizes (thin names over megatron's parallel_state) -------------------
+
+def _ps():
+    from megatron.core import parallel_state
+
+    return parallel_state
+
+
+def tp_group():
+    return _ps().get_tensor_model_parallel_group()
+
+
+def tp_rank() -> int:
+    return _ps().get_tensor_model_parallel_rank()
+
+
+def tp_size() -> int:
+    return _ps().get_tensor_model_parallel_world_size()
+
+
+def pp_group():
+    return _ps().get_pipeline_model_parallel_group()
+
+
+def pp_rank() -> int:
+    return _ps().get_pipeline_model_parallel_rank()
+
+
+def pp_size() -> int:
+    return _ps().get_pipeline_model_parallel_world_size()
+
+
+def dp_group():
+    return _ps().get_data_parallel_group()
+
+
+def dp_rank() -> int:
+    return _ps().get_data_parallel_rank()
+
+
+def dp_size() -> int:
+    return _ps().get_data_parallel_world_size()
+
+
+def model_parallel_group():
+    return _ps().get_model_parallel_group()
+
+
+def is_first_stage() -> bool:
+    return _ps().is_pipeline_first_stage()
+
+
+def is_last_stage() -> bool:
+    return _ps().is_pipeline_last_stage()
+
+
+def is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0

@@ -134,11 +134,13 @@ def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg):
     from megatron.core import dist_checkpointing  # noqa: F401  (import order: megatron first)
 
     import model_providers
+    from model_providers.build import build_actor, build_critic
     from vapo_megatron import actor as actor_mod
     from vapo_megatron import critic as critic_mod
     from vapo_megatron import parallel
     from vapo_megatron.config import OptimConfig
     from vapo_megatron.hf_export import iter_hf_tensors
+    from vapo_megatron.hf_import import load_hf_weights
     from vapo_megatron.megatron_step import broadcast_from_last_stage, build_optimizer, optimizer_step, wrap_ddp
     from vapo_megatron.normalization import global_counts
 
@@ -153,9 +155,9 @@ def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg):
         is_critic = role == "critic"
         hf_cfg = model_providers.load_hf_config(hf_dir)
         family = model_providers.family_for(hf_cfg)
-        build = model_providers.build_critic if is_critic else model_providers.build_actor
-        chunks = [build(hf_cfg, params_dtype=torch.float32, calculate_per_token_loss=True)]
-        model_providers.load_hf_weights(chunks, family, hf_cfg, hf_dir, critic=is_critic)
+        build = build_critic if is_critic else build_actor
+        chunks = [build(hf_cfg, params_dtype=torch.float32)]
+        load_hf_weights(chunks, family, hf_cfg, hf_dir, critic=is_critic)
         chunks = wrap_ddp(chunks, distributed_optimizer=False)
         opt = build_optimizer(chunks, optim, params_dtype=torch.float32, kind="sgd")
         micro = [b.select(r) for r in _micro_split(list(range(b.size)), n_micro)]

@@ -1,7 +1,7 @@
 """Megatron-Core plumbing shared by actor and critic: DDP, optimizer, one schedule call.
 
-Gradient normalization (docs/normalization.md): models are built with
-``calculate_per_token_loss=True``. Then
+Gradient normalization (docs/normalization.md): `wrap_ddp` puts megatron in per-token loss
+mode (``calculate_per_token_loss=True``). Then
   * DDP sums gradients over DP ranks (no 1/dp averaging),
   * the schedule neither divides a micro-batch's loss by its token count nor by the number
     of micro-batches, and
@@ -29,7 +29,10 @@ def wrap_ddp(model_chunks: list, *, distributed_optimizer: bool) -> list:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
     tcfg = model_chunks[0].config
-    assert tcfg.calculate_per_token_loss, "models must be built with calculate_per_token_loss=True"
+    # The schedule-facing fields of megatron's config are set here, where the training schedule
+    # is assembled (as Megatron-LM does): per-token loss mode is what makes the normalization
+    # exactly global (module docstring); DDP reads it at construction.
+    tcfg.calculate_per_token_loss = True
     ddp_cfg = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         overlap_grad_reduce=False,

@@ -64,7 +64,8 @@ class RolloutBatch:
             response_lens=take(self.response_lens), rewards=take(self.rewards),
             correct=take(self.correct), group_ids=take(self.group_ids),
             old_logp=take(self.old_logp), values=take(self.values),
-            advantages=take(self.advantages), returns=take(self.returns), extras={},
+            advantages=take(self.advantages), returns=take(self.returns),
+            extras={k: take(v) if isinstance(v, torch.Tensor) else [v[i] for i in idx.tolist()] for k, v in self.extras.items()},
         )
 
 

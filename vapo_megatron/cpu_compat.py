@@ -12,13 +12,17 @@ megatron-core assumes CUDA in three places (see ../shared/ENVIRONMENT.md):
   - the CUDA RNG API is backed by a private CPU ``torch.Generator`` so that megatron's tracker
     works and never disturbs the default CPU generator (weights initialized on the CPU stay
     identical across TP ranks);
-  - ``torch.cuda.synchronize`` and ``current_device`` become harmless.
+  - ``torch.cuda.synchronize`` and ``current_device`` become harmless;
+  - CUDA streams (megatron DDP's gradient sync waits on ``torch.cuda.current_stream()``) are
+    null streams: on the CPU every op is already ordered.
 
 It does nothing when CUDA is available. Only ``vapo_megatron.parallel`` calls it; no other
 module knows about it.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -54,6 +58,22 @@ class _CudaToCpuMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class _NullStream:
+    """Stands in for torch.cuda.Stream: CPU ops run in order, so there is nothing to wait for."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
 def _cuda_get_rng_state(device="cuda"):
     return _fake_cuda_generator.get_state()
 
@@ -76,6 +96,9 @@ def activate() -> bool:
 
     torch.cuda.current_device = lambda: 0  # an ordinal, rewritten to "cpu" by the mode
     torch.cuda.synchronize = lambda device=None: None
+    torch.cuda.current_stream = lambda device=None: _NullStream()
+    torch.cuda.Stream = _NullStream
+    torch.cuda.stream = lambda stream=None: contextlib.nullcontext()
     torch.cuda.get_rng_state = _cuda_get_rng_state
     torch.cuda.set_rng_state = _cuda_set_rng_state
     torch.cuda.manual_seed = _cuda_manual_seed

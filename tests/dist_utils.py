@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import traceback
 
@@ -22,7 +23,9 @@ def _worker(rank, world_size, port, fn, args, queue):
     )
     try:
         result = fn(*args)
-        queue.put((rank, "ok", result))
+        # Plain pickle bytes (our own child's data): tensors are copied, not passed as
+        # shared-memory handles that vanish when this process exits.
+        queue.put((rank, "ok", pickle.dumps(result)))
     except BaseException:  # report the traceback to the parent, which fails the test
         queue.put((rank, "error", traceback.format_exc()))
     finally:
@@ -43,7 +46,7 @@ def run_ranks(world_size: int, fn, *args, timeout: float = 600.0) -> list:
     for _ in range(world_size):
         rank, status, value = queue.get()
         if status == "ok":
-            results[rank] = value
+            results[rank] = pickle.loads(value)
         else:
             errors.append(f"rank {rank}:\n{value}")
             break

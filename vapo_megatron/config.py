@@ -119,7 +119,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    # "math" (math-verify) or a user function "package.module:function".
+    # "math" (math-verify), "exact" (string match) or a user function "package.module:function".
     fn: str = "math"
     correct_score: float = 1.0
     incorrect_score: float = -1.0
@@ -290,6 +290,6 @@ def validate(cfg: Config) -> None:
             _require(os.path.exists(p), f"{key}: {p} does not exist")
     _require(len(d.train_files) > 0 or t.total_steps == 0, "data.train_files is empty")
     _require(cfg.sft.steps == 0 or len(cfg.sft.files) > 0, f"sft.steps={cfg.sft.steps} needs sft.files")
-    _require(cfg.reward.fn == "math" or ":" in cfg.reward.fn,
-             f"reward.fn={cfg.reward.fn!r} must be 'math' or 'package.module:function'")
+    _require(cfg.reward.fn in ("math", "exact") or ":" in cfg.reward.fn,
+             f"reward.fn={cfg.reward.fn!r} must be 'math', 'exact' or 'package.module:function'")
     _require(cfg.reward.timeout_s > 0, f"reward.timeout_s={cfg.reward.timeout_s} must be > 0")

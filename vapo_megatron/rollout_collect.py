@@ -115,7 +115,7 @@ class RolloutContext:
         stats = torch.tensor([
             float(scores.sum()), float(correct.sum()), float(len(texts)), float(rl.sum()),
             float(sum(o.finish_reason == "length" for o in rollout.outputs)),
-            float(counters.get("timeouts", 0)), float(counters.get("errors", 0)),
+            float(counters["reward/timeouts"]), float(counters["reward/errors"]),
         ], dtype=torch.float64)
         max_len = torch.tensor([float(rl.max())])
         if parallel.dp_size() > 1:

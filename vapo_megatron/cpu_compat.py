@@ -13,6 +13,9 @@ megatron-core assumes CUDA in three places (see ../shared/ENVIRONMENT.md):
     works and never disturbs the default CPU generator (weights initialized on the CPU stay
     identical across TP ranks);
   - ``torch.cuda.synchronize`` and ``current_device`` become harmless;
+  - ``Tensor.type()`` reports CUDA type names (megatron's grad clipping asserts
+    ``grad.type() == 'torch.cuda.FloatTensor'``): under the redirection, CPU tensors are what
+    megatron believes are CUDA tensors;
   - CUDA streams (megatron DDP's gradient sync waits on ``torch.cuda.current_stream()``) are
     null streams: on the CPU every op is already ordered.
 
@@ -49,6 +52,9 @@ class _CudaToCpuMode(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name if name.startswith("torch.cuda.") else "torch.cuda." + name[len("torch."):]
         if "device" in kwargs and _is_cuda(kwargs["device"]):
             kwargs["device"] = "cpu"
         if kwargs.get("pin_memory"):

@@ -113,3 +113,11 @@ def to_sequence(y: torch.Tensor, prompt_lens: torch.Tensor, response_lens: torch
 def shifted_targets(tokens: torch.Tensor) -> torch.Tensor:
     """targets[b, p] = tokens[b, p + 1] (the last column gets pad 0; it is never masked in)."""
     return torch.cat([tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
+
+
+def pad_ragged(rows: list[list[float]]) -> torch.Tensor:
+    """[B, T] float32 from ragged per-response lists (response layout), zero-padded."""
+    out = torch.zeros(len(rows), max((len(r) for r in rows), default=1) or 1)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.float32)
+    return out

@@ -26,6 +26,7 @@ from vapo_megatron import parallel
 from vapo_megatron.actor import PolicyLossSettings
 from vapo_megatron.advantages import compute_advantages, policy_lambdas
 from vapo_megatron.algorithms.losses import masked_moment_sums, whiten
+from vapo_megatron.batch import pad_ragged, to_sequence
 from vapo_megatron.config import Config, ConfigError, load_config
 from vapo_megatron.metrics import MetricsLogger
 from vapo_megatron.rollout_collect import RolloutContext, collect_rollouts, evaluate
@@ -134,6 +135,8 @@ class Trainer:
             "perf/tokens_per_s": tokens / dt,
             "perf/padding_ratio": batch_padding_ratio(batch, cfg.trainer.micro_batch_tokens),
         }
+        if "engine_logp" in batch.extras:
+            logs["rollout/logprob_diff"] = self._engine_logprob_diff(batch)
         if "actor/entropy" not in logs:
             logs["actor/entropy"] = logs["actor/entropy_rollout"]
         self.logger.log(self.state.iteration + 1, phase, logs)
@@ -165,6 +168,13 @@ class Trainer:
     def _rollout_seed(self) -> int:
         # A pure function of (seed, iteration, DP rank): a resumed run samples the same rollouts.
         return (self.cfg.trainer.seed * 1_000_003 + self.state.iteration * 7919 + parallel.dp_rank()) % (2**31 - 1)
+
+    def _engine_logprob_diff(self, batch) -> float:
+        """Mean |engine log-prob - trainer log-prob| over response tokens: the rollout/trainer
+        mismatch (kernels, precision) that recomputing old log-probs protects PPO from."""
+        engine = to_sequence(pad_ragged(batch.extras["engine_logp"]), batch.prompt_lens,
+                             batch.response_lens, batch.tokens.shape[1])
+        return self._global_mean((engine - batch.old_logp).abs(), batch.mask)
 
     def _whiten(self, batch):
         sums = masked_moment_sums(batch.advantages, batch.mask).double()

@@ -103,7 +103,14 @@ def _policy_loss(mb: RolloutBatch, logits: torch.Tensor, *, settings: PolicyLoss
     nll_sum = nll_loss_sum(logp, mask, mb.correct.to(device))
     if settings.nll_coef > 0 and counts.pos_tokens > 0:
         loss = loss + settings.nll_coef * (counts.tokens / counts.pos_tokens) * nll_sum
-    logs = {f"actor/{k}_sum": v.detach() for k, v in metrics.items()}
+    # Metric sums; updates.py divides by the global N (N_pos for the NLL).
+    logs = {
+        "actor/clipfrac_sum": metrics["clipped_tokens"],
+        "actor/clipfrac_high_sum": metrics["clipped_high_tokens"],
+        "actor/clipfrac_low_sum": metrics["clipped_low_tokens"],
+        "actor/approx_kl_sum": metrics["approx_kl_sum"],
+        "actor/ratio_mean_sum": metrics["ratio_sum"],
+    }
     logs["actor/pg_loss_sum"] = pg_sum.detach()          # / N  -> L_PPO
     logs["actor/nll_loss_sum"] = nll_sum.detach()        # / N_pos -> L_NLL
     logs["actor/entropy_sum"] = (entropy * mask).sum()   # / N

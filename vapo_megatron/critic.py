@@ -41,7 +41,10 @@ def _value_loss(mb: RolloutBatch, values: torch.Tensor, *, clip_range: float | N
     loss_sum, metrics = value_loss_sum(
         values.float(), mb.values.to(device), mb.returns.to(device), mask, clip_range=clip_range,
     )
-    logs = {f"critic/{k}_sum": v.detach() for k, v in metrics.items()}
+    logs = {  # sums; updates.py divides by the global N
+        "critic/value_clipfrac_sum": metrics["clipped_tokens"],
+        "critic/value_mse_sum": metrics["squared_error_sum"],
+    }
     logs["critic/value_loss_sum"] = loss_sum.detach()  # / N -> L_V
     return loss_sum, mask.sum().int().cpu(), logs
 

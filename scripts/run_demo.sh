@@ -1,3 +1,21 @@
 #!/usr/bin/env bash
-echo "make demo: the embedded VAPO run arrives with the trainer (issue 5); not available yet." >&2
-exit 1
+# `make demo`: the embedded VAPO run on the CPU (TP=2, two processes), from nothing to a
+# trained model in runs/demo/ (metrics.jsonl, checkpoints/, curves.png, hf/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+RUN=runs/demo
+start=$(date +%s)
+if [ ! -f "$RUN/data/meta.json" ]; then
+  echo "demo: writing the synthetic task, tokenizer and tiny model to $RUN/data"
+  "$PY" scripts/make_demo_data.py --out "$RUN/data" >/dev/null
+fi
+# A finished demo is started over; an interrupted one resumes from its last checkpoint.
+if [ -d "$RUN/hf" ]; then
+  rm -rf "$RUN/checkpoints" "$RUN/hf" "$RUN/metrics.jsonl" "$RUN/tensorboard" "$RUN/curves.png"
+fi
+"$PY" -m torch.distributed.run --nproc-per-node 2 --master-addr 127.0.0.1 --master-port "${VAPO_DEMO_PORT:-29517}" \
+  -m vapo_megatron.train --config configs/demo_cpu.yaml "$@" 2> >(grep -v -E "UserWarning|warnings.warn|DEPRECATED|RNG state changed|^\s*$" >&2)
+"$PY" scripts/plot_metrics.py "$RUN"
+"$PY" scripts/demo_report.py "$RUN" --seconds $(( $(date +%s) - start ))

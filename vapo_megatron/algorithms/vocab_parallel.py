@@ -4,8 +4,8 @@ Each TP rank holds logits for a contiguous slice [vocab_start, vocab_start + V/T
 vocabulary. The log-softmax needs three vocabulary-wide quantities per token, combined across
 the TP group with all-reduces: the max (MAX), the sum of exp (SUM) and the target's logit (SUM,
 only its owner contributes); the entropy adds the sum of p * logit (SUM). No rank ever holds
-full-vocabulary logits, and work is done in chunks of tokens so the only float32 temporaries
-are [chunk, V/TP] (bf16 logits are cast per chunk, never as a whole).
+full-vocabulary logits, and work is done in chunks of tokens so the only float32 temporary is
+one [chunk, V/TP] buffer at a time (bf16 logits are cast per chunk, never as a whole).
 
 Temperature is applied the way SGLang reports log-probs: log_softmax(logits / temperature).
 """
@@ -61,9 +61,10 @@ class _VocabParallelLogProbs(torch.autograd.Function):
         if world > 1:
             dist.all_reduce(gmax, op=dist.ReduceOp.MAX, group=tp_group)
 
-        # Pass 2: per chunk, t = logits / T - max (float32, the chunk's only copy),
-        # sums[:, 0] = sum exp(t), [:, 1] = t at the target (owner rank only),
-        # [:, 2] = sum exp(t) * t (entropy). One SUM all-reduce for every token at once.
+        # Pass 2: per chunk, t = logits / T - max in one float32 [chunk, V/TP] buffer (the only
+        # temporary), then overwritten in place: e = exp(t), then e * log(e) = e * t.
+        # sums[:, 0] = sum e, [:, 1] = t at the target (owner rank only), [:, 2] = sum e * t
+        # (entropy). One SUM all-reduce for every token at once.
         local = tgt - vocab_start
         owned = (local >= 0) & (local < Vs)
         local = torch.where(owned, local, 0)
@@ -75,11 +76,11 @@ class _VocabParallelLogProbs(torch.autograd.Function):
                 t.div_(temperature)
             t.sub_(gmax[e, None])
             sums[e, 1] = torch.where(owned[e], t.gather(1, local[e, None]).squeeze(1), 0.0)
-            p = torch.exp(t)
-            sums[e, 0] = p.sum(dim=-1)
+            t.exp_()
+            sums[e, 0] = t.sum(dim=-1)
             if with_entropy:
-                sums[e, 2] = torch.einsum("nv,nv->n", p, t)  # a batched dot: no [chunk, V] temp
-            del p, t
+                sums[e, 2] = t.xlogy_(t).sum(dim=-1)  # xlogy(0, 0) = 0 where exp underflowed
+            del t
         if world > 1:
             dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=tp_group)
         log_z = torch.log(sums[:, 0])  # [N]: logsumexp(logits / T) - max
@@ -144,8 +145,9 @@ def vocab_parallel_logprobs_entropy(
     float32 or None). The entropy is a METRIC: it is detached (no gradient flows through it).
 
     Memory: backward keeps a reference to the logits themselves (no copy) and the per-token
-    logsumexp [N]; temporaries are float32 [chunk_tokens, V/TP], so lower chunk_tokens for
-    large vocabulary shards.
+    logsumexp [N]. Forward and backward each use one float32 [chunk_tokens, V/TP] buffer at a
+    time (plus, in backward, the gradient itself, in the logits' dtype); lower chunk_tokens for
+    large vocabulary shards (4096 x 32768 is 512 MiB).
     """
     if logits_shard.shape[:-1] != targets.shape:
         raise ValueError(

@@ -1,0 +1,1 @@
+"""VAPO's math as pure functions of tensors (see ../../shared/VAPO.md and arXiv 2504.05118)."""

@@ -173,3 +173,13 @@ def test_explained_variance():
     ref = 1 - torch.var(G - V, unbiased=False) / torch.var(G, unbiased=False)
     assert explained_variance_from_sums(sums) == pytest.approx(ref.item(), rel=1e-9)
     assert explained_variance_from_sums(explained_variance_sums(returns, returns, mask)) == pytest.approx(1.0)
+
+
+def test_explained_variance_of_rounding_noise_is_nan():
+    from vapo_megatron.algorithms.losses import explained_variance_from_sums, explained_variance_sums
+
+    # Monte-Carlo returns of an all-wrong batch: constant -1 up to float32 rounding of A + V.
+    values = torch.randn(4, 6)
+    returns = ((-1.0 - values) + values).float()
+    mask = torch.ones(4, 6)
+    assert math.isnan(explained_variance_from_sums(explained_variance_sums(values, returns, mask)))

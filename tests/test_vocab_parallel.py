@@ -80,3 +80,34 @@ def test_single_process_and_bad_targets():
     bad[1, 2] = V
     with pytest.raises(ValueError, match=f"token id {V} is outside"):
         vocab_parallel_logprobs_entropy(x, bad, tp_group=None, vocab_start=0)
+
+
+def check_padded(real_vocab):
+    """Megatron pads the vocabulary; padded columns (garbage logits here) must not count."""
+    from vapo_megatron import parallel
+
+    parallel.init_distributed(2, 1)
+    rank, group = parallel.tp_rank(), parallel.tp_group()
+    width = 32  # padded vocabulary 64 over TP=2
+    g = torch.Generator().manual_seed(3)
+    full = torch.randn(3, 7, 2 * width, generator=g) * 4
+    full[..., real_vocab:] = 50.0  # large logits in the padding: any leak dominates the softmax
+    targets = torch.randint(0, real_vocab, (3, 7), generator=g)
+    weights = torch.randn(3, 7, generator=g)
+    shard = full[..., rank * width : (rank + 1) * width].clone().requires_grad_()
+    logp, entropy = vocab_parallel_logprobs_entropy(
+        shard, targets, tp_group=group, vocab_start=rank * width, temperature=TEMP, chunk_tokens=4,
+        num_valid=real_vocab - rank * width,
+    )
+    (logp * weights).sum().backward()
+    ref_logp, ref_entropy, ref_grad = reference(full[..., :real_vocab], targets, weights)
+    torch.testing.assert_close(logp.double(), ref_logp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy.double(), ref_entropy, rtol=1e-5, atol=1e-5)
+    padded_ref = torch.nn.functional.pad(ref_grad, (0, 2 * width - real_vocab))
+    torch.testing.assert_close(shard.grad.double(), padded_ref[..., rank * width : (rank + 1) * width], rtol=1e-5, atol=1e-6)
+    return True
+
+
+@pytest.mark.parametrize("real_vocab", [50, 20])  # rank 1 holds some real columns / none at all
+def test_vocabulary_padding_is_excluded(real_vocab):
+    assert run_ranks(2, check_padded, real_vocab) == [True, True]

@@ -40,16 +40,14 @@ def token_logprobs(logits_shard: torch.Tensor, targets: torch.Tensor, *, tempera
     """[b, S, V_pad/TP] vocab-parallel logits -> log-probs [b, S] (and entropy [b, S]).
 
     Megatron pads the vocabulary to a multiple of 128*TP; the padded columns are not part of
-    the model's distribution (neither HF's nor SGLang's), so each rank drops its share of them.
+    the model's distribution (neither HF's nor SGLang's), so each rank excludes its share of
+    them (a small vocabulary can leave the last TP ranks with none at all).
     """
     width = logits_shard.shape[-1]
     vocab_start = parallel.tp_rank() * width
-    valid = min(width, vocab_size - vocab_start)
-    if valid < width:
-        logits_shard = logits_shard[..., :valid]
     return vocab_parallel_logprobs_entropy(
         logits_shard, targets, tp_group=parallel.tp_group(), vocab_start=vocab_start,
-        temperature=temperature, with_entropy=with_entropy,
+        temperature=temperature, with_entropy=with_entropy, num_valid=vocab_size - vocab_start,
     )
 
 

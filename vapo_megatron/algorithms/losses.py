@@ -208,6 +208,8 @@ def explained_variance_from_sums(sums: dict[str, Tensor]) -> float:
         return float("nan")
     var_g = float(sums["returns_sq_sum"]) / n - (float(sums["returns_sum"]) / n) ** 2
     var_res = float(sums["residual_sq_sum"]) / n - (float(sums["residual_sum"]) / n) ** 2
-    if var_g <= 0:
+    # Var(G) of (near-)constant returns is float rounding noise (returns = A + V is computed in
+    # float32); the ratio would be meaningless, so report NaN as for an exactly constant G.
+    if var_g <= 1e-8 * max(1.0, (float(sums["returns_sum"]) / n) ** 2):
         return float("nan")
     return 1.0 - var_res / var_g

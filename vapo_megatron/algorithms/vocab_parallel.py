@@ -45,18 +45,20 @@ def _unflatten(x: Tensor, permuted_shape: tuple[int, ...], order: list[int]) -> 
 
 class _VocabParallelLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, targets, tp_group, vocab_start, temperature, chunk_tokens, with_entropy):
+    def forward(ctx, logits, targets, tp_group, vocab_start, temperature, chunk_tokens, with_entropy, num_valid):
         flat, pshape, order = _flatten_tokens(logits)
-        N, Vs = flat.shape
+        N, _ = flat.shape
+        Vs = num_valid  # columns past num_valid are vocabulary padding: not part of the softmax
         tgt = targets.permute(*order).reshape(-1)  # [N]
         device = flat.device
         world = _group_size(tp_group)
 
         # Pass 1: the vocabulary-wide max per token, from the raw logits (max commutes with a
         # positive temperature), one all-reduce for every token at once.
-        gmax = torch.empty(N, dtype=torch.float32, device=device)
-        for s in range(0, N, chunk_tokens):
-            gmax[s : s + chunk_tokens] = flat[s : s + chunk_tokens].amax(dim=-1).float()
+        gmax = torch.full((N,), float("-inf"), dtype=torch.float32, device=device)
+        if Vs > 0:
+            for s in range(0, N, chunk_tokens):
+                gmax[s : s + chunk_tokens] = flat[s : s + chunk_tokens, :Vs].amax(dim=-1).float()
         gmax.div_(temperature)
         if world > 1:
             dist.all_reduce(gmax, op=dist.ReduceOp.MAX, group=tp_group)
@@ -71,7 +73,9 @@ class _VocabParallelLogProbs(torch.autograd.Function):
         sums = torch.zeros(N, 3, dtype=torch.float32, device=device)
         for s in range(0, N, chunk_tokens):
             e = slice(s, s + chunk_tokens)
-            t = flat[e].to(torch.float32, copy=True)
+            if Vs == 0:
+                break
+            t = flat[e, :Vs].to(torch.float32, copy=True)
             if temperature != 1.0:
                 t.div_(temperature)
             t.sub_(gmax[e, None])
@@ -92,8 +96,8 @@ class _VocabParallelLogProbs(torch.autograd.Function):
             entropy = logp.new_empty(0)
 
         ctx.save_for_backward(logits, targets, gmax + log_z)  # per-token logsumexp of logits/T
-        ctx.tp_group, ctx.vocab_start, ctx.temperature, ctx.chunk_tokens = (
-            tp_group, vocab_start, temperature, chunk_tokens,
+        ctx.tp_group, ctx.vocab_start, ctx.temperature, ctx.chunk_tokens, ctx.num_valid = (
+            tp_group, vocab_start, temperature, chunk_tokens, num_valid,
         )
         ctx.mark_non_differentiable(entropy)
         return _unflatten(logp, pshape, order), entropy
@@ -105,25 +109,28 @@ class _VocabParallelLogProbs(torch.autograd.Function):
         # no further communication is needed (Megatron's output layer reduces input grads).
         logits, targets, lse = ctx.saved_tensors
         flat, pshape, order = _flatten_tokens(logits)
-        N, Vs = flat.shape
+        N, _ = flat.shape
+        Vs = ctx.num_valid
         tgt = targets.permute(*order).reshape(-1)
         g = grad_logp.permute(*order).reshape(-1).to(torch.float32) / ctx.temperature  # [N]
         local = tgt - ctx.vocab_start
         owned = (local >= 0) & (local < Vs)
         local = torch.where(owned, local, 0)
-        grad_flat = torch.empty_like(flat, memory_format=torch.contiguous_format)
+        grad_flat = torch.zeros_like(flat, memory_format=torch.contiguous_format)  # padding: 0
         C = ctx.chunk_tokens
-        for s in range(0, N, C):
+        for s in range(0, N, C if Vs > 0 else max(N, 1)):
+            if Vs == 0:
+                break
             e = slice(s, s + C)
-            p = flat[e].to(torch.float32, copy=True)
+            p = flat[e, :Vs].to(torch.float32, copy=True)
             if ctx.temperature != 1.0:
                 p.div_(ctx.temperature)
             p.sub_(lse[e, None]).exp_().mul_(-g[e, None])  # -g * softmax
             p.scatter_add_(1, local[e, None], torch.where(owned[e], g[e], 0.0)[:, None])
-            grad_flat[e] = p
+            grad_flat[e, :Vs] = p
             del p
-        grad = _unflatten(grad_flat, pshape + (Vs,), order + [len(order)])
-        return grad, None, None, None, None, None, None
+        grad = _unflatten(grad_flat, pshape + (flat.shape[1],), order + [len(order)])
+        return grad, None, None, None, None, None, None, None
 
 
 def vocab_parallel_logprobs_entropy(
@@ -135,13 +142,16 @@ def vocab_parallel_logprobs_entropy(
     temperature: float = 1.0,
     chunk_tokens: int = 4096,
     with_entropy: bool = True,
+    num_valid: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """log p(target) and entropy of softmax(logits / temperature) over the full vocabulary.
 
     logits_shard: [..., V/TP] this rank's vocabulary slice (any float dtype, e.g. bf16),
     covering token ids [vocab_start, vocab_start + V/TP); targets: [...] int64 token ids in the
     full vocabulary. tp_group: the tensor-parallel process group (None or size 1: single
-    process). Returns (logp [...] float32, differentiable w.r.t. logits_shard; entropy [...]
+    process). num_valid: how many leading columns of this shard are real vocabulary (the rest
+    is Megatron's vocabulary padding, excluded from the softmax; may be 0 on the last TP ranks
+    of a small vocabulary); None: all. Returns (logp [...] float32, differentiable w.r.t. logits_shard; entropy [...]
     float32 or None). The entropy is a METRIC: it is detached (no gradient flows through it).
 
     Memory: backward keeps a reference to the logits themselves (no copy) and the per-token
@@ -164,8 +174,10 @@ def vocab_parallel_logprobs_entropy(
     if targets.numel() and bool(((targets < 0) | (targets >= vocab)).any()):
         bad = targets[(targets < 0) | (targets >= vocab)][0].item()
         raise ValueError(f"target token id {bad} is outside the vocabulary [0, {vocab})")
+    width = logits_shard.shape[-1]
+    num_valid = width if num_valid is None else max(0, min(int(num_valid), width))
     logp, entropy = _VocabParallelLogProbs.apply(
         logits_shard, targets.long(), tp_group, int(vocab_start), float(temperature),
-        int(chunk_tokens), bool(with_entropy),
+        int(chunk_tokens), bool(with_entropy), num_valid,
     )
     return logp, (entropy if with_entropy else None)

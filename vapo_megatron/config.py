@@ -131,9 +131,15 @@ class SFTConfig:
     """Optional warm start before RL: supervised steps on correct examples."""
 
     files: tuple[str, ...] = ()
+    # At most this many steps; fewer when target_accuracy is reached first.
     steps: int = 0
     lr: float = 1e-4
     batch_size: int = 32
+    # Stop once greedy accuracy on `eval_prompts` RL-train prompts (never the eval set)
+    # reaches this; null: run all steps. Checked every `eval_every` steps.
+    target_accuracy: float | None = None
+    eval_every: int = 25
+    eval_prompts: int = 256
 
 
 @dataclass(frozen=True)
@@ -290,6 +296,9 @@ def validate(cfg: Config) -> None:
             _require(os.path.exists(p), f"{key}: {p} does not exist")
     _require(len(d.train_files) > 0 or t.total_steps == 0, "data.train_files is empty")
     _require(cfg.sft.steps == 0 or len(cfg.sft.files) > 0, f"sft.steps={cfg.sft.steps} needs sft.files")
+    _require(cfg.sft.target_accuracy is None or 0 < cfg.sft.target_accuracy <= 1,
+             f"sft.target_accuracy={cfg.sft.target_accuracy} must be in (0, 1] (or null)")
+    _require(cfg.sft.eval_every >= 1 and cfg.sft.eval_prompts >= 1, "sft.eval_every and sft.eval_prompts must be >= 1")
     _require(cfg.reward.fn in ("math", "exact") or ":" in cfg.reward.fn,
              f"reward.fn={cfg.reward.fn!r} must be 'math', 'exact' or 'package.module:function'")
     _require(cfg.reward.timeout_s > 0, f"reward.timeout_s={cfg.reward.timeout_s} must be > 0")

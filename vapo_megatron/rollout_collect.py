@@ -159,9 +159,9 @@ def collect_rollouts(ctx: RolloutContext, global_prompts: list[PromptRecord], *,
     return Rollout(prompts=prompts, outputs=outputs, n=ctx.cfg.rollout.n_samples)
 
 
-def evaluate(ctx: RolloutContext) -> float:
-    """Held-out greedy accuracy (eval/accuracy), over all DP ranks."""
-    records = ctx.eval_records
+def evaluate(ctx: RolloutContext, records: list[PromptRecord] | None = None) -> float:
+    """Greedy accuracy over all DP ranks; by default on the held-out set (eval/accuracy)."""
+    records = ctx.eval_records if records is None else records
     per = -(-len(records) // parallel.dp_size())
     mine = records[parallel.dp_rank() * per : (parallel.dp_rank() + 1) * per]
     correct = 0.0

@@ -43,6 +43,7 @@ class CheckpointCorrupt(RuntimeError):
 class RunState:
     iteration: int = 0
     sft_steps_done: int = 0
+    sft_finished: bool = False
     pretrain_steps_done: int = 0
     pretrain_finished: bool = False
     sampler: PromptSampler | None = field(default=None, repr=False)
@@ -188,7 +189,7 @@ def load_run_state(cfg: Config, actor: TrainModel, critic: TrainModel, ctx) -> R
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
         s = meta["state"]
-        state.iteration, state.sft_steps_done = s["iteration"], s["sft_steps_done"]
+        state.iteration, state.sft_steps_done, state.sft_finished = s["iteration"], s["sft_steps_done"], s["sft_finished"]
         state.pretrain_steps_done, state.pretrain_finished = s["pretrain_steps_done"], s["pretrain_finished"]
         state.sampler.load_state_dict(s["sampler"])
         if parallel.is_rank0():

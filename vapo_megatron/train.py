@@ -72,7 +72,7 @@ class Trainer:
 
     def run(self) -> int:
         cfg = self.cfg
-        if self.state.sft_steps_done < cfg.sft.steps:
+        if not self.state.sft_finished and cfg.sft.steps > 0:
             self.warm_start()
         sync_weights(self.actor, self.ctx.engine, version=self.state.iteration, cfg=cfg)
         if self.state.iteration == 0 and self.ctx.eval_records:
@@ -146,8 +146,9 @@ class Trainer:
         is random; the paper's base had been pretrained). Reuses the actor's NLL loss."""
         from vapo_megatron.warm_start import sft_steps
 
-        for step, logs in sft_steps(self.cfg, self.actor, self.ctx, start=self.state.sft_steps_done):
+        for step, logs, finished in sft_steps(self.cfg, self.actor, self.ctx, start=self.state.sft_steps_done):
             self.state.sft_steps_done = step + 1
+            self.state.sft_finished = finished
             self.logger.log(0, "sft", logs)
 
     def log_eval(self, when: str) -> None:

@@ -16,6 +16,8 @@ import torch
 from vapo_megatron.actor import PolicyLossSettings
 from vapo_megatron.batch import RolloutBatch, pack_sequences
 from vapo_megatron.data.prompts import PromptSampler, load_prompts
+from vapo_megatron.rollout_collect import evaluate
+from vapo_megatron.run_state import sync_weights
 from vapo_megatron.updates import TrainModel, update_actor
 
 
@@ -33,7 +35,10 @@ def _sft_batch(records, tokenizer, stop_id: int) -> RolloutBatch:
     return batch
 
 
-def sft_steps(cfg, actor: TrainModel, ctx, *, start: int) -> Iterator[tuple[int, dict]]:
+def sft_steps(cfg, actor: TrainModel, ctx, *, start: int) -> Iterator[tuple[int, dict, bool]]:
+    """Yields (step, logs, finished). Stops early once greedy accuracy on RL-train prompts
+    reaches sft.target_accuracy: a tiny model's SFT generalizes in a sharp, seed-dependent
+    transition, so a step count alone over- or under-shoots (docs/data_and_rewards.md)."""
     s, d = cfg.sft, cfg.data
     records, _ = load_prompts(list(s.files), ctx.tokenizer, max_prompt_tokens=d.max_prompt_tokens,
                               apply_chat_template=d.apply_chat_template, schema="simple")
@@ -46,4 +51,12 @@ def sft_steps(cfg, actor: TrainModel, ctx, *, start: int) -> Iterator[tuple[int,
         batch = _sft_batch(ctx.dp_share(sampler.next_batch()), ctx.tokenizer, ctx.stop_token_ids[0])
         logs = update_actor(actor, batch, settings, mini_batches=1, epochs=1,
                             max_tokens=cfg.trainer.micro_batch_tokens, lr=s.lr)
-        yield step, {"sft/nll_loss": logs["actor/nll_loss"], "sft/grad_norm": logs["actor/grad_norm"], "sft/step": step + 1}
+        out = {"sft/nll_loss": logs["actor/nll_loss"], "sft/grad_norm": logs["actor/grad_norm"], "sft/step": step + 1}
+        done = step + 1 == s.steps
+        if s.target_accuracy is not None and (step + 1) % s.eval_every == 0:
+            sync_weights(actor, ctx.engine, version=-1, cfg=cfg)
+            out["sft/train_accuracy"] = evaluate(ctx, ctx.train_records[: s.eval_prompts])
+            done = done or out["sft/train_accuracy"] >= s.target_accuracy
+        yield step, out, done
+        if done:
+            return

@@ -74,6 +74,7 @@ class Trainer:
         cfg = self.cfg
         if not self.state.sft_finished and cfg.sft.steps > 0:
             self.warm_start()
+            save_run_state(cfg, self.state, self.actor, self.critic, self.ctx)  # never redo SFT
         sync_weights(self.actor, self.ctx.engine, version=self.state.iteration, cfg=cfg)
         if self.state.iteration == 0 and self.ctx.eval_records:
             self.log_eval("before_vapo")

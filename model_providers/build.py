@@ -82,6 +82,15 @@ class CriticModel(GPTModel):
                     self.value_head.weight.copy_(w)
                     self.value_head.bias.zero_()
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        # LanguageModule.sharded_state_dict flags the last stage's output_layer.weight for vocab
+        # padding; the critic has none. Its children (value_head included) are unaffected.
+        post_process, self.post_process = self.post_process, False
+        try:
+            return super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        finally:
+            self.post_process = post_process
+
     def forward(self, input_ids, position_ids, attention_mask, **kwargs):
         return super().forward(input_ids, position_ids, attention_mask, output_processor=self._values, **kwargs)
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 
-def qwen2_config(*, tied: bool, vocab: int = 250, layers: int = 4):
+def qwen2_config(*, tied: bool, vocab: int = 300, layers: int = 4):
     from transformers import Qwen2Config
 
-    # GQA (4 query heads, 2 KV groups); vocab 250 needs padding (256 at TP=1 and TP=2).
+    # GQA (4 query heads, 2 KV groups); vocab 300 is padded to 384 at TP=1 and 512 at TP=2,
+    # so a checkpoint written at TP=2 loaded at TP=1 also changes the padding.
     return Qwen2Config(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -21,7 +22,7 @@ def qwen3_config(*, tied: bool = False):
     from transformers import Qwen3Config
 
     return Qwen3Config(
-        vocab_size=250, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
         tie_word_embeddings=tied, architectures=["Qwen3ForCausalLM"],
     )
@@ -51,5 +52,5 @@ def save_tiny(path, *, kind: str = "qwen2", tied: bool = False, critic: bool = F
     return model.eval()
 
 
-def input_ids(batch: int = 2, seq: int = 12, vocab: int = 250, seed: int = 1) -> torch.Tensor:
+def input_ids(batch: int = 2, seq: int = 12, vocab: int = 300, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))

@@ -82,6 +82,8 @@ def _layout_run(tp: int, pp: int, dirs: dict, ids, work: Path, extra: dict):
 
     from vapo_megatron import convert, parallel
 
+    if ps.model_parallel_is_initialized():  # the previous layout of this world
+        ps.destroy_model_parallel()
     parallel.init_distributed(tp, pp)
     out = {}
     tag = f"tp{tp}pp{pp}"
@@ -98,8 +100,25 @@ def _layout_run(tp: int, pp: int, dirs: dict, ids, work: Path, extra: dict):
         convert.hf_to_mcore(dirs["untied"], work / f"fresh-{tag}", critic=True, tp=tp, pp=pp, dtype=None)
         out["fresh_critic"] = _load_and_forward(work / f"fresh-{tag}", ids, critic=True)
         convert.mcore_to_hf(work / f"fresh-{tag}", work / f"fresh-{tag}-hf", tp=tp, pp=pp, max_shard_bytes=2**30)
-    last = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
-    return out if last else None
+    reporter = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
+    return out if reporter else None
+
+
+def _all_layouts(dirs: dict, ids, work: Path):
+    """Every layout in one 4-rank world (process start-up dominates the cost on a small machine):
+    TP=2 x PP=2, TP=2 (DP=2), PP=2 (DP=2), then TP=1 (DP=4), which also loads checkpoints
+    written at TP=2."""
+    tp1_extra = {
+        "kinds": ("qwen3",),
+        # Written at TP=2 (vocab padded to 512), loaded at TP=1 (padded to 384).
+        "reshard": {"untied_from_tp2": (work / "untied-tp2pp1", False),
+                    "critic_from_tp2": (work / "critic-tp2pp1", True)},
+        "fresh_critic": True,
+    }
+    return {
+        f"tp{tp}pp{pp}": _layout_run(tp, pp, dirs, ids, work, extra)
+        for tp, pp, extra in ((2, 2, {}), (2, 1, {}), (1, 2, {}), (1, 1, tp1_extra))
+    }
 
 
 def _last(results):
@@ -128,9 +147,8 @@ def _check_export(src: Path, dst: Path, *, critic: bool, ref: torch.Tensor, ids)
     torch.testing.assert_close(got[..., 0] if critic else got, ref, atol=0, rtol=0)
 
 
-def _check_layout(results, models, work, tag):
+def _check_layout(out, models, work, tag):
     dirs, refs, ids, _ = models
-    out = _last(results)
     for kind in KINDS:
         assert out[kind].shape == refs[kind].shape, kind
         torch.testing.assert_close(out[kind], refs[kind], atol=TOL, rtol=0, msg=lambda m: f"{kind} {tag}: {m}")
@@ -139,34 +157,41 @@ def _check_layout(results, models, work, tag):
 
 
 @pytest.fixture(scope="module")
-def tp2(models, tmp_path_factory):
+def layouts(models, tmp_path_factory):
     dirs, _, ids, _ = models
-    work = tmp_path_factory.mktemp("tp2")
-    return run_ranks(2, _layout_run, 2, 1, dirs, ids, work, {}), work
+    work = tmp_path_factory.mktemp("layouts")
+    per_rank = run_ranks(4, _all_layouts, dirs, ids, work)
+    return {tag: _last([r[tag] for r in per_rank]) for tag in per_rank[0]}, work
 
 
-def test_tp2_matches_transformers_and_round_trips(models, tp2):
-    results, work = tp2
-    _check_layout(results, models, work, "tp2pp1")
+def test_tp2_matches_transformers_and_round_trips(models, layouts):
+    out, work = layouts
+    _check_layout(out["tp2pp1"], models, work, "tp2pp1")
 
 
-def test_tp1_matches_transformers_and_loads_a_tp2_checkpoint(models, tp2, tmp_path):
+def test_pp2_matches_transformers_and_round_trips(models, layouts):
+    out, work = layouts
+    _check_layout(out["tp1pp2"], models, work, "tp1pp2")
+
+
+def test_tp2_pp2_matches_transformers_and_round_trips(models, layouts):
+    out, work = layouts
+    _check_layout(out["tp2pp2"], models, work, "tp2pp2")
+    # each pipeline stage wrote its own shards
+    files = set(json.loads((work / "untied-tp2pp2-hf" / "model.safetensors.index.json").read_text())["weight_map"].values())
+    assert {f.split("-")[1] for f in files} == {"pp000", "pp001"}
+
+
+def test_tp1_matches_transformers_and_loads_a_tp2_checkpoint(models, layouts):
     dirs, refs, ids, _ = models
-    _, tp2_work = tp2
-    extra = {
-        "kinds": ("qwen3",),
-        # Written at TP=2 (vocab padded to 512), loaded at TP=1 (padded to 384).
-        "reshard": {"untied_from_tp2": (tp2_work / "untied-tp2pp1", False),
-                    "critic_from_tp2": (tp2_work / "critic-tp2pp1", True)},
-        "fresh_critic": True,
-    }
-    out = _check_layout(run_ranks(1, _layout_run, 1, 1, dirs, ids, tmp_path, extra), models, tmp_path, "tp1pp1")
+    outs, work = layouts
+    out = _check_layout(outs["tp1pp1"], models, work, "tp1pp1")
     torch.testing.assert_close(out["qwen3"], refs["qwen3"], atol=TOL, rtol=0)
     torch.testing.assert_close(out["untied_from_tp2"], refs["untied"], atol=TOL, rtol=0)
     torch.testing.assert_close(out["critic_from_tp2"], refs["critic"], atol=TOL, rtol=0)
 
-    # Qwen3 (q/k norms, no qkv bias) exports bitwise too and loads in transformers.
-    src, dst = load_file(dirs["qwen3"] / "model.safetensors"), tmp_path / "qwen3-tp1pp1-hf"
+    # Qwen3 (q/k norms, no qkv bias) exports bitwise too.
+    src, dst = load_file(dirs["qwen3"] / "model.safetensors"), work / "qwen3-tp1pp1-hf"
     idx = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"]
     assert set(idx) == set(src)
     for f in set(idx.values()):
@@ -177,7 +202,7 @@ def test_tp1_matches_transformers_and_loads_a_tp2_checkpoint(models, tp2, tmp_pa
     # a Qwen2ForTokenClassification whose outputs equal the Megatron critic's values.
     from transformers import AutoModelForTokenClassification
 
-    fresh = AutoModelForTokenClassification.from_pretrained(tmp_path / "fresh-tp1pp1-hf").eval()
+    fresh = AutoModelForTokenClassification.from_pretrained(work / "fresh-tp1pp1-hf").eval()
     src = load_file(dirs["untied"] / "model.safetensors")
     for k, v in fresh.state_dict().items():
         if k.startswith("model."):
@@ -185,17 +210,3 @@ def test_tp1_matches_transformers_and_loads_a_tp2_checkpoint(models, tp2, tmp_pa
     assert "lm_head.weight" not in fresh.state_dict()
     with torch.no_grad():
         torch.testing.assert_close(fresh(ids).logits[..., 0], out["fresh_critic"], atol=TOL, rtol=0)
-
-
-def test_pp2_matches_transformers_and_round_trips(models, tmp_path):
-    dirs, _, ids, _ = models
-    _check_layout(run_ranks(2, _layout_run, 1, 2, dirs, ids, tmp_path, {}), models, tmp_path, "tp1pp2")
-
-
-def test_tp2_pp2_matches_transformers_and_round_trips(models, tmp_path):
-    dirs, _, ids, _ = models
-    results = run_ranks(4, _layout_run, 2, 2, dirs, ids, tmp_path, {})
-    _check_layout(results, models, tmp_path, "tp2pp2")
-    # each pipeline stage wrote its own shards
-    files = set(json.loads((tmp_path / "untied-tp2pp2-hf" / "model.safetensors.index.json").read_text())["weight_map"].values())
-    assert {f.split("-")[1] for f in files} == {"pp000", "pp001"}

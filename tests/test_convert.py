@@ -104,6 +104,34 @@ def _layout_run(tp: int, pp: int, dirs: dict, ids, work: Path, extra: dict):
     return out if reporter else None
 
 
+def _vpp_run(dirs: dict, work: Path):
+    """PP=2 with 2 virtual stages per rank: import, stream out (global layer numbers across
+    interleaved chunks) and save a dist checkpoint that the TP=1 layout loads."""
+    from megatron.core import parallel_state as ps
+
+    from model_providers import QWEN2, load_hf_config
+    from model_providers.build import build_chunks
+    from vapo_megatron import checkpoint_io, parallel
+    from vapo_megatron.hf_export import iter_hf_tensors
+    from vapo_megatron.hf_import import load_hf_weights
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    parallel.init_distributed(1, 2, 2)
+    hf_cfg = load_hf_config(dirs["untied"])
+    chunks = build_chunks(hf_cfg, params_dtype=torch.float32, critic=False)
+    assert len(chunks) == 2
+    load_hf_weights(chunks, QWEN2, hf_cfg, dirs["untied"])
+    streamed = dict(iter_hf_tensors(chunks, QWEN2, hf_cfg))
+
+    def write_config(tmp: Path) -> None:  # rank 0, inside the temp dir before the rename
+        (tmp / "hf").mkdir()
+        (tmp / "hf" / "config.json").write_text(json.dumps({k: v for k, v in hf_cfg.items() if k != "_source"}))
+
+    checkpoint_io.save_model(work / "untied-vpp", chunks, write_extra=write_config)
+    return streamed if ps.get_data_parallel_rank() == 0 else {}
+
+
 def _all_layouts(dirs: dict, ids, work: Path):
     """Every layout in one 4-rank world (process start-up dominates the cost on a small machine):
     TP=2 x PP=2, TP=2 (DP=2), PP=2 (DP=2), then TP=1 (DP=4), which also loads checkpoints
@@ -115,10 +143,11 @@ def _all_layouts(dirs: dict, ids, work: Path):
                     "critic_from_tp2": (work / "critic-tp2pp1", True)},
         "fresh_critic": True,
     }
-    return {
-        f"tp{tp}pp{pp}": _layout_run(tp, pp, dirs, ids, work, extra)
-        for tp, pp, extra in ((2, 2, {}), (2, 1, {}), (1, 2, {}), (1, 1, tp1_extra))
-    }
+    tp1_extra["reshard"]["untied_from_vpp"] = (work / "untied-vpp", False)
+    out = {"vpp": _vpp_run(dirs, work)}
+    for tp, pp, extra in ((2, 2, {}), (2, 1, {}), (1, 2, {}), (1, 1, tp1_extra)):
+        out[f"tp{tp}pp{pp}"] = _layout_run(tp, pp, dirs, ids, work, extra)
+    return out
 
 
 def _last(results):
@@ -161,7 +190,9 @@ def layouts(models, tmp_path_factory):
     dirs, _, ids, _ = models
     work = tmp_path_factory.mktemp("layouts")
     per_rank = run_ranks(4, _all_layouts, dirs, ids, work)
-    return {tag: _last([r[tag] for r in per_rank]) for tag in per_rank[0]}, work
+    out = {tag: _last([r[tag] for r in per_rank]) for tag in per_rank[0] if tag != "vpp"}
+    out["vpp"] = {k: v for r in per_rank for k, v in r["vpp"].items()}
+    return out, work
 
 
 def test_tp2_matches_transformers_and_round_trips(models, layouts):
@@ -189,6 +220,7 @@ def test_tp1_matches_transformers_and_loads_a_tp2_checkpoint(models, layouts):
     torch.testing.assert_close(out["qwen3"], refs["qwen3"], atol=TOL, rtol=0)
     torch.testing.assert_close(out["untied_from_tp2"], refs["untied"], atol=TOL, rtol=0)
     torch.testing.assert_close(out["critic_from_tp2"], refs["critic"], atol=TOL, rtol=0)
+    torch.testing.assert_close(out["untied_from_vpp"], refs["untied"], atol=TOL, rtol=0)
 
     # Qwen3 (q/k norms, no qkv bias) exports bitwise too.
     src, dst = load_file(dirs["qwen3"] / "model.safetensors"), work / "qwen3-tp1pp1-hf"
@@ -210,3 +242,12 @@ def test_tp1_matches_transformers_and_loads_a_tp2_checkpoint(models, layouts):
     assert "lm_head.weight" not in fresh.state_dict()
     with torch.no_grad():
         torch.testing.assert_close(fresh(ids).logits[..., 0], out["fresh_critic"], atol=TOL, rtol=0)
+
+
+def test_virtual_pipeline_streams_every_layer_under_its_global_number(models, layouts):
+    dirs, _, _, _ = models
+    outs, _ = layouts
+    src = load_file(dirs["untied"] / "model.safetensors")
+    assert set(outs["vpp"]) == set(src)
+    for k, v in src.items():
+        assert torch.equal(outs["vpp"][k], v), k

@@ -20,7 +20,7 @@ from typing import Callable
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
 
-from vapo_megatron.hf_export import _unwrap
+from vapo_megatron.hf_export import unwrap
 
 
 class CheckpointError(ValueError):
@@ -31,7 +31,7 @@ def model_sharded_state(model_chunks: list) -> dict:
     """{"model": sd} for one chunk, {"model0": sd0, "model1": sd1, ...} with VPP (megatron's
     convention). Keys inside are global (layer offsets applied), so the chunking may differ
     between save and load."""
-    sds = [_unwrap(c).sharded_state_dict() for c in model_chunks]
+    sds = [unwrap(c).sharded_state_dict() for c in model_chunks]
     return {"model": sds[0]} if len(sds) == 1 else {f"model{i}": sd for i, sd in enumerate(sds)}
 
 
@@ -94,4 +94,4 @@ def load_model(ckpt_dir: str | Path, model_chunks: list) -> None:
     state = load(ckpt_dir, model_sharded_state(model_chunks))
     keys = ["model"] if len(model_chunks) == 1 else [f"model{i}" for i in range(len(model_chunks))]
     for chunk, key in zip(model_chunks, keys):
-        _unwrap(chunk).load_state_dict(state[key], strict=True)
+        unwrap(chunk).load_state_dict(state[key], strict=True)

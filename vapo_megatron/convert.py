@@ -41,6 +41,20 @@ def _clean_cfg(hf_cfg: dict) -> dict:
     return {k: v for k, v in hf_cfg.items() if k != "_source"}
 
 
+def write_source_files(ckpt_dir: Path, hf_cfg: dict, hf_dir: Path, *, family_name: str, critic: bool, dtype: str) -> None:
+    """What mcore-to-hf needs besides the weights: hf/config.json, the tokenizer files under hf/,
+    and vapo.json. The trainer calls this too (inside checkpoint_io.save's write_extra) so that
+    its checkpoints export the same way."""
+    (ckpt_dir / "hf").mkdir(exist_ok=True)
+    with open(ckpt_dir / "hf" / "config.json", "w") as f:
+        json.dump(_clean_cfg(hf_cfg), f, indent=2)
+    for name in TOKENIZER_FILES:
+        if (Path(hf_dir) / name).is_file():
+            shutil.copy2(Path(hf_dir) / name, ckpt_dir / "hf" / name)
+    with open(ckpt_dir / META, "w") as f:
+        json.dump({"family": family_name, "critic": critic, "dtype": dtype, "source": str(hf_dir)}, f, indent=2)
+
+
 def hf_to_mcore(hf_dir: Path, out: Path, *, critic: bool, tp: int, pp: int, dtype: str | None) -> Path:
     from model_providers import family_for, load_hf_config
     from model_providers.build import build_chunks
@@ -58,14 +72,7 @@ def hf_to_mcore(hf_dir: Path, out: Path, *, critic: bool, tp: int, pp: int, dtyp
         print(f"{hf_dir} has no value head (score.*): {left} keep a fresh initialization", file=sys.stderr)
 
     def write_extra(tmp: Path) -> None:
-        (tmp / "hf").mkdir()
-        with open(tmp / "hf" / "config.json", "w") as f:
-            json.dump(_clean_cfg(hf_cfg), f, indent=2)
-        for name in TOKENIZER_FILES:
-            if (hf_dir / name).is_file():
-                shutil.copy2(hf_dir / name, tmp / "hf" / name)
-        with open(tmp / META, "w") as f:
-            json.dump({"family": family.name, "critic": critic, "dtype": dtype, "source": str(hf_dir)}, f, indent=2)
+        write_source_files(tmp, hf_cfg, hf_dir, family_name=family.name, critic=critic, dtype=dtype)
 
     return checkpoint_io.save_model(out, chunks, write_extra=write_extra)
 

@@ -21,7 +21,7 @@ from model_providers.mapping import TE_ALIASES, Row, mcore_to_hf, unshard
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 
-def _unwrap(chunk):
+def unwrap(chunk):
     # DDP / Float16Module wrappers keep the model under `.module`.
     while hasattr(chunk, "module") and not hasattr(chunk, "decoder"):
         chunk = chunk.module
@@ -32,7 +32,7 @@ def param_rows(chunk, rows: tuple[Row, ...]) -> Iterator[tuple[Tensor, Row, int 
     """(param, row, global layer or None, local name) for every parameter of one model chunk.
 
     A parameter with no row raises, so a table that misses a weight cannot go unnoticed."""
-    model = _unwrap(chunk)
+    model = unwrap(chunk)
     by_name = {r.mcore: r for r in rows}
     for name, param in model.named_parameters():
         key, layer = name, None
@@ -47,7 +47,7 @@ def param_rows(chunk, rows: tuple[Row, ...]) -> Iterator[tuple[Tensor, Row, int 
         yield param, by_name[key], layer, name
 
 
-def _tp():
+def tp_group_and_size():
     from megatron.core import parallel_state
 
     return parallel_state.get_tensor_model_parallel_group(), parallel_state.get_tensor_model_parallel_world_size()
@@ -58,7 +58,7 @@ def gather_tp(param: Tensor, layout: str) -> Tensor:
     tensor = param.detach()
     if not getattr(param, "tensor_model_parallel", False):
         return tensor
-    group, tp = _tp()
+    group, tp = tp_group_and_size()
     if tp == 1:
         return tensor
     shards = [torch.empty_like(tensor) for _ in range(tp)]

@@ -11,7 +11,7 @@ from safetensors import safe_open
 
 from model_providers.family import Family
 from model_providers.mapping import hf_to_mcore, shard
-from vapo_megatron.hf_export import _tp, _unwrap, param_rows
+from vapo_megatron.hf_export import param_rows, tp_group_and_size
 
 
 def weight_map(hf_dir: str | Path) -> dict[str, Path]:
@@ -36,7 +36,7 @@ def load_hf_weights(model_chunks: list, family: Family, hf_cfg: dict, hf_dir: st
     from megatron.core import parallel_state
 
     names = weight_map(hf_dir)
-    _, tp = _tp()
+    _, tp = tp_group_and_size()
     rank = parallel_state.get_tensor_model_parallel_rank()
     table = family.table(hf_cfg, critic=critic)
     critic_only = {r.mcore for r in family.critic_rows}
@@ -70,4 +70,4 @@ def load_hf_weights(model_chunks: list, family: Family, hf_cfg: dict, hf_dir: st
     return left
 
 
-__all__ = ["load_hf_weights", "weight_map", "_unwrap"]
+__all__ = ["load_hf_weights", "weight_map"]

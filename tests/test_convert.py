@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from dist_utils import run_ranks
-from tiny_hf import input_ids, save_tiny
+from tiny_hf import input_ids, save_tiny, save_tiny_tokenizer
 
 KINDS = ("untied", "tied", "critic")
 TOL = 1e-4
@@ -38,6 +38,7 @@ def models(tmp_path_factory):
         with torch.no_grad():
             refs[kind] = model(ids).logits  # critic: [B, T, 1]
     refs["critic"] = refs["critic"][..., 0]
+    save_tiny_tokenizer(dirs["untied"])
     return dirs, refs, ids, root
 
 
@@ -221,6 +222,15 @@ def test_tp1_matches_transformers_and_loads_a_tp2_checkpoint(models, layouts):
     torch.testing.assert_close(out["untied_from_tp2"], refs["untied"], atol=TOL, rtol=0)
     torch.testing.assert_close(out["critic_from_tp2"], refs["critic"], atol=TOL, rtol=0)
     torch.testing.assert_close(out["untied_from_vpp"], refs["untied"], atol=TOL, rtol=0)
+
+    # The tokenizer travels inside the checkpoint and out with the export.
+    from transformers import AutoTokenizer
+
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        assert (work / "untied-tp1pp1" / "hf" / f).read_bytes() == (dirs["untied"] / f).read_bytes()
+        assert (work / "untied-tp1pp1-hf" / f).read_bytes() == (dirs["untied"] / f).read_bytes()
+    vocab = AutoTokenizer.from_pretrained(work / "untied-tp1pp1-hf").get_vocab()
+    assert vocab == AutoTokenizer.from_pretrained(dirs["untied"]).get_vocab() and vocab["w7"] == 7
 
     # Qwen3 (q/k norms, no qkv bias) exports bitwise too.
     src, dst = load_file(dirs["qwen3"] / "model.safetensors"), work / "qwen3-tp1pp1-hf"

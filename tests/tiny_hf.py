@@ -54,3 +54,15 @@ def save_tiny(path, *, kind: str = "qwen2", tied: bool = False, critic: bool = F
 
 def input_ids(batch: int = 2, seq: int = 12, vocab: int = 300, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def save_tiny_tokenizer(path, vocab: int = 300) -> None:
+    """A word-level tokenizer (tokenizer.json + tokenizer_config.json) saved by transformers."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"w{i}": i for i in range(vocab - 1)}
+    words["<unk>"] = vocab - 1
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(path)

@@ -105,6 +105,29 @@ def _layout_run(tp: int, pp: int, dirs: dict, ids, work: Path, extra: dict):
     return out if reporter else None
 
 
+def _critic_ddp_grads(work: Path, ids):
+    """The critic (value head included) under megatron's DDP at the current layout: each DP
+    rank gets its own batch; after finish_grad_sync the value head's gradient must be the DP
+    average, identical on every rank. Returns (this rank's own-batch grad, synced grad)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    from model_providers.build import build_chunks
+
+    hf_cfg = json.loads((work / "critic-tp2pp1" / "hf" / "config.json").read_text())
+    (critic,) = build_chunks(hf_cfg, params_dtype=torch.float32, critic=True)
+    model = DistributedDataParallel(config=critic.config, ddp_config=DistributedDataParallelConfig(), module=critic)
+    batch = ids.roll(ps.get_data_parallel_rank(), dims=1)  # a different batch per DP rank
+    pos = torch.arange(batch.shape[1]).expand_as(batch)
+    model.zero_grad_buffer()
+    values = model(batch, pos, None)  # [B, T]
+    assert values.shape == batch.shape and values.dtype == torch.float32
+    values.square().mean().backward()
+    own = critic.value_head.weight.main_grad.clone()
+    model.finish_grad_sync()
+    return own, critic.value_head.weight.main_grad.clone()
+
+
 def _vpp_run(dirs: dict, work: Path):
     """PP=2 with 2 virtual stages per rank: import, stream out (global layer numbers across
     interleaved chunks) and save a dist checkpoint that the TP=1 layout loads."""
@@ -148,6 +171,8 @@ def _all_layouts(dirs: dict, ids, work: Path):
     out = {"vpp": _vpp_run(dirs, work)}
     for tp, pp, extra in ((2, 2, {}), (2, 1, {}), (1, 2, {}), (1, 1, tp1_extra)):
         out[f"tp{tp}pp{pp}"] = _layout_run(tp, pp, dirs, ids, work, extra)
+        if (tp, pp) == (2, 1):  # TP=2 x DP=2
+            out["ddp"] = _critic_ddp_grads(work, ids)
     return out
 
 
@@ -191,7 +216,8 @@ def layouts(models, tmp_path_factory):
     dirs, _, ids, _ = models
     work = tmp_path_factory.mktemp("layouts")
     per_rank = run_ranks(4, _all_layouts, dirs, ids, work)
-    out = {tag: _last([r[tag] for r in per_rank]) for tag in per_rank[0] if tag != "vpp"}
+    out = {tag: _last([r[tag] for r in per_rank]) for tag in per_rank[0] if tag not in ("vpp", "ddp")}
+    out["ddp"] = [r["ddp"] for r in per_rank]
     out["vpp"] = {k: v for r in per_rank for k, v in r["vpp"].items()}
     return out, work
 
@@ -261,3 +287,13 @@ def test_virtual_pipeline_streams_every_layer_under_its_global_number(models, la
     assert set(outs["vpp"]) == set(src)
     for k, v in src.items():
         assert torch.equal(outs["vpp"][k], v), k
+
+
+def test_critic_value_head_takes_part_in_ddp(layouts):
+    outs, _ = layouts
+    (own0, synced0), (own1, synced1), (own2, synced2), (own3, synced3) = outs["ddp"]
+    # ranks 0,1 are DP rank 0 (TP ranks 0,1); ranks 2,3 are DP rank 1
+    assert torch.equal(own0, own1) and torch.equal(own2, own3)  # TP replicas agree
+    assert not torch.allclose(own0, own2)  # different batches per DP rank
+    for synced in (synced0, synced1, synced2, synced3):
+        torch.testing.assert_close(synced, (own0 + own2) / 2, atol=1e-6, rtol=1e-5)

@@ -99,17 +99,18 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--max-operand", type=int, default=99)
+    ap.add_argument("--task", default="add")
+    ap.add_argument("--sft-noise", type=float, default=0.0)
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)
     tok = build_tokenizer()
     eos, pad = tok.eos_token_id, tok.pad_token_id
-    splits = make_splits(args.seed, n_train=4000, n_eval=400, n_sft=args.n_sft, max_operand=args.max_operand)
+    splits = make_splits(args.seed, n_train=4000, n_eval=400, n_sft=args.n_sft, task=args.task, sft_noise=args.sft_noise)
     spec = TinyModelSpec(hidden_size=args.hidden, num_layers=args.layers, intermediate_size=4 * args.hidden)
     model = build_tiny_qwen2(tok, spec, args.seed)
     n_params = sum(p.numel() for p in model.parameters())
-    max_new = 5
+    max_new = 8
     print(f"params={n_params}")
     acc0 = accuracy(model, tok, splits["eval"], max_new)
 

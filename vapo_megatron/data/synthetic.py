@@ -67,32 +67,60 @@ class Example:
     answer: str
 
 
-def addition_example(rng: random.Random, max_operand: int = 99) -> Example:
-    """``"a+b="`` -> ``"a+b"``; operands uniform in [0, max_operand], written without padding."""
-    a = rng.randint(0, max_operand)
-    b = rng.randint(0, max_operand)
-    return Example(prompt=f"{a}+{b}=", answer=str(a + b))
+TASKS = ("add", "reverse")
 
 
-def make_splits(seed: int, n_train: int, n_eval: int, n_sft: int, max_operand: int = 99) -> dict[str, list[Example]]:
+def _add_problem(a: int, b: int) -> tuple[str, str, str]:
+    """(prompt, answer, the answer of a teacher that forgets every carry)."""
+    no_carry = "".join(str((int(x) + int(y)) % 10) for x, y in zip(f"{a:02d}", f"{b:02d}")).lstrip("0") or "0"
+    return f"{a}+{b}=", str(a + b), no_carry
+
+
+def _reverse_problem(word: str) -> tuple[str, str, str]:
+    """(prompt, answer, the answer of a teacher that copies instead of reversing)."""
+    return f"reverse {word}", word[::-1], word
+
+
+def _problems(task: str, rng: random.Random, n: int) -> list[tuple[str, str, str]]:
+    if task == "add":
+        pairs = [(a, b) for a in range(100) for b in range(100)]
+        rng.shuffle(pairs)
+        if n > len(pairs):
+            raise ValueError(f"task 'add' has {len(pairs)} distinct problems, {n} requested")
+        return [_add_problem(a, b) for a, b in pairs[:n]]
+    if task == "reverse":
+        seen: set[str] = set()
+        out = []
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        while len(out) < n:
+            w = "".join(rng.choice(letters) for _ in range(rng.randint(3, 6)))
+            if w not in seen and w != w[::-1]:  # palindromes would make both teachers right
+                seen.add(w)
+                out.append(_reverse_problem(w))
+        return out
+    raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
+
+
+def make_splits(
+    seed: int, n_train: int, n_eval: int, n_sft: int, *, task: str = "add", sft_noise: float = 0.0
+) -> dict[str, list[Example]]:
     """Disjoint train (RL prompts), eval (held-out) and sft sets, deterministic in ``seed``.
 
-    Eval problems never appear in train or sft (held-out by (a, b) pair).
+    ``sft_noise``: the fraction of SFT answers taken from a systematically wrong teacher
+    (add: carries forgotten; reverse: the word copied). The eval and train answers are
+    always correct; RL has to undo the teacher's habit.
     """
-    n_total = (max_operand + 1) ** 2
-    if n_train + n_eval + n_sft > n_total:
-        raise ValueError(f"n_train+n_eval+n_sft={n_train + n_eval + n_sft} exceeds the {n_total} distinct problems")
+    if not 0.0 <= sft_noise <= 1.0:
+        raise ValueError(f"sft_noise must be in [0, 1], got {sft_noise}")
     rng = random.Random(seed)
-    pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
-    rng.shuffle(pairs)
-    eval_pairs = pairs[:n_eval]
-    sft_pairs = pairs[n_eval : n_eval + n_sft]
-    train_pairs = pairs[n_eval + n_sft : n_eval + n_sft + n_train]
-
-    def ex(p: tuple[int, int]) -> Example:
-        return Example(prompt=f"{p[0]}+{p[1]}=", answer=str(p[0] + p[1]))
-
-    return {"train": [ex(p) for p in train_pairs], "eval": [ex(p) for p in eval_pairs], "sft": [ex(p) for p in sft_pairs]}
+    probs = _problems(task, rng, n_train + n_eval + n_sft)
+    ev, sft, train = probs[:n_eval], probs[n_eval : n_eval + n_sft], probs[n_eval + n_sft :]
+    sft_ex = [Example(p, wrong if rng.random() < sft_noise else ans) for p, ans, wrong in sft]
+    return {
+        "train": [Example(p, a) for p, a, _ in train],
+        "eval": [Example(p, a) for p, a, _ in ev],
+        "sft": sft_ex,
+    }
 
 
 def write_jsonl(path: str, examples: list[Example]) -> None:

@@ -157,3 +157,56 @@ def test_sampler_epochs_and_exact_resume(tmp_path, tok):
     assert [[r.source for r in s3.next_batch()] for _ in range(6)] == seq[4:]
     with pytest.raises(ValueError, match="seed=7"):
         PromptSampler(recs, batch_size=5, seed=8).load_state_dict(state)
+
+
+def test_demo_dir_is_deterministic_and_loads_with_transformers(tmp_path):
+    import hashlib
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vapo_megatron.data.synthetic import TinyModelSpec, write_demo_dir
+
+    spec = TinyModelSpec(hidden_size=32, num_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
+    kw = dict(seed=3, task="add", n_train=50, n_eval=20, n_sft=30, sft_noise=0.0, spec=spec)
+    a = write_demo_dir(str(tmp_path / "a"), **kw)
+    b = write_demo_dir(str(tmp_path / "b"), **kw)
+
+    def digest(p):
+        return hashlib.sha256(open(p, "rb").read()).hexdigest()
+
+    for name in ("train", "eval", "sft"):
+        assert digest(a[name]) == digest(b[name])
+    assert digest(a["model"] + "/model.safetensors") == digest(b["model"] + "/model.safetensors")
+
+    # Held-out: no eval problem appears in train or sft; every answer is right (noise 0).
+    rows = {n: [json.loads(l) for l in open(a[n])] for n in ("train", "eval", "sft")}
+    ev = {r["prompt"] for r in rows["eval"]}
+    assert not ev & {r["prompt"] for r in rows["train"] + rows["sft"]}
+    for r in rows["train"] + rows["eval"] + rows["sft"]:
+        x, y = r["prompt"].rstrip("=").split("+")
+        assert int(r["answer"]) == int(x) + int(y)
+
+    tok = AutoTokenizer.from_pretrained(a["model"])
+    model = AutoModelForCausalLM.from_pretrained(a["model"])
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert model.config.vocab_size >= len(tok) and model.config.vocab_size % 64 == 0
+    assert model.config.eos_token_id == tok.eos_token_id and model.config.pad_token_id == tok.pad_token_id
+    # The prompts of the demo load through load_prompts with this tokenizer, chat template on.
+    recs, stats = load_prompts([a["eval"]], tok, max_prompt_tokens=32, apply_chat_template=True)
+    assert stats.loaded == 20 and not stats.skipped
+    ids = torch.tensor([recs[0].prompt_ids])
+    assert model(input_ids=ids).logits.shape == (1, ids.shape[1], model.config.vocab_size)
+
+
+def test_noisy_teacher_answers():
+    s = make_splits(1, n_train=10, n_eval=10, n_sft=400, task="add", sft_noise=0.5)
+    wrong = 0
+    for e in s["sft"]:
+        x, y = (int(v) for v in e.prompt.rstrip("=").split("+"))
+        if int(e.answer) != x + y:
+            wrong += 1
+            # The wrong teacher adds digit by digit and drops every carry.
+            assert int(e.answer) == (x % 10 + y % 10) % 10 + 10 * ((x // 10 + y // 10) % 10)
+    # ~70% of problems carry somewhere (units or tens); half of those get the wrong teacher.
+    assert 100 < wrong < 180

@@ -144,8 +144,11 @@ def build_tiny_qwen2(tokenizer, spec: TinyModelSpec, seed: int):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    # Rounded up to a multiple of 64 so the embedding splits evenly under tensor parallelism
+    # (the extra rows are never produced by the tokenizer), like Qwen's own padded vocab.
+    vocab_size = -(-len(tokenizer) // 64) * 64
     cfg = Qwen2Config(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers,
@@ -168,3 +171,45 @@ def build_tiny_qwen2(tokenizer, spec: TinyModelSpec, seed: int):
 def save_tokenizer(tokenizer, out_dir: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     tokenizer.save_pretrained(out_dir)
+
+
+def write_demo_dir(
+    out_dir: str,
+    *,
+    seed: int,
+    task: str,
+    n_train: int,
+    n_eval: int,
+    n_sft: int,
+    sft_noise: float,
+    spec: TinyModelSpec,
+) -> dict[str, str]:
+    """Write train/eval/sft JSONL, the tokenizer and a random-init Qwen2 model dir.
+
+    Layout: ``out_dir/{train,eval,sft}.jsonl`` (simple schema), ``out_dir/tokenizer/``,
+    ``out_dir/model/`` (config.json + model.safetensors + the tokenizer files, so the model
+    dir alone is loadable with AutoTokenizer/AutoModelForCausalLM), ``out_dir/meta.json``.
+    Deterministic in ``seed``. Returns the paths written.
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    splits = make_splits(seed, n_train, n_eval, n_sft, task=task, sft_noise=sft_noise)
+    paths = {}
+    for name, examples in splits.items():
+        paths[name] = os.path.join(out_dir, f"{name}.jsonl")
+        write_jsonl(paths[name], examples)
+    tok = build_tokenizer()
+    paths["tokenizer"] = os.path.join(out_dir, "tokenizer")
+    save_tokenizer(tok, paths["tokenizer"])
+    model = build_tiny_qwen2(tok, spec, seed)
+    paths["model"] = os.path.join(out_dir, "model")
+    model.save_pretrained(paths["model"])
+    save_tokenizer(tok, paths["model"])
+    meta = {
+        "seed": seed, "task": task, "n_train": n_train, "n_eval": n_eval, "n_sft": n_sft, "sft_noise": sft_noise,
+        "model": spec.__dict__, "num_parameters": sum(p.numel() for p in model.parameters()),
+        "reward": "exact", "max_new_tokens": 8,
+    }
+    paths["meta"] = os.path.join(out_dir, "meta.json")
+    with open(paths["meta"], "w") as f:
+        json.dump(meta, f, indent=1)
+    return paths

@@ -140,9 +140,9 @@ def _parse_row(row: Any, schema: str) -> tuple[list[dict[str, str]] | str, str]:
             raise _BadRow("empty_prompt", "'prompt' is empty")
         return prompt, _answer(row["answer"], "'answer'")
     # dapo
-    rm = row.get("reward_model") if "reward_model" in row else None
     if "reward_model" not in row:
         raise _BadRow("missing_field", "missing field 'reward_model'")
+    rm = row["reward_model"]
     if not isinstance(rm, dict):
         raise _BadRow("wrong_type", f"'reward_model' must be an object, got {type(rm).__name__}")
     if "ground_truth" not in rm:
@@ -210,6 +210,28 @@ def load_prompts(
         file_skips: Counter = Counter()
         n_rows = 0
         n_loaded = 0
+
+        def skip(where: str, bad: _BadRow) -> None:
+            file_skips[bad.reason] += 1
+            if file_skips[bad.reason] <= _LOG_ROWS_PER_REASON:
+                logger.warning("skipping %s: %s", where, bad.detail)
+
+        pending: list[tuple[str, str, str]] = []  # (where, rendered text, answer)
+
+        def flush() -> None:
+            # Tokenize in chunks: fast tokenizers batch in Rust, ~10x quicker than row by row.
+            nonlocal n_loaded
+            if not pending:
+                return
+            encoded = tokenizer([t for _, t, _ in pending], add_special_tokens=False)["input_ids"]
+            for (where, text, answer), ids in zip(pending, encoded):
+                if len(ids) > max_prompt_tokens:
+                    skip(where, _BadRow("too_long", f"prompt has {len(ids)} tokens > max_prompt_tokens={max_prompt_tokens}"))
+                    continue
+                records.append(PromptRecord(prompt_ids=list(ids), answer=answer, source=where, prompt_text=text))
+                n_loaded += 1
+            pending.clear()
+
         for idx, row in rows:
             n_rows += 1
             where = f"{path}:{idx + base}"
@@ -219,17 +241,13 @@ def load_prompts(
                 if file_schema is None:
                     file_schema = _detect_schema(path, row)
                 prompt, answer = _parse_row(row, file_schema)
-                text = render_prompt(prompt, tokenizer, apply_chat_template)
-                ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-                if len(ids) > max_prompt_tokens:
-                    raise _BadRow("too_long", f"prompt has {len(ids)} tokens > max_prompt_tokens={max_prompt_tokens}")
             except _BadRow as bad:
-                file_skips[bad.reason] += 1
-                if file_skips[bad.reason] <= _LOG_ROWS_PER_REASON:
-                    logger.warning("skipping %s: %s", where, bad.detail)
+                skip(where, bad)
                 continue
-            records.append(PromptRecord(prompt_ids=ids, answer=answer, source=where, prompt_text=text))
-            n_loaded += 1
+            pending.append((where, render_prompt(prompt, tokenizer, apply_chat_template), answer))
+            if len(pending) == 1024:
+                flush()
+        flush()
         for reason, n in file_skips.items():
             if n > _LOG_ROWS_PER_REASON:
                 logger.warning("%s: %d rows skipped as %s (first %d logged)", path, n, reason, _LOG_ROWS_PER_REASON)

@@ -101,6 +101,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--task", default="add")
     ap.add_argument("--sft-eval-every", type=int, default=0)
+    ap.add_argument("--sft-stop-acc", type=float, default=1.1, help="stop SFT once held-out greedy acc >= this")
     ap.add_argument("--sft-noise", type=float, default=0.0)
     args = ap.parse_args()
 
@@ -129,7 +130,11 @@ def main() -> None:
         loss.backward()
         opt.step()
         if args.sft_eval_every and (step + 1) % args.sft_eval_every == 0:
-            print(f"  sft step {step + 1}: loss={loss.item():.3f} eval acc={accuracy(model, tok, splits['eval'], max_new):.3f}", flush=True)
+            # Stop on RL-train prompts (never SFT'd on), so the held-out eval set stays unused.
+            acc = accuracy(model, tok, splits["train"][:200], max_new)
+            print(f"  sft step {step + 1}: loss={loss.item():.3f} train[:200] acc={acc:.3f}", flush=True)
+            if acc >= args.sft_stop_acc:
+                break
     t_sft = time.time() - t0
     acc_sft = accuracy(model, tok, splits["eval"], max_new)
     print(f"init acc={acc0:.3f}  after SFT({args.sft_steps} steps, {t_sft:.1f}s) acc={acc_sft:.3f} loss={loss.item():.3f}")

@@ -9,14 +9,14 @@ import torch
 from vapo_megatron.rewards import build_reward_fn, score_batch
 from vapo_megatron.rewards.math_reward import score
 
-TIMEOUT_S = 2.0
-SLACK_S = 3.0  # kill + reap of one worker process on a loaded 2-core machine
+TIMEOUT_S = 3.0  # a normal check takes milliseconds; 3 s leaves room on a loaded 2-core machine
+SLACK_S = 3.0  # kill + reap of one worker process
 
 
 @pytest.fixture(scope="module")
 def math_fn():
     fn = build_reward_fn("math", correct_score=1.0, incorrect_score=-1.0, timeout_s=TIMEOUT_S, num_workers=2)
-    fn(["warm-up"], ["1"], ["1"])  # first call waits for the workers to import sympy
+    fn.wait_ready()  # workers import sympy and warm up before any timed check
     yield fn
     fn.close()
 
@@ -61,6 +61,7 @@ def test_zero_one_scores_and_score_batch():
     ids=["power_tower", "nested_latex"],
 )
 def test_time_bound_holds_on_pathological_input(math_fn, response):
+    math_fn.wait_ready()  # a worker killed by an earlier test restarts in the background
     t0 = time.monotonic()
     scores, correct, counters = score_batch(math_fn, ["", ""], [response, "\\boxed{3}"], ["1", "3"])
     elapsed = time.monotonic() - t0
@@ -72,12 +73,14 @@ def test_time_bound_holds_on_pathological_input(math_fn, response):
 
 
 def test_power_tower_is_reported_as_timeout(math_fn):
+    math_fn.wait_ready()
     (r,) = math_fn([""], ["\\boxed{9^{9^{9^{9}}}}"], ["1"])
     assert r.timed_out and not r.correct and r.score == -1.0
 
 
 def test_megabyte_response_is_bounded_and_reads_the_tail(math_fn):
-    junk = "blah 1234 \\frac{" * 70_000  # ~1 MB
+    math_fn.wait_ready()
+    junk = "we try 1234 and then 56, which fails. " * 26_000  # ~1 MB of plain text
     t0 = time.monotonic()
     (r,) = math_fn([""], [junk + " so \\boxed{5}"], ["5"])
     assert time.monotonic() - t0 < TIMEOUT_S + SLACK_S
@@ -94,6 +97,7 @@ def test_user_function_failures_are_counted_logged_once_and_survived(caplog):
     fn = build_reward_fn("reward_fns_for_tests:flaky", correct_score=1.0, incorrect_score=-1.0, timeout_s=TIMEOUT_S, num_workers=2)
     try:
         responses = ["42", "boom", "41", "boom", "key", "none", "partial 0.25", "partial 1.0", "slow", "42"]
+        fn.wait_ready()
         with caplog.at_level(logging.ERROR, logger="vapo_megatron.rewards"):
             t0 = time.monotonic()
             scores, correct, counters = score_batch(fn, ["p"] * len(responses), responses, ["42"] * len(responses))

@@ -6,7 +6,8 @@ Reward specs (``build_reward_fn(spec, ...)``):
 - ``"exact"``: the stripped response equals the stripped ground truth (the demo's task).
 - ``"package.module:function"``: a user function, resolved with importlib, called as
   ``fn(prompt: str, response: str, ground_truth: str) -> float | bool`` inside the same
-  time-bounded pool (so it must be importable by a fresh Python process).
+  time-bounded pool (so it must be importable by a fresh Python process). If the function
+  has a callable ``warmup`` attribute, each worker calls it once before taking tasks.
   A ``bool`` maps to ``correct_score`` / ``incorrect_score``. A number is used as the score
   as is, and the sample counts as correct (for VAPO's positive-example LM loss, paper
   section 4.3) when the number is >= ``correct_score``. If the function raises, returns
@@ -52,6 +53,9 @@ class ExactMatchRewardFn:
             out.append(RewardResult(score=self.correct_score if ok else self.incorrect_score, correct=ok))
         return out
 
+    def wait_ready(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -93,6 +97,10 @@ class PoolRewardFn:
             raise ValueError(f"batch sizes differ: {len(prompts)} prompts, {len(responses)} responses, {len(ground_truths)} answers")
         outcomes = self._pool.run(list(zip(prompts, responses, ground_truths)))
         return [self._result(o) for o in outcomes]
+
+    def wait_ready(self) -> None:
+        """Block until all workers have imported and warmed up (call once at start-up)."""
+        self._pool.wait_ready()
 
     def close(self) -> None:
         self._pool.close()

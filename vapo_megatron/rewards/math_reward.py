@@ -54,6 +54,13 @@ def math_equal(prompt: str, response: str, ground_truth: str) -> bool:
     return bool(verify(gold, pred, timeout_seconds=None))
 
 
+def _warmup() -> None:
+    math_equal("", "so \\boxed{\\frac{1}{2}} or 0.5", "\\frac{1}{2}")  # imports sympy, builds the LaTeX parser
+
+
+math_equal.warmup = _warmup  # type: ignore[attr-defined]  # run by each pool worker at start-up
+
+
 _DEFAULT_POOLS: dict[float, object] = {}
 
 

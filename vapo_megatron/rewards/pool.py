@@ -52,6 +52,15 @@ def _worker(conn: mpc.Connection, spec: str) -> None:
     except Exception as e:  # reported to the parent, which raises it with the spec named
         conn.send(("startup_error", f"{type(e).__name__}: {e}"))
         return
+    # Optional warm-up hook (``fn.warmup()``): pay lazy imports/initialisation before the
+    # first timed task, so a fresh worker does not spend its first deadline importing.
+    warmup = getattr(fn, "warmup", None)
+    if callable(warmup):
+        try:
+            warmup()
+        except Exception as e:
+            conn.send(("startup_error", f"warmup failed: {type(e).__name__}: {e}"))
+            return
     conn.send(("ready", None))
     while True:
         try:
@@ -119,6 +128,20 @@ class BoundedPool:
             self.close()
             raise ValueError(f"reward worker could not load {self.spec!r}: {payload}")
         w.ready = True
+
+    def wait_ready(self, timeout_s: float = _STARTUP_TIMEOUT_S) -> None:
+        """Block until every worker has started (e.g. once at trainer start-up, or in tests
+        before measuring a bound). Replacement workers after a timeout start in the background."""
+        end = time.monotonic() + timeout_s
+        for w in self._workers:
+            if w.ready:
+                continue
+            if not w.conn.poll(max(0.0, end - time.monotonic())):
+                raise RuntimeError(f"reward worker for {self.spec!r} did not start in {timeout_s:.0f}s")
+            try:
+                self._handle_startup(w)
+            except EOFError:
+                raise RuntimeError(f"reward worker for {self.spec!r} died on start-up") from None
 
     def _replace(self, i: int) -> None:
         self._workers[i].kill()

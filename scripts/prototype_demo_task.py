@@ -100,6 +100,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--task", default="add")
+    ap.add_argument("--pos-nll", type=float, default=0.0, help="VAPO-style LM loss weight on correct samples")
     ap.add_argument("--sft-eval-every", type=int, default=0)
     ap.add_argument("--sft-stop-acc", type=float, default=1.1, help="stop SFT once held-out greedy acc >= this")
     ap.add_argument("--sft-noise", type=float, default=0.0)
@@ -155,6 +156,9 @@ def main() -> None:
         model.train()
         logp, rmask = seq_logprobs(model, ps, rs, pad)
         loss = -(logp * adv[:, None] * rmask).sum() / rmask.sum()
+        pos = rmask * (reward > 0).float()[:, None]
+        if args.pos_nll > 0 and pos.sum() > 0:
+            loss = loss - args.pos_nll * (logp * pos).sum() / pos.sum()
         opt.zero_grad()
         loss.backward()
         opt.step()

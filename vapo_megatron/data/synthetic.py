@@ -1,13 +1,14 @@
 """The demo's synthetic task, its character-level tokenizer and a tiny random-init Qwen2.
 
-Task: two-digit addition. The user turn is ``"37+45="``; the assistant answers the plain
+Task (default ``add``): two-digit addition. The user turn is ``"37+45="``; the assistant answers the plain
 number ``"82"`` and ends its turn. Answers are checked exactly (``rewards.exact``), so the
 reward is binary and cannot be gamed by formatting.
 
 Why this task: a tiny model gets part of it right after a short SFT (the last digit is easy,
 the carry into the tens digit is not), and sampled responses then contain enough correct
-answers per group for binary-reward RL to sharpen it (scripts/make_demo_data.py documents
-the measured before/after numbers).
+answers per group for binary-reward RL to sharpen it. SFT generalizes in a sharp, init-
+dependent transition, so the warm-start should stop on an accuracy target, not a step count
+(docs/data_and_rewards.md has the measured numbers).
 
 The tokenizer is a ``tokenizers`` WordLevel model: every character is a token, except the
 chat-template words (``user``, ``assistant``, ``system``) and the special tokens, which are

@@ -1,0 +1,124 @@
+"""Rewards: math-verify answers, the hard time bound, user functions that fail, batch API."""
+
+import logging
+import time
+
+import pytest
+import torch
+
+from vapo_megatron.rewards import build_reward_fn, score_batch
+from vapo_megatron.rewards.math_reward import score
+
+TIMEOUT_S = 3.0  # a normal check takes milliseconds; 3 s leaves room on a loaded 2-core machine
+SLACK_S = 3.0  # kill + reap of one worker process
+
+
+@pytest.fixture(scope="module")
+def math_fn():
+    fn = build_reward_fn("math", correct_score=1.0, incorrect_score=-1.0, timeout_s=TIMEOUT_S, num_workers=2)
+    fn.wait_ready()  # workers import sympy and warm up before any timed check
+    yield fn
+    fn.close()
+
+
+CASES = [
+    ("So the answer is \\boxed{42}.", "42", True),
+    ("\\boxed{43}", "42", False),
+    ("We get $\\frac{2}{4}$, i.e. \\boxed{\\frac{1}{2}}", "\\frac{1}{2}", True),
+    ("The answer is $0.5$", "\\frac{1}{2}", True),
+    ("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", True),
+    ("Final answer: 17", "17", True),
+    ("Final answer: 18", "17", False),
+    ("no number here", "17", False),
+    ("\\boxed{x^2 + 2x + 1}", "(x+1)^2", True),
+]
+
+
+def test_math_answers(math_fn):
+    prompts = [""] * len(CASES)
+    res = math_fn(prompts, [c[0] for c in CASES], [c[1] for c in CASES])
+    assert [r.correct for r in res] == [c[2] for c in CASES]
+    assert [r.score for r in res] == [1.0 if c[2] else -1.0 for c in CASES]
+    assert not any(r.timed_out or r.error for r in res)
+
+
+def test_zero_one_scores_and_score_batch():
+    fn = build_reward_fn("exact", correct_score=1.0, incorrect_score=0.0, timeout_s=1.0)
+    scores, correct, counters = score_batch(fn, ["p"] * 3, [" 82", "81", "82\n"], ["82", "82", "82"])
+    assert scores.dtype == torch.float32 and correct.dtype == torch.bool
+    assert scores.tolist() == [1.0, 0.0, 1.0] and correct.tolist() == [True, False, True]
+    assert counters["reward/accuracy"] == pytest.approx(2 / 3) and counters["reward/timeouts"] == 0
+    with pytest.raises(ValueError, match="correct_score"):
+        build_reward_fn("exact", correct_score=0.0, incorrect_score=1.0, timeout_s=1.0)
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "\\boxed{9^{9^{9^{9}}}}",  # sympy evaluates the power tower: a C-level bigint loop
+        "\\boxed{" + "\\frac{1}{" * 3000 + "2" + "}" * 6000,  # deeply nested LaTeX
+    ],
+    ids=["power_tower", "nested_latex"],
+)
+def test_time_bound_holds_on_pathological_input(math_fn, response):
+    math_fn.wait_ready()  # a worker killed by an earlier test restarts in the background
+    t0 = time.monotonic()
+    scores, correct, counters = score_batch(math_fn, ["", ""], [response, "\\boxed{3}"], ["1", "3"])
+    elapsed = time.monotonic() - t0
+    assert elapsed < TIMEOUT_S + SLACK_S, elapsed
+    assert scores[0].item() == -1.0 and not correct[0]
+    assert correct[1]  # the other sample of the batch is scored normally
+    # The pool recovers: a normal check right after works.
+    assert math_fn([""], ["\\boxed{7}"], ["7"])[0].correct
+
+
+def test_power_tower_is_reported_as_timeout(math_fn):
+    math_fn.wait_ready()
+    (r,) = math_fn([""], ["\\boxed{9^{9^{9^{9}}}}"], ["1"])
+    assert r.timed_out and not r.correct and r.score == -1.0
+
+
+def test_megabyte_response_is_bounded_and_reads_the_tail(math_fn):
+    math_fn.wait_ready()
+    junk = "we try 1234 and then 56, which fails. " * 26_000  # ~1 MB of plain text
+    t0 = time.monotonic()
+    (r,) = math_fn([""], [junk + " so \\boxed{5}"], ["5"])
+    assert time.monotonic() - t0 < TIMEOUT_S + SLACK_S
+    assert r.correct
+
+
+def test_single_call_score_api():
+    r = score("\\boxed{12}", "12", correct_score=1.0, incorrect_score=0.0, timeout_s=TIMEOUT_S)
+    assert r.correct and r.score == 1.0
+    assert score("\\boxed{13}", "12", correct_score=1.0, incorrect_score=0.0, timeout_s=TIMEOUT_S).score == 0.0
+
+
+def test_user_function_failures_are_counted_logged_once_and_survived(caplog):
+    fn = build_reward_fn("reward_fns_for_tests:flaky", correct_score=1.0, incorrect_score=-1.0, timeout_s=TIMEOUT_S, num_workers=2)
+    try:
+        responses = ["42", "boom", "41", "boom", "key", "none", "partial 0.25", "partial 1.0", "slow", "42"]
+        fn.wait_ready()
+        with caplog.at_level(logging.ERROR, logger="vapo_megatron.rewards"):
+            t0 = time.monotonic()
+            scores, correct, counters = score_batch(fn, ["p"] * len(responses), responses, ["42"] * len(responses))
+            assert time.monotonic() - t0 < 2 * (TIMEOUT_S + SLACK_S)
+        assert scores.tolist() == [1.0, -1.0, -1.0, -1.0, -1.0, -1.0, 0.25, 1.0, -1.0, 1.0]
+        assert correct.tolist() == [True, False, False, False, False, False, False, True, False, True]
+        assert counters["reward/errors"] == 4  # 2x ValueError, KeyError, BadReturn
+        assert counters["reward/timeouts"] == 1
+        msgs = [r.getMessage() for r in caplog.records]
+        assert sum("raised ValueError" in m for m in msgs) == 1  # once per kind, not per sample
+        assert sum("raised KeyError" in m for m in msgs) == 1
+        assert sum("returned None" in m for m in msgs) == 1
+        assert "user function exploded" in caplog.text
+    finally:
+        fn.close()
+
+
+def test_bad_user_specs_are_named():
+    with pytest.raises(ValueError, match="'no_such_module_xyz:f'.*cannot import"):
+        build_reward_fn("no_such_module_xyz:f", correct_score=1.0, incorrect_score=0.0, timeout_s=1.0)
+    with pytest.raises(ValueError, match="has no callable 'nope'"):
+        build_reward_fn("reward_fns_for_tests:nope", correct_score=1.0, incorrect_score=0.0, timeout_s=1.0)
+    with pytest.raises(ValueError, match="must look like"):
+        build_reward_fn("just_a_name", correct_score=1.0, incorrect_score=0.0, timeout_s=1.0)

@@ -1,0 +1,87 @@
+"""Math answers checked with math-verify (boxed answers, LaTeX, plain numbers), time-bounded.
+
+``math_equal`` is the check itself; it runs inside a ``BoundedPool`` worker (rewards/pool.py),
+so math-verify's signal-based timeouts are switched off and the parent's hard deadline is
+the bound. ``score`` is the one-call convenience form over a shared default pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Only the tail of a response is parsed: the final answer sits at the end of a chain of
+# thought, and a cap keeps a megabyte of rambling from reaching the LaTeX parser.
+MAX_RESPONSE_CHARS = 8192
+MATH_SPEC = "vapo_megatron.rewards.math_reward:math_equal"
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    score: float
+    correct: bool
+    timed_out: bool = False
+    error: str | None = None  # "ExceptionType: message" when the check or user function failed
+
+
+def math_equal(prompt: str, response: str, ground_truth: str) -> bool:
+    """True when the response's final answer equals ``ground_truth`` per math-verify.
+
+    The gold answer is parsed as the content of a ``\\boxed{}`` (DAPO ground truths are bare
+    LaTeX like ``\\frac{1}{2}`` or ``34``); the response is searched for a boxed answer
+    first, then other LaTeX, then a plain expression/number. ``prompt`` is unused.
+    """
+    import logging
+
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    # The bound is the pool's hard deadline; silence math-verify's "timeout disabled" notice.
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+    gold = parse(
+        "\\boxed{" + ground_truth + "}",
+        [LatexExtractionConfig(), ExprExtractionConfig()],
+        parsing_timeout=None,
+    )
+    if not gold:
+        gold = [ground_truth.strip()]
+    pred = parse(
+        response[-MAX_RESPONSE_CHARS:],
+        [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()],
+        parsing_timeout=None,
+    )
+    if not pred:
+        return False
+    return bool(verify(gold, pred, timeout_seconds=None))
+
+
+def _warmup() -> None:
+    math_equal("", "so \\boxed{\\frac{1}{2}} or 0.5", "\\frac{1}{2}")  # imports sympy, builds the LaTeX parser
+
+
+math_equal.warmup = _warmup  # type: ignore[attr-defined]  # run by each pool worker at start-up
+
+
+_DEFAULT_POOLS: dict[float, object] = {}
+
+
+def score(
+    response_text: str,
+    ground_truth: str,
+    *,
+    correct_score: float = 1.0,
+    incorrect_score: float = -1.0,
+    timeout_s: float = 5.0,
+) -> RewardResult:
+    """Score one response (paper: +1 correct, -1 wrong; 0/1 works too). A check that runs past
+    ``timeout_s`` (wall clock, hard) scores ``incorrect_score`` with ``timed_out=True``."""
+    from vapo_megatron.rewards import PoolRewardFn
+
+    fn = _DEFAULT_POOLS.get(timeout_s)
+    if fn is None:
+        fn = _DEFAULT_POOLS[timeout_s] = PoolRewardFn(
+            MATH_SPEC, correct_score=1.0, incorrect_score=0.0, timeout_s=timeout_s, num_workers=1
+        )
+    (r,) = fn([""], [response_text], [ground_truth])
+    return RewardResult(
+        score=correct_score if r.correct else incorrect_score, correct=r.correct, timed_out=r.timed_out, error=r.error
+    )

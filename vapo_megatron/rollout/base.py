@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Sequence
+from typing import TYPE_CHECKING, Iterable, Literal, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from vapo_megatron.rollout.buckets import FlatBucket
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,9 @@ class RolloutEngine(abc.ABC):
         """Open an update session (SGLang refuses weight loads outside one)."""
 
     @abc.abstractmethod
-    def load_bucket(self, named_tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
-        """Load one bucket of full HF-named tensors (all of one dtype) into the live weights."""
+    def load_bucket(self, named_tensors: "FlatBucket | Sequence[tuple[str, torch.Tensor]]") -> None:
+        """Load one bucket of full HF-named tensors (all of one dtype) into the live weights.
+        The bucket's memory may be reused once this returns: copy what must be kept."""
 
     @abc.abstractmethod
     def end_weight_update(self, version: int) -> None:
@@ -119,7 +123,7 @@ class RolloutEngine(abc.ABC):
         self.begin_weight_update()
         for name, tensor in named_tensors:
             if not bucket.fits(tensor):
-                self.load_bucket(bucket.named_tensors())
+                self.load_bucket(bucket)
                 stats.buckets += 1
                 bucket.clear()
             bucket.add(name, tensor)
@@ -127,7 +131,7 @@ class RolloutEngine(abc.ABC):
             stats.bytes += tensor.numel() * tensor.element_size()
             stats.names.append(name)
         if len(bucket):
-            self.load_bucket(bucket.named_tensors())
+            self.load_bucket(bucket)
             stats.buckets += 1
         self.end_weight_update(version)
         return stats

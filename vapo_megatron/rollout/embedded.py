@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 
 from vapo_megatron.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from vapo_megatron.rollout.buckets import FlatBucket
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Set logits outside top-k / the top-p nucleus to -inf. logits: [B, V] (already / T)."""
@@ -82,6 +83,8 @@ class EmbeddedEngine(RolloutEngine):
     def load_bucket(self, named_tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
         if not self._updating:
             raise RuntimeError("load_bucket outside begin_weight_update()/end_weight_update()")
+        if isinstance(named_tensors, FlatBucket):
+            named_tensors = named_tensors.named_tensors()
         for name, tensor in named_tensors:
             param = self._params.get(name)
             if param is None:

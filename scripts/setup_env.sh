@@ -32,4 +32,8 @@ fi
 # SGLang's weight-update payload classes (serializer, FlattenedTensorBucket) are importable
 # without its CUDA stack; tests use the real classes, so install the package without deps.
 .venv/bin/python -m pip install -q --no-deps "sglang==0.5.23"
+# The light packages sglang's own modules import on the way to those two classes (its full
+# dependency set pulls the CUDA stack, which CI does not need).
+.venv/bin/python -m pip install -q orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1 msgspec==0.22.0 \
+  requests==2.34.2 starlette==1.10.0 pyzmq==27.3.0 ipython==9.18.1 aiohttp==3.14.5
 echo "setup: done ($(.venv/bin/python --version))"

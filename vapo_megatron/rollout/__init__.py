@@ -1,0 +1,1 @@
+"""Rollout engines (embedded transformers on the CPU, SGLang on GPUs) and weight sync into them."""

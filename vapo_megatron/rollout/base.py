@@ -1,0 +1,137 @@
+"""The one interface every rollout engine implements.
+
+A trainer step talks to an engine in this order (VAPO section 2: each step samples G responses
+per prompt from the current policy, so the engine must hold the newest actor weights):
+
+    engine.resume_memory()                      # GPU engines: get weights/KV cache back
+    engine.begin_weight_update()
+    for bucket in buckets: engine.load_bucket(bucket)   # bounded groups of full HF tensors
+    engine.end_weight_update(version=train_step)
+    outs = engine.generate(prompt_ids, SamplingParams(n=G, ...))
+    engine.release_memory()                     # GPU engines: give memory back to training
+
+Weights travel as plain Hugging Face names with full (unsharded) tensors, separate q/k/v and
+gate/up projections; each engine slices or copies what it needs.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable, Literal, Sequence
+
+import torch
+
+if TYPE_CHECKING:
+    from vapo_megatron.rollout.buckets import FlatBucket
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-call sampling settings. n samples are drawn for every prompt.
+
+    temperature == 0 means greedy. top_k <= 0 and top_p >= 1 switch those filters off. Sample
+    j of prompt i uses seed `seed + i * n + j`, so results do not depend on batching.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 32
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n={self.n} must be >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature={self.temperature} must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p={self.top_p} must be in (0, 1]")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens} must be >= 1")
+
+    def sample_seed(self, prompt_index: int, sample_index: int) -> int:
+        return self.seed + prompt_index * self.n + sample_index
+
+
+@dataclass
+class RolloutOutput:
+    """One sampled response. `logprobs[t]` = log_softmax(logits / temperature)[token t]
+    as the engine computed it (None when the engine did not return them)."""
+
+    prompt_index: int
+    token_ids: list[int]
+    finish_reason: Literal["stop", "length"]
+    logprobs: list[float] | None = None
+    weight_version: int | None = None
+
+
+@dataclass
+class WeightUpdateStats:
+    """What one weight update moved, for logs and the memory-bound checks."""
+
+    tensors: int = 0
+    bytes: int = 0
+    buckets: int = 0
+    names: list[str] = field(default_factory=list)
+
+
+class RolloutEngine(abc.ABC):
+    """Sampling plus in-place weight loading. Weight updates stream bounded buckets; an engine
+    never needs the whole state dict at once."""
+
+    @abc.abstractmethod
+    def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[RolloutOutput]:
+        """n samples per prompt, grouped by prompt: outputs[i * n + j] is sample j of prompt i."""
+
+    @abc.abstractmethod
+    def begin_weight_update(self) -> None:
+        """Open an update session (SGLang refuses weight loads outside one)."""
+
+    @abc.abstractmethod
+    def load_bucket(self, named_tensors: "FlatBucket | Sequence[tuple[str, torch.Tensor]]") -> None:
+        """Load one bucket of full HF-named tensors (all of one dtype) into the live weights.
+        The bucket's memory may be reused once this returns: copy what must be kept."""
+
+    @abc.abstractmethod
+    def end_weight_update(self, version: int) -> None:
+        """Close the session; drop caches computed with old weights; record the version."""
+
+    @abc.abstractmethod
+    def release_memory(self) -> None:
+        """Free what the engine holds on the accelerator while the trainer runs."""
+
+    @abc.abstractmethod
+    def resume_memory(self) -> None:
+        """Take back what release_memory freed."""
+
+    @property
+    @abc.abstractmethod
+    def weight_version(self) -> int:
+        """The training step whose weights the engine serves (-1: initial weights)."""
+
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *, bucket_bytes: int = 1 << 30
+    ) -> WeightUpdateStats:
+        """Convenience for a single process: bucket a stream of tensors and load it."""
+        from vapo_megatron.rollout.buckets import FlatBucket
+
+        stats = WeightUpdateStats()
+        bucket = FlatBucket(bucket_bytes)
+        self.begin_weight_update()
+        for name, tensor in named_tensors:
+            if not bucket.fits(tensor):
+                self.load_bucket(bucket)
+                stats.buckets += 1
+                bucket.clear()
+            bucket.add(name, tensor)
+            stats.tensors += 1
+            stats.bytes += tensor.numel() * tensor.element_size()
+            stats.names.append(name)
+        if len(bucket):
+            self.load_bucket(bucket)
+            stats.buckets += 1
+        self.end_weight_update(version)
+        return stats

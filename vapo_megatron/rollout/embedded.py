@@ -1,0 +1,216 @@
+"""Rollout engine on a transformers causal LM, in this process (the CPU default; one GPU works).
+
+The model is built once; weight updates copy full HF-named tensors into the existing parameters
+(no rebuild). Sampling is a small batched loop over a DynamicCache with left padding. Every sample
+draws from its own torch.Generator seeded with SamplingParams.sample_seed, so sample j of prompt
+i gets the same response whatever else is in the batch, and a run is reproducible given the seed.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from vapo_megatron.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from vapo_megatron.rollout.buckets import FlatBucket
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside top-k / the top-p nucleus to -inf. logits: [B, V] (already / T)."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Drop a token when the mass before it already reaches top_p (the top token always stays).
+        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+class EmbeddedEngine(RolloutEngine):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int = 0,
+        max_batch_size: int = 1024,
+    ) -> None:
+        self.model = model.eval()
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.pad_token_id = pad_token_id
+        self.max_batch_size = max_batch_size
+        self.device = next(model.parameters()).device
+        # Every name the model answers to, tied aliases included (lm_head.weight -> embed).
+        self._params = dict(model.named_parameters(remove_duplicate=False))
+        self._version = -1
+        self._updating = False
+        self._loaded: set[int] = set()
+
+    # ---- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def from_hf_config(cls, config, *, dtype: torch.dtype = torch.float32, device: str = "cpu", **kw) -> "EmbeddedEngine":
+        """An engine with freshly initialized weights (they are replaced by the first sync)."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
+        return cls(model, eos_token_ids=_eos_ids(config), **kw)
+
+    @classmethod
+    def from_pretrained(cls, hf_dir: str, *, dtype: torch.dtype = torch.float32, device: str = "cpu", **kw) -> "EmbeddedEngine":
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype).to(device)
+        return cls(model, eos_token_ids=_eos_ids(model.config), **kw)
+
+    # ---- weights ----------------------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def begin_weight_update(self) -> None:
+        if self._updating:
+            raise RuntimeError("begin_weight_update called twice without end_weight_update")
+        self._updating = True
+        self._loaded = set()
+
+    @torch.no_grad()
+    def load_bucket(self, named_tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
+        if not self._updating:
+            raise RuntimeError("load_bucket outside begin_weight_update()/end_weight_update()")
+        if isinstance(named_tensors, FlatBucket):
+            named_tensors = named_tensors.named_tensors()
+        for name, tensor in named_tensors:
+            param = self._params.get(name)
+            if param is None:
+                raise KeyError(
+                    f"weight {name!r} is not a parameter of the rollout model "
+                    f"({type(self.model).__name__}); known names start with "
+                    f"{sorted(self._params)[:4]}..."
+                )
+            if param.shape != tensor.shape:
+                raise ValueError(f"weight {name!r}: got shape {tuple(tensor.shape)}, the model has {tuple(param.shape)}")
+            param.copy_(tensor)  # in place: casts dtype, moves device
+            self._loaded.add(id(param))
+
+    def end_weight_update(self, version: int, *, strict: bool = True) -> None:
+        if not self._updating:
+            raise RuntimeError("end_weight_update without begin_weight_update")
+        self._updating = False
+        if strict:
+            missing = sorted({n for n, p in self._params.items() if id(p) not in self._loaded})
+            if missing:
+                raise RuntimeError(f"weight update left {len(missing)} parameters unset, e.g. {missing[:5]}")
+        self._version = version
+
+    def release_memory(self) -> None:
+        # Nothing to give back on the CPU; on one GPU the trainer and this model share memory
+        # and the model is small next to the trainer's state, so it stays resident.
+        pass
+
+    def resume_memory(self) -> None:
+        pass
+
+    # ---- sampling ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[RolloutOutput]:
+        per_chunk = max(1, self.max_batch_size // params.n)
+        outs: list[RolloutOutput] = []
+        for lo in range(0, len(prompt_ids), per_chunk):
+            outs += self._generate_chunk(list(prompt_ids[lo : lo + per_chunk]), lo, params)
+        return outs
+
+    def _generate_chunk(self, prompts, first_index: int, p: SamplingParams) -> list[RolloutOutput]:
+        """P prompts -> P * n samples (rows b = i * n + j). Each prompt is prefilled once and
+        its KV cache repeated n times."""
+        from transformers import DynamicCache
+
+        dev = self.device
+        P, n = len(prompts), p.n
+        if any(len(x) == 0 for x in prompts):
+            raise ValueError("generate: every prompt needs at least one token")
+        L = max(len(x) for x in prompts)
+        ids = torch.full((P, L), self.pad_token_id, dtype=torch.long, device=dev)
+        mask = torch.zeros((P, L), dtype=torch.long, device=dev)
+        for b, x in enumerate(prompts):  # left padding: the last prompt token sits at L-1
+            ids[b, L - len(x) :] = torch.tensor(list(x), dtype=torch.long)
+            mask[b, L - len(x) :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+            use_cache=True, logits_to_keep=1,
+        ).logits[:, -1, :].float()  # [P, V]
+        cache.batch_repeat_interleave(n)
+        logits = logits.repeat_interleave(n, dim=0)  # [B, V], B = P * n
+        mask = mask.repeat_interleave(n, dim=0)
+        next_pos = pos[:, -1].repeat_interleave(n, dim=0) + 1
+
+        B = P * n
+        stop = torch.tensor(sorted(set(self.eos_token_ids) | set(p.stop_token_ids)), dtype=torch.long, device=dev)
+        # One generator per sample: its draws do not depend on the rest of the batch.
+        gens = [torch.Generator(device=dev).manual_seed(p.sample_seed(first_index + b // n, b % n)) for b in range(B)]
+        out_tokens = torch.full((B, p.max_new_tokens), self.pad_token_id, dtype=torch.long, device=dev)
+        out_logp = torch.zeros((B, p.max_new_tokens), dtype=torch.float32, device=dev)
+        lengths = torch.full((B,), p.max_new_tokens, dtype=torch.long, device=dev)
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
+        stopped = torch.zeros(B, dtype=torch.bool, device=dev)
+        for step in range(p.max_new_tokens):
+            tok, logp = self._sample(logits, gens, p)
+            tok = torch.where(done, torch.full_like(tok, self.pad_token_id), tok)
+            out_tokens[:, step] = tok
+            out_logp[:, step] = logp
+            hit = ~done & torch.isin(tok, stop)
+            lengths = torch.where(hit, torch.full_like(lengths, step + 1), lengths)
+            stopped |= hit
+            done |= hit
+            if step + 1 == p.max_new_tokens or bool(done.all()):
+                break
+            mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
+            logits = self.model(
+                input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                past_key_values=cache, use_cache=True,
+            ).logits[:, -1, :].float()
+            next_pos = next_pos + 1
+
+        res = []
+        for b in range(B):
+            k = int(lengths[b])
+            res.append(RolloutOutput(
+                prompt_index=first_index + b // n,
+                token_ids=out_tokens[b, :k].tolist(),
+                finish_reason="stop" if bool(stopped[b]) else "length",
+                logprobs=out_logp[b, :k].tolist(),
+                weight_version=self._version,
+            ))
+        return res
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, gens: list[torch.Generator], p: SamplingParams):
+        """Returns (token [B], log_softmax(logits / T)[token] [B]); greedy when T == 0."""
+        if p.temperature == 0:
+            tok = logits.argmax(-1)
+            return tok, torch.log_softmax(logits, -1).gather(-1, tok[:, None])[:, 0]
+        scaled = logits / p.temperature
+        filtered = filter_logits(scaled, p.top_k, p.top_p)
+        V = logits.shape[-1]
+        u = torch.stack([torch.rand(V, generator=g, device=logits.device) for g in gens])
+        u = u.clamp(min=1e-12, max=1 - 1e-7)
+        # Gumbel-max: argmax(filtered + G) with G = -log(-log U) is a draw from softmax(filtered).
+        tok = (filtered - torch.log(-torch.log(u))).argmax(-1)
+        return tok, torch.log_softmax(scaled, -1).gather(-1, tok[:, None])[:, 0]
+
+
+def _eos_ids(config) -> list[int]:
+    eos = getattr(config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)
+
+

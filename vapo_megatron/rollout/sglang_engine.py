@@ -1,0 +1,262 @@
+"""SGLang rollout engines colocated with the trainer (GPU path).
+
+One `sglang.Engine` per trainer TP group ("engine group"): engine TP rank i runs on GPU
+`base_gpu_id + i`, the GPU of the i-th trainer rank of the group, which owns the Engine object
+when it is rank 0 of the group. A weight update is a collective over the engine group:
+
+  every member   copies the bucket's full HF tensors into its flat GPU buffer (buckets.FlatBucket),
+                 wraps it as SGLang's FlattenedTensorBucket and serializes it with
+                 MultiprocessingSerializer (a CUDA IPC handle, not the bytes; needs
+                 monkey_patch_torch_reductions(), applied for CUDA tensors only);
+  the owner      gathers the handles (one per engine TP rank, in GPU order) and calls
+                 Engine.update_weights_from_tensor(handles, load_format="flattened_bucket");
+                 SGLang TP rank i deserializes entry i and its model's weight loaders slice out
+                 what that rank needs (plain HF names; separate q/k/v and gate/up, because a
+                 fused qkv_proj name is dropped by SGLang's Qwen2 loader).
+
+Memory: around training, `release_memory()` frees weights, KV cache and CUDA graphs
+(needs enable_memory_saver=True); `resume_memory()` takes them back before the next update.
+
+What runs on the CPU (tests): payload building and round trips through SGLang's real
+FlattenedTensorBucket / MultiprocessingSerializer. Starting an Engine needs a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import torch
+import torch.distributed as dist
+
+from vapo_megatron.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from vapo_megatron.rollout.buckets import FlatBucket
+
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+
+
+# ---- payloads ----------------------------------------------------------------------------------
+
+def to_flattened_bucket(bucket: FlatBucket | Sequence[tuple[str, torch.Tensor]]):
+    """SGLang's FlattenedTensorBucket for one single-dtype bucket.
+
+    From a FlatBucket the existing flat buffer is reused (no copy); from a list SGLang's own
+    constructor concatenates the tensors."""
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket, FlattenedTensorMetadata
+
+    if isinstance(bucket, FlatBucket):
+        meta = [
+            FlattenedTensorMetadata(name=e.name, shape=e.shape, dtype=e.dtype, start_idx=e.start, end_idx=e.end,
+                                    numel=e.end - e.start)
+            for e in bucket.entries
+        ]
+        return FlattenedTensorBucket(flattened_tensor=bucket.flat(), metadata=meta)
+    dtypes = {t.dtype for _, t in bucket}
+    if len(dtypes) != 1:
+        raise ValueError(f"a weight bucket must hold one dtype (got {sorted(map(str, dtypes))}): "
+                         "mixed dtypes misalign FlattenedTensorBucket offsets")
+    return FlattenedTensorBucket(named_tensors=list(bucket))
+
+
+def serialize_flattened_bucket(fb, *, output_str: bool = False) -> bytes | str:
+    """One engine TP rank's payload for load_format="flattened_bucket": the dict SGLang's
+    weight updater reads ({"flattened_tensor", "metadata"}), serialized by MultiprocessingSerializer.
+
+    CUDA tensors travel as CUDA IPC handles; SGLang's patched torch reductions must be active
+    for that (they make the handle independent of the device index). The patch breaks CPU
+    tensor serialization, so it is applied only for CUDA payloads."""
+    from sglang.srt.utils import MultiprocessingSerializer
+
+    flat = fb.get_flattened_tensor()
+    if flat.is_cuda:
+        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+        monkey_patch_torch_reductions()
+    payload = {"flattened_tensor": flat, "metadata": fb.get_metadata()}
+    return MultiprocessingSerializer.serialize(payload, output_str=output_str)
+
+
+def deserialize_payload(data: bytes | str) -> list[tuple[str, torch.Tensor]]:
+    """What an SGLang TP rank reconstructs from its payload (SGLang's own classes): for tests
+    and the docs' data path."""
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+    d = MultiprocessingSerializer.deserialize(data)
+    return FlattenedTensorBucket(flattened_tensor=d["flattened_tensor"], metadata=d["metadata"]).reconstruct_tensors()
+
+
+# ---- output parsing --------------------------------------------------------------------------
+
+def sampling_params_dict(p: SamplingParams, prompt_index: int, sample_index: int) -> dict:
+    """SGLang's per-request sampling params for one sample (n=1 per request, own seed)."""
+    d = {
+        "max_new_tokens": p.max_new_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k if p.top_k > 0 else -1,
+        "n": 1,
+        "sampling_seed": p.sample_seed(prompt_index, sample_index),
+        "skip_special_tokens": False,
+        "no_stop_trim": True,  # keep the stop token in the response: the policy learns to stop
+    }
+    if p.stop_token_ids:
+        d["stop_token_ids"] = list(p.stop_token_ids)
+    return d
+
+
+def expand_requests(prompt_ids: Sequence[Sequence[int]], p: SamplingParams) -> tuple[list[list[int]], list[dict], list[int]]:
+    """One request per sample, grouped by prompt: (input_ids, sampling params, prompt index)."""
+    ids, sps, owners = [], [], []
+    for i, prompt in enumerate(prompt_ids):
+        for j in range(p.n):
+            ids.append(list(prompt))
+            sps.append(sampling_params_dict(p, i, j))
+            owners.append(i)
+    return ids, sps, owners
+
+
+def parse_output(out: dict, prompt_index: int, fallback_version: int) -> RolloutOutput:
+    meta = out["meta_info"]
+    reason = meta["finish_reason"]["type"] if isinstance(meta["finish_reason"], dict) else meta["finish_reason"]
+    if reason not in ("stop", "length"):
+        raise RuntimeError(f"SGLang request for prompt {prompt_index} ended with finish_reason={meta['finish_reason']!r}")
+    logprobs = None
+    if "output_token_logprobs" in meta and meta["output_token_logprobs"] is not None:
+        logprobs = [float(x[0]) for x in meta["output_token_logprobs"]]
+    version = meta["weight_version"] if "weight_version" in meta else None
+    return RolloutOutput(
+        prompt_index=prompt_index,
+        token_ids=list(out["output_ids"]),
+        finish_reason=reason,
+        logprobs=logprobs,
+        weight_version=int(version) if version not in (None, "", "default") else fallback_version,
+    )
+
+
+def check(result: Any, what: str) -> None:
+    """SGLang's control calls answer (success, message), a dict with "success", or None."""
+    if result is None:
+        return
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], bool):
+        ok, msg = result
+    elif isinstance(result, dict) and "success" in result:
+        ok, msg = result["success"], result["message"] if "message" in result else ""
+    elif hasattr(result, "success"):  # e.g. FlushCacheReqOutput from Engine.flush_cache()
+        ok, msg = result.success, getattr(result, "message", "")
+    else:
+        return
+    if not ok:
+        raise RuntimeError(f"SGLang {what} failed: {msg}")
+
+
+# ---- the engine --------------------------------------------------------------------------------
+
+class EngineLike(Protocol):
+    """The part of sglang.Engine's API this module calls (sglang_http.HttpEngine has it too)."""
+
+    def generate(self, *, input_ids, sampling_params, return_logprob): ...
+    def begin_weight_update(self): ...
+    def end_weight_update(self): ...
+    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True): ...
+    def release_memory_occupation(self, tags=None): ...
+    def resume_memory_occupation(self, tags=None): ...
+    def flush_cache(self): ...
+
+
+@dataclass(frozen=True)
+class SGLangEngineConfig:
+    model_path: str  # HF dir (config + tokenizer; the first sync replaces the weights)
+    tp_size: int
+    base_gpu_id: int
+    mem_fraction_static: float
+    dtype: str = "bfloat16"
+    random_seed: int = 0
+
+
+def start_engine(cfg: SGLangEngineConfig):
+    """A colocated sglang.Engine (GPU only)."""
+    import sglang
+
+    return sglang.Engine(
+        model_path=cfg.model_path, tp_size=cfg.tp_size, base_gpu_id=cfg.base_gpu_id,
+        mem_fraction_static=cfg.mem_fraction_static, enable_memory_saver=True, dtype=cfg.dtype,
+        random_seed=cfg.random_seed, skip_tokenizer_init=True,
+    )
+
+
+class SGLangEngine(RolloutEngine):
+    """One member of an engine group. `engine` is the Engine (or HTTP client) on the group's
+    rank 0 and None elsewhere; `group` is the engine group (None: a group of one)."""
+
+    def __init__(self, engine: EngineLike | None, *, group=None) -> None:
+        self.group = group
+        self.group_rank = dist.get_rank(group) if group is not None else 0
+        self.group_size = dist.get_world_size(group) if group is not None else 1
+        self.owner = self.group_rank == 0
+        if self.owner and engine is None:
+            raise ValueError("rank 0 of an engine group must hold the SGLang engine")
+        self.engine = engine if self.owner else None
+        self._version = -1
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[RolloutOutput]:
+        if not self.owner:
+            raise RuntimeError("generate runs on the engine group's rank 0 (the Engine owner)")
+        ids, sps, owners = expand_requests(prompt_ids, params)
+        outs = self.engine.generate(input_ids=ids, sampling_params=sps, return_logprob=True)
+        if isinstance(outs, dict):
+            outs = [outs]
+        if len(outs) != len(ids):
+            raise RuntimeError(f"SGLang returned {len(outs)} outputs for {len(ids)} requests")
+        return [parse_output(o, i, self._version) for o, i in zip(outs, owners)]
+
+    def begin_weight_update(self) -> None:
+        if self.owner:
+            check(self.engine.begin_weight_update(), "begin_weight_update")
+
+    def load_bucket(self, named_tensors: FlatBucket | Sequence[tuple[str, torch.Tensor]]) -> None:
+        payload = serialize_flattened_bucket(to_flattened_bucket(named_tensors))
+        if self.group_size == 1:
+            payloads = [payload]
+        else:
+            # Handles in group-rank order = engine TP rank order (rank i sits on GPU base + i).
+            payloads = [None] * self.group_size if self.owner else None
+            dist.gather_object(payload, payloads, dst=dist.get_global_rank(self.group, 0), group=self.group)
+        error = None
+        if self.owner:
+            try:
+                check(self.engine.update_weights_from_tensor(payloads, load_format="flattened_bucket", flush_cache=False),
+                      "update_weights_from_tensor")
+            except RuntimeError as e:
+                error = str(e)
+        if self.group_size > 1:
+            # Members must keep their buffers untouched until every engine rank has loaded.
+            box = [error]
+            dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
+            error = box[0]
+        if error:
+            raise RuntimeError(error)
+
+    def end_weight_update(self, version: int) -> None:
+        if self.owner:
+            check(self.engine.end_weight_update(), "end_weight_update")
+            check(self.engine.flush_cache(), "flush_cache")
+            set_version = getattr(self.engine, "update_weight_version", None)
+            if set_version is not None:
+                set_version(str(version))
+        self._version = version
+
+    def release_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
+        """Before training: free weights, KV cache and CUDA graphs (the engine must be idle)."""
+        if self.owner:
+            check(self.engine.release_memory_occupation(tags=list(tags)), "release_memory_occupation")
+
+    def resume_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
+        """After training. To keep the update's peak low, resume ("weights",) before the
+        update and ("kv_cache", "cuda_graph") after it."""
+        if self.owner:
+            check(self.engine.resume_memory_occupation(tags=list(tags)), "resume_memory_occupation")

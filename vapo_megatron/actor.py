@@ -1,0 +1,123 @@
+"""The actor on Megatron: old log-probs (forward only) and the PPO + NLL update.
+
+Loss of one optimizer step over the global mini-batch (VAPO components 4, 5, 6):
+    L = L_PPO + mu * L_NLL,   L_PPO = -(1/N) sum_i sum_t min(r A, clip(r, 1-eps_low, 1+eps_high) A)
+                              L_NLL = -(1/N_pos) sum_{i correct} sum_t logp(a_t)
+megatron_step.py explains why each micro-batch returns
+    loss_sum = pg_sum + mu * (N / N_pos) * nll_sum,     num_tokens = its response tokens,
+so that after finalize_model_grads divides by N the gradient is exactly grad L.
+With the sample-level ablation, pg_sum is the sum over responses of per-response means and is
+scaled by N / M (M = responses in the global mini-batch) the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from vapo_megatron import parallel
+from vapo_megatron.algorithms.losses import nll_loss_sum, policy_loss_sum, sample_level_policy_loss_sum
+from vapo_megatron.algorithms.vocab_parallel import vocab_parallel_logprobs_entropy
+from vapo_megatron.batch import RolloutBatch, shifted_targets
+from vapo_megatron.megatron_step import forward_backward
+from vapo_megatron.normalization import GlobalCounts
+
+
+@dataclass(frozen=True)
+class PolicyLossSettings:
+    eps_low: float
+    eps_high: float
+    dual_clip_c: float | None
+    loss_agg: str          # "token" | "sample"
+    nll_coef: float        # mu
+    temperature: float     # the rollout's: log-probs are log_softmax(logits / T), as SGLang's
+
+
+def token_logprobs(logits_shard: torch.Tensor, targets: torch.Tensor, *, temperature: float,
+                   vocab_size: int, with_entropy: bool):
+    """[b, S, V_pad/TP] vocab-parallel logits -> log-probs [b, S] (and entropy [b, S]).
+
+    Megatron pads the vocabulary to a multiple of 128*TP; the padded columns are not part of
+    the model's distribution (neither HF's nor SGLang's), so each rank drops its share of them.
+    """
+    width = logits_shard.shape[-1]
+    vocab_start = parallel.tp_rank() * width
+    valid = min(width, vocab_size - vocab_start)
+    if valid < width:
+        logits_shard = logits_shard[..., :valid]
+    return vocab_parallel_logprobs_entropy(
+        logits_shard, targets, tp_group=parallel.tp_group(), vocab_start=vocab_start,
+        temperature=temperature, with_entropy=with_entropy,
+    )
+
+
+def _forward_step(loss_fn, data_iterator, model):
+    mb: RolloutBatch = next(data_iterator)
+    device = parallel.device()
+    tokens = mb.tokens.to(device)
+    position_ids = torch.arange(tokens.shape[1], device=device).unsqueeze(0).expand_as(tokens)
+    output = model(tokens, position_ids, None)
+    return output, partial(loss_fn, mb)
+
+
+def _logprob_loss(mb: RolloutBatch, logits: torch.Tensor, *, temperature: float, vocab_size: int):
+    logp, entropy = token_logprobs(
+        logits, shifted_targets(mb.tokens).to(logits.device), temperature=temperature,
+        vocab_size=vocab_size, with_entropy=True,
+    )
+    zero = logits.new_zeros(())
+    return zero, torch.tensor(1, dtype=torch.int), {"logp": logp.detach().float().cpu(), "entropy": entropy.float().cpu()}
+
+
+@torch.no_grad()
+def compute_logprobs(model_chunks: list, micro_batches: list[RolloutBatch], *, temperature: float,
+                     vocab_size: int) -> list[dict] | None:
+    """Per micro-batch {"logp": [b, S], "entropy": [b, S]} on the last stage (None elsewhere)."""
+    for chunk in model_chunks:
+        chunk.eval()
+    outputs = forward_backward(
+        model_chunks, partial(_forward_step, partial(_logprob_loss, temperature=temperature, vocab_size=vocab_size)),
+        micro_batches, forward_only=True,
+    )
+    return outputs if parallel.is_last_stage() else None
+
+
+def _policy_loss(mb: RolloutBatch, logits: torch.Tensor, *, settings: PolicyLossSettings,
+                 counts: GlobalCounts, vocab_size: int):
+    device = logits.device
+    logp, entropy = token_logprobs(
+        logits, shifted_targets(mb.tokens).to(device), temperature=settings.temperature,
+        vocab_size=vocab_size, with_entropy=True,
+    )
+    mask = mb.mask.to(device)
+    old_logp, adv = mb.old_logp.to(device), mb.advantages.to(device)
+    clip = dict(eps_low=settings.eps_low, eps_high=settings.eps_high, dual_clip_c=settings.dual_clip_c)
+    if settings.loss_agg == "token":
+        pg_sum, metrics = policy_loss_sum(logp, old_logp, adv, mask, **clip)
+    else:
+        pg_sum, metrics = sample_level_policy_loss_sum(logp, old_logp, adv, mask, **clip)
+        pg_sum = pg_sum * (counts.tokens / counts.responses)
+    loss = pg_sum
+    nll_sum = nll_loss_sum(logp, mask, mb.correct.to(device))
+    if settings.nll_coef > 0 and counts.pos_tokens > 0:
+        loss = loss + settings.nll_coef * (counts.tokens / counts.pos_tokens) * nll_sum
+    logs = {f"actor/{k}_sum": v.detach() for k, v in metrics.items()}
+    logs["actor/pg_loss_sum"] = pg_sum.detach()          # / N  -> L_PPO
+    logs["actor/nll_loss_sum"] = nll_sum.detach()        # / N_pos -> L_NLL
+    logs["actor/entropy_sum"] = (entropy * mask).sum()   # / N
+    return loss, mask.sum().int().cpu(), logs
+
+
+def train_mini_batch(model_chunks: list, micro_batches: list[RolloutBatch], settings: PolicyLossSettings,
+                     counts: GlobalCounts, *, vocab_size: int) -> list[dict]:
+    """Forward + backward of one global mini-batch (this rank's micro-batches); grads are
+    left in the DDP buffers, normalized by N. The caller steps the optimizer."""
+    for chunk in model_chunks:
+        chunk.train()
+    return forward_backward(
+        model_chunks,
+        partial(_forward_step, partial(_policy_loss, settings=settings, counts=counts, vocab_size=vocab_size)),
+        micro_batches, forward_only=False,
+    )

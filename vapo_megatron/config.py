@@ -1,0 +1,295 @@
+"""Typed run configuration: YAML file + dotted command-line overrides, validated once.
+
+    cfg = load_config("configs/demo_cpu.yaml", ["trainer.total_steps=5", "algo.nll_coef=0"])
+
+Every key has exactly one default, here. Unknown keys, wrong types and impossible values are
+refused at start-up with a message naming the key (``ConfigError``), before any model is
+built. The returned object is frozen: nothing downstream mutates it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """An invalid setting; the message names the key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    # A Hugging Face model directory (config.json, safetensors, tokenizer) to start from.
+    hf_path: str = ""
+    # Parameter dtype in the trainer: float32 (CPU, tests) or bfloat16 (GPU).
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    # Critic trunk: a separate HF dir (e.g. a reward model) or "" to start from the policy's
+    # trunk with a fresh value head (VAPO sec. 3.1 / component 1).
+    critic_hf_path: str = ""
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    # Actor and critic share one layout (they are colocated on the same ranks).
+    tp: int = 1
+    pp: int = 1
+    vpp: int | None = None
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    # Megatron's distributed optimizer shards optimizer state over DP (GPU/NCCL only).
+    distributed_optimizer: bool = False
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """VAPO's knobs; each ablation of the paper's table is one switch (../shared/VAPO.md)."""
+
+    gamma: float = 1.0
+    # Component 2, decoupled GAE: lambda for the value targets (1.0 = Monte-Carlo returns).
+    lambda_critic: float = 1.0
+    # Fixed policy lambda when length_adaptive is off (paper's "without" setting: 0.95).
+    lambda_policy: float = 0.95
+    # Component 2 off ("shared lambda"): value targets use the policy's lambda too.
+    decoupled_gae: bool = True
+    # Component 3, length-adaptive GAE: lambda_i = 1 - 1/(alpha * |o_i|).
+    length_adaptive: bool = True
+    alpha: float = 0.05
+    # Component 5, Clip-Higher.
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    dual_clip_c: float | None = None
+    # Component 4: "token" (every token weighs the same) or "sample" (per-response mean).
+    loss_agg: Literal["token", "sample"] = "token"
+    # Component 6, positive-example LM loss weight mu.
+    nll_coef: float = 0.1
+    value_clip: float | None = 0.5
+    whiten_advantages: bool = False
+    # Component 1, value pretraining: critic-only steps before RL (0 disables).
+    value_pretrain_steps: int = 50
+    # Stop value pretraining early once explained variance reaches this (None: run all steps).
+    value_pretrain_ev_threshold: float | None = None
+    # Optimizer passes over each step's rollouts, each split into mini_batches updates.
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    critic_warmup_only: bool = False
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    engine: Literal["embedded", "sglang", "sglang_http"] = "embedded"
+    # Component 7, group sampling: prompts per step x samples per prompt.
+    prompts_per_step: int = 512
+    n_samples: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 16384
+    weight_sync_bucket_mb: int = 1024
+    sglang_tp: int = 8
+    sglang_mem_fraction: float = 0.7
+    sglang_urls: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train_files: tuple[str, ...] = ()
+    eval_files: tuple[str, ...] = ()
+    schema: Literal["auto", "simple", "dapo"] = "auto"
+    apply_chat_template: bool = True
+    max_prompt_tokens: int = 2048
+    eval_max_prompts: int = 512
+    seed: int = 1234
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    # "math" (math-verify) or a user function "package.module:function".
+    fn: str = "math"
+    correct_score: float = 1.0
+    incorrect_score: float = -1.0
+    timeout_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Optional warm start before RL: supervised steps on correct examples."""
+
+    files: tuple[str, ...] = ()
+    steps: int = 0
+    lr: float = 1e-4
+    batch_size: int = 32
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    run_dir: str = "runs/default"
+    total_steps: int = 100
+    # Token budget of one micro-batch (padded prompt+response tokens), for both models.
+    micro_batch_tokens: int = 16384
+    save_every: int = 50
+    eval_every: int = 10
+    seed: int = 1234
+    export_hf: bool = True
+    deterministic: bool = False
+    tensorboard: bool = True
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    actor_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
+    critic_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-6))
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+# ---- loading -----------------------------------------------------------------------------
+
+def _from_dict(cls, data: dict, path: str):
+    """Build dataclass `cls` from a plain dict, refusing unknown keys and wrong types."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = f"{path}." if path else ""
+        raise ConfigError(f"unknown config key {where}{unknown[0]} (allowed: {', '.join(sorted(fields))})")
+    kwargs = {}
+    hints = {f.name: f.type for f in dataclasses.fields(cls)}
+    for name, value in data.items():
+        key = f"{path}.{name}" if path else name
+        default = getattr(cls(), name)
+        if dataclasses.is_dataclass(default):
+            kwargs[name] = _from_dict(type(default), value or {}, key)
+        else:
+            kwargs[name] = _coerce(value, default, hints[name], key)
+    return cls(**kwargs)
+
+
+def _coerce(value, default, hint: str, key: str):
+    allowed = hint.split("Literal[", 1)[1].rsplit("]", 1)[0] if "Literal[" in hint else None
+    if allowed is not None:
+        options = [o.strip().strip("'\"") for o in allowed.split(",")]
+        if value not in options:
+            raise ConfigError(f"{key}={value!r} is not allowed (choose one of: {', '.join(options)})")
+        return value
+    if value is None:
+        if "None" in hint:
+            return None
+        raise ConfigError(f"{key} may not be null")
+    if isinstance(default, tuple) or hint.startswith("tuple"):
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return tuple(str(v) for v in value)
+    if "bool" in hint:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if hint.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return value
+    if hint.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        return float(value)
+    if hint.startswith("str"):
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def load_config(path: str | None, overrides: list[str] = ()) -> Config:
+    """Load a YAML file, apply `a.b.c=value` overrides (YAML-typed values), validate, freeze."""
+    data: dict = {}
+    if path is not None:
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file not found: {path}")
+        with open(path) as f:
+            try:
+                data = yaml.safe_load(f) or {}
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    try:
+        merged = OmegaConf.merge(OmegaConf.create(data), OmegaConf.from_dotlist(list(overrides)))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"bad command-line override: {e}") from None
+    cfg = _from_dict(Config, OmegaConf.to_container(merged, resolve=True), "")
+    validate(cfg)
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+# ---- validation (everything checkable before a model is built) ----------------------------
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def validate(cfg: Config) -> None:
+    a, r, t, d = cfg.algo, cfg.rollout, cfg.trainer, cfg.data
+    for key, value in [("algo.gamma", a.gamma), ("algo.lambda_critic", a.lambda_critic), ("algo.lambda_policy", a.lambda_policy)]:
+        _require(0.0 <= value <= 1.0, f"{key}={value} must be in [0, 1]")
+    _require(a.alpha > 0, f"algo.alpha={a.alpha} must be > 0")
+    _require(0 <= a.eps_low < 1 and a.eps_high >= 0, f"algo.eps_low={a.eps_low} must be in [0, 1) and algo.eps_high={a.eps_high} >= 0")
+    _require(a.dual_clip_c is None or a.dual_clip_c > 1.0, f"algo.dual_clip_c={a.dual_clip_c} must be > 1 (or null)")
+    _require(a.nll_coef >= 0, f"algo.nll_coef={a.nll_coef} must be >= 0")
+    _require(a.value_clip is None or a.value_clip > 0, f"algo.value_clip={a.value_clip} must be > 0 (or null)")
+    _require(a.value_pretrain_steps >= 0, f"algo.value_pretrain_steps={a.value_pretrain_steps} must be >= 0")
+    _require(a.ppo_epochs >= 1, f"algo.ppo_epochs={a.ppo_epochs} must be >= 1")
+    _require(a.mini_batches >= 1, f"algo.mini_batches={a.mini_batches} must be >= 1")
+    _require(r.prompts_per_step >= 1 and r.n_samples >= 1, "rollout.prompts_per_step and rollout.n_samples must be >= 1")
+    _require(r.prompts_per_step % a.mini_batches == 0,
+             f"rollout.prompts_per_step={r.prompts_per_step} is not divisible by algo.mini_batches={a.mini_batches} "
+             "(mini-batches keep each prompt's group together)")
+    _require(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0")
+    _require(0 < r.top_p <= 1, f"rollout.top_p={r.top_p} must be in (0, 1]")
+    _require(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens} must be >= 1")
+    _require(r.weight_sync_bucket_mb >= 1, f"rollout.weight_sync_bucket_mb={r.weight_sync_bucket_mb} must be >= 1")
+    _require(r.engine != "sglang_http" or len(r.sglang_urls) > 0, "rollout.engine=sglang_http needs rollout.sglang_urls")
+    _require(d.max_prompt_tokens >= 1, f"data.max_prompt_tokens={d.max_prompt_tokens} must be >= 1")
+    _require(t.micro_batch_tokens >= d.max_prompt_tokens + r.max_new_tokens,
+             f"trainer.micro_batch_tokens={t.micro_batch_tokens} must hold one full sequence: "
+             f"data.max_prompt_tokens + rollout.max_new_tokens = {d.max_prompt_tokens + r.max_new_tokens}")
+    _require(t.total_steps >= 0, f"trainer.total_steps={t.total_steps} must be >= 0")
+    _require(t.save_every >= 1, f"trainer.save_every={t.save_every} must be >= 1")
+    _require(t.eval_every >= 1, f"trainer.eval_every={t.eval_every} must be >= 1")
+    _require(cfg.parallel.tp >= 1 and cfg.parallel.pp >= 1, "parallel.tp and parallel.pp must be >= 1")
+    _require(bool(cfg.model.hf_path), "model.hf_path must name a Hugging Face model directory")
+    for key, paths in [("model.hf_path", [cfg.model.hf_path]), ("model.critic_hf_path", [cfg.model.critic_hf_path] if cfg.model.critic_hf_path else []),
+                       ("data.train_files", d.train_files), ("data.eval_files", d.eval_files), ("sft.files", cfg.sft.files)]:
+        for p in paths:
+            _require(os.path.exists(p), f"{key}: {p} does not exist")
+    _require(len(d.train_files) > 0 or t.total_steps == 0, "data.train_files is empty")
+    _require(cfg.sft.steps == 0 or len(cfg.sft.files) > 0, f"sft.steps={cfg.sft.steps} needs sft.files")
+    _require(cfg.reward.fn == "math" or ":" in cfg.reward.fn,
+             f"reward.fn={cfg.reward.fn!r} must be 'math' or 'package.module:function'")
+    _require(cfg.reward.timeout_s > 0, f"reward.timeout_s={cfg.reward.timeout_s} must be > 0")

@@ -1,0 +1,37 @@
+"""Global normalizers of one mini-batch, counted once before its first micro-batch runs.
+
+VAPO's token-level losses (../shared/VAPO.md, "The parallel-aware form") divide by counts over
+the WHOLE global mini-batch: N response tokens, N_pos tokens of correct responses, M responses.
+Each DP rank counts its share and one all-reduce over the DP group gives the totals. A
+micro-batch-local count would reintroduce the sample-level bias (N) or make the NLL weight grow
+with the number of micro-batches and ranks (N_pos).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from vapo_megatron.batch import RolloutBatch
+
+
+@dataclass(frozen=True)
+class GlobalCounts:
+    tokens: int       # N
+    pos_tokens: int   # N_pos
+    responses: int    # M
+
+
+def global_counts(batch: RolloutBatch, dp_group=None) -> GlobalCounts:
+    """Totals over every DP rank's part of the mini-batch (one all-reduce)."""
+    mask = batch.mask
+    local = torch.tensor(
+        [mask.sum(), (mask * batch.correct.unsqueeze(1).float()).sum(), float(batch.size)],
+        dtype=torch.float64,
+    )
+    if dp_group is not None and dist.get_world_size(dp_group) > 1:
+        dist.all_reduce(local, group=dp_group)
+    n, n_pos, m = (int(round(v)) for v in local.tolist())
+    return GlobalCounts(tokens=n, pos_tokens=n_pos, responses=m)

@@ -1,0 +1,176 @@
+"""Steps 1-3 of the loop: prompts of this DP rank, rollout on its engine, rewards.
+
+Engine placement: one engine per model replica (DP rank), held by the replica's first rank
+(TP rank 0, PP stage 0). It samples this DP rank's share of the prompts; the token ids are then
+broadcast to the other ranks of the replica (the model-parallel group), which all need the
+batch. Sampling seeds are a pure function of (trainer seed, iteration, DP rank), so a resumed
+run draws the same rollouts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from transformers import AutoTokenizer
+
+import model_providers
+from vapo_megatron import parallel
+from vapo_megatron.batch import RolloutBatch, pack_sequences
+from vapo_megatron.config import Config
+from vapo_megatron.data.prompts import PromptRecord, load_prompts
+from vapo_megatron.rewards import build_reward_fn, score_batch
+from vapo_megatron.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+
+
+@dataclass
+class Rollout:
+    """This DP rank's prompts and their sampled responses (n per prompt, grouped)."""
+
+    prompts: list[PromptRecord]
+    outputs: list[RolloutOutput]
+    n: int
+
+
+def _holds_engine() -> bool:
+    return parallel.tp_rank() == 0 and parallel.pp_rank() == 0
+
+
+def _build_engine(cfg: Config) -> RolloutEngine | None:
+    if not _holds_engine():
+        return None
+    if cfg.rollout.engine == "embedded":
+        from vapo_megatron.rollout.embedded import EmbeddedEngine
+
+        dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+        return EmbeddedEngine.from_pretrained(cfg.model.hf_path, dtype=dtype, device=str(parallel.device()))
+    if cfg.rollout.engine == "sglang":
+        from vapo_megatron.rollout.sglang_engine import SGLangEngine
+
+        return SGLangEngine.colocated(cfg)
+    from vapo_megatron.rollout.sglang_http import SGLangHTTPEngine
+
+    return SGLangHTTPEngine(cfg.rollout.sglang_urls[parallel.dp_rank() % len(cfg.rollout.sglang_urls)])
+
+
+@dataclass
+class RolloutContext:
+    cfg: Config
+    hf_cfg: dict
+    tokenizer: object
+    train_records: list[PromptRecord]
+    eval_records: list[PromptRecord]
+    reward_fn: object
+    engine: RolloutEngine | None
+    stop_token_ids: tuple[int, ...]
+
+    @classmethod
+    def build(cls, cfg: Config) -> "RolloutContext":
+        hf_cfg = model_providers.load_hf_config(cfg.model.hf_path)
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.hf_path)
+        d = cfg.data
+        train, _ = load_prompts(list(d.train_files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
+                                apply_chat_template=d.apply_chat_template, schema=d.schema)
+        evals: list[PromptRecord] = []
+        if d.eval_files:
+            evals, _ = load_prompts(list(d.eval_files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
+                                    apply_chat_template=d.apply_chat_template, schema=d.schema)
+            evals = evals[: d.eval_max_prompts]
+        reward_fn = build_reward_fn(cfg.reward.fn, correct_score=cfg.reward.correct_score,
+                                    incorrect_score=cfg.reward.incorrect_score, timeout_s=cfg.reward.timeout_s)
+        # EOS first: it is also what an empty response is given (see score()).
+        stops = tuple(dict.fromkeys(t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None))
+        return cls(cfg, hf_cfg, tokenizer, train, evals, reward_fn, _build_engine(cfg), stops)
+
+    def dp_share(self, records: list) -> list:
+        """This DP rank's contiguous share (whole prompt groups stay on one rank)."""
+        per = len(records) // parallel.dp_size()
+        return records[parallel.dp_rank() * per : (parallel.dp_rank() + 1) * per]
+
+    def sampling(self, *, seed: int, greedy: bool = False) -> SamplingParams:
+        r = self.cfg.rollout
+        if greedy:
+            return SamplingParams(n=1, temperature=0.0, max_new_tokens=r.max_new_tokens, stop_token_ids=self.stop_token_ids, seed=seed)
+        return SamplingParams(n=r.n_samples, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                              max_new_tokens=r.max_new_tokens, stop_token_ids=self.stop_token_ids, seed=seed)
+
+    def score(self, rollout: Rollout) -> tuple[RolloutBatch, dict[str, float]]:
+        """Step 3: verifier rewards; then the batch tensors of this rank."""
+        texts = [self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in rollout.outputs]
+        answers = [rollout.prompts[o.prompt_index].answer for o in rollout.outputs]
+        prompt_texts = [rollout.prompts[o.prompt_index].prompt_text for o in rollout.outputs]
+        scores, correct, counters = score_batch(self.reward_fn, prompt_texts, texts, answers)
+        prompt_ids = [rollout.prompts[o.prompt_index].prompt_ids for o in rollout.outputs]
+        # An empty response still occupies one position: the engine's stop token.
+        responses = [o.token_ids if o.token_ids else [self.stop_token_ids[0]] for o in rollout.outputs]
+        tokens, pl, rl = pack_sequences(prompt_ids, responses)
+        batch = RolloutBatch(
+            tokens=tokens, prompt_lens=pl, response_lens=rl, rewards=scores.float(), correct=correct.bool(),
+            group_ids=torch.tensor([o.prompt_index for o in rollout.outputs], dtype=torch.long),
+        )
+        engine_logp = [o.logprobs for o in rollout.outputs]
+        if all(lp is not None for lp in engine_logp):
+            batch.extras["engine_logp"] = engine_logp
+        stats = torch.tensor([
+            float(scores.sum()), float(correct.sum()), float(len(texts)), float(rl.sum()),
+            float(sum(o.finish_reason == "length" for o in rollout.outputs)),
+            float(counters.get("timeouts", 0)), float(counters.get("errors", 0)),
+        ], dtype=torch.float64)
+        max_len = torch.tensor([float(rl.max())])
+        if parallel.dp_size() > 1:
+            dist.all_reduce(stats, group=parallel.dp_group())
+            dist.all_reduce(max_len, op=dist.ReduceOp.MAX, group=parallel.dp_group())
+        total, n_correct, count, length_sum, truncated, timeouts, errors = stats.tolist()
+        logs = {
+            "reward/mean": total / count,
+            "reward/accuracy": n_correct / count,
+            "reward/timeouts": timeouts,
+            "reward/errors": errors,
+            "response_length/mean": length_sum / count,
+            "response_length/max": float(max_len),
+            "response_length/clip_ratio": truncated / count,
+        }
+        return batch, logs
+
+    def close(self) -> None:
+        if self.engine is not None and hasattr(self.engine, "shutdown"):
+            self.engine.shutdown()
+
+
+def _generate_and_share(ctx: RolloutContext, prompts: list[PromptRecord], params: SamplingParams) -> list[RolloutOutput]:
+    outputs = None
+    if ctx.engine is not None:
+        ctx.engine.resume_memory()
+        outputs = ctx.engine.generate([p.prompt_ids for p in prompts], params)
+        ctx.engine.release_memory()
+    mp_group = parallel.model_parallel_group()
+    if dist.get_world_size(mp_group) > 1:
+        holder = [outputs]
+        dist.broadcast_object_list(holder, src=dist.get_global_rank(mp_group, 0), group=mp_group)
+        outputs = holder[0]
+    return outputs
+
+
+def collect_rollouts(ctx: RolloutContext, global_prompts: list[PromptRecord], *, seed: int) -> Rollout:
+    """Step 2: n samples for each of this DP rank's prompts."""
+    prompts = ctx.dp_share(global_prompts)
+    outputs = _generate_and_share(ctx, prompts, ctx.sampling(seed=seed))
+    return Rollout(prompts=prompts, outputs=outputs, n=ctx.cfg.rollout.n_samples)
+
+
+def evaluate(ctx: RolloutContext) -> float:
+    """Held-out greedy accuracy (eval/accuracy), over all DP ranks."""
+    records = ctx.eval_records
+    per = -(-len(records) // parallel.dp_size())
+    mine = records[parallel.dp_rank() * per : (parallel.dp_rank() + 1) * per]
+    correct = 0.0
+    if mine:
+        outputs = _generate_and_share(ctx, mine, ctx.sampling(seed=0, greedy=True))
+        texts = [ctx.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outputs]
+        _, ok, _ = score_batch(ctx.reward_fn, [r.prompt_text for r in mine], texts, [r.answer for r in mine])
+        correct = float(ok.sum())
+    t = torch.tensor([correct], dtype=torch.float64)
+    if parallel.dp_size() > 1:
+        dist.all_reduce(t, group=parallel.dp_group())
+    return float(t) / max(len(records), 1)

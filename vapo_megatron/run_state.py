@@ -1,0 +1,206 @@
+"""Model construction, weight sync, and the run's checkpoints (save, resume, HF export).
+
+A checkpoint is run_dir/checkpoints/iter_NNNNNNN/ holding
+    actor/   Megatron dist checkpoint: actor weights + optimizer state
+    critic/  Megatron dist checkpoint: critic weights + optimizer state
+    state.json          iteration counters and the prompt sampler's position
+    rng/rank_R.safetensors   each rank's torch RNG state (uint8 tensor)
+It is written under a temporary name and renamed into place when complete; then the
+`latest` pointer file is replaced atomically. A crash at any point leaves the previous
+checkpoint as the latest. Dist checkpoints load at any TP/PP layout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+from safetensors.torch import load_file, save_file
+
+import model_providers
+from model_providers.build import build_chunks
+from vapo_megatron import parallel
+from vapo_megatron.config import Config, to_dict
+from vapo_megatron.data.prompts import PromptSampler
+from vapo_megatron.hf_import import load_hf_weights
+from vapo_megatron.megatron_step import build_optimizer, wrap_ddp
+from vapo_megatron.updates import TrainModel
+
+KEEP_CHECKPOINTS = 2
+
+
+class CheckpointCorrupt(RuntimeError):
+    pass
+
+
+@dataclass
+class RunState:
+    iteration: int = 0
+    sft_steps_done: int = 0
+    pretrain_steps_done: int = 0
+    pretrain_finished: bool = False
+    sampler: PromptSampler | None = field(default=None, repr=False)
+
+    def to_json(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "sampler"}
+        d["sampler"] = self.sampler.state_dict()
+        return d
+
+
+def _dtype(cfg: Config) -> torch.dtype:
+    return torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+
+
+def build_models(cfg: Config, hf_cfg: dict) -> tuple[TrainModel, TrainModel]:
+    """Actor from model.hf_path; critic from model.critic_hf_path or the policy's trunk with a
+    fresh value head (component 1 then trains that head and trunk before RL)."""
+    parallel.validate_layout(
+        parallel.launcher_env()[1], cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp,
+        num_layers=hf_cfg["num_hidden_layers"], num_attention_heads=hf_cfg["num_attention_heads"],
+        num_query_groups=hf_cfg.get("num_key_value_heads", hf_cfg["num_attention_heads"]),
+    )
+    actor = _build(cfg, cfg.model.hf_path, hf_cfg, critic=False)
+    critic_dir = cfg.model.critic_hf_path or cfg.model.hf_path
+    critic = _build(cfg, critic_dir, model_providers.load_hf_config(critic_dir), critic=True)
+    return actor, critic
+
+
+def _build(cfg: Config, hf_dir: str, hf_cfg: dict, *, critic: bool) -> TrainModel:
+    family = model_providers.family_for(hf_cfg)
+    chunks = build_chunks(hf_cfg, params_dtype=_dtype(cfg), critic=critic)
+    load_hf_weights(chunks, family, hf_cfg, hf_dir, critic=critic)
+    optim = cfg.critic_optim if critic else cfg.actor_optim
+    chunks = wrap_ddp(chunks, distributed_optimizer=optim.distributed_optimizer)
+    optimizer = build_optimizer(chunks, optim, params_dtype=_dtype(cfg))
+    return TrainModel(chunks=chunks, optimizer=optimizer, family=family, hf_cfg=hf_cfg, vocab_size=hf_cfg["vocab_size"])
+
+
+def sync_weights(actor: TrainModel, engine, *, version: int, cfg: Config) -> None:
+    """Step 8: stream the actor's weights (HF names, full tensors) into the rollout engines."""
+    from vapo_megatron.rollout.weight_sync import sync_weights as stream
+
+    stream(actor.modules, actor.family, actor.hf_cfg, engine, version=version,
+           bucket_bytes=cfg.rollout.weight_sync_bucket_mb << 20)
+
+
+# ---- checkpoints -------------------------------------------------------------------------------
+
+def _ckpt_root(cfg: Config) -> Path:
+    return Path(cfg.trainer.run_dir) / "checkpoints"
+
+
+def _model_state(model: TrainModel, *, loading: bool) -> dict:
+    from vapo_megatron.checkpoint_io import model_sharded_state
+
+    state = model_sharded_state(model.modules)
+    state["optimizer"] = model.optimizer.sharded_state_dict(state, is_loading=loading)
+    return state
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save_run_state(cfg: Config, state: RunState, actor: TrainModel, critic: TrainModel, ctx, *, final: bool = False) -> Path:
+    """Collective. Writes iter_N atomically, then moves `latest` to it; keeps the newest few."""
+    root = _ckpt_root(cfg)
+    name = f"iter_{state.iteration:07d}"
+    target, tmp = root / name, root / f".{name}.tmp"
+    if parallel.is_rank0():
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "rng").mkdir(parents=True)
+    _barrier()
+    for sub, model in (("actor", actor), ("critic", critic)):
+        (tmp / sub).mkdir(exist_ok=True)
+        _barrier()
+        dist_checkpointing.save(_model_state(model, loading=False), str(tmp / sub))
+    rng = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    save_file(rng, str(tmp / "rng" / f"rank_{dist.get_rank()}.safetensors"))
+    _barrier()
+    if parallel.is_rank0():
+        with open(tmp / "state.json", "w") as f:
+            json.dump({"state": state.to_json(), "config": to_dict(cfg), "complete": True}, f, indent=1)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        latest_tmp = root / ".latest.tmp"
+        latest_tmp.write_text(name + "\n")
+        os.replace(latest_tmp, root / "latest")
+        for old in sorted(p for p in root.glob("iter_*") if p.name != name)[:-(KEEP_CHECKPOINTS - 1) or None]:
+            shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    if final and cfg.trainer.export_hf:
+        export_hf(cfg, actor, ctx)
+    return target
+
+
+def _candidates(root: Path) -> list[Path]:
+    """Checkpoints to try, newest first: the `latest` pointer, then older complete ones."""
+    found = sorted((p for p in root.glob("iter_*") if p.is_dir()), reverse=True)
+    latest = root / "latest"
+    if latest.exists():
+        named = root / latest.read_text().strip()
+        found = [named] + [p for p in found if p != named]
+    return found
+
+
+def _check_complete(path: Path) -> dict:
+    try:
+        meta = json.loads((path / "state.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointCorrupt(f"{path}: state.json unreadable ({e})") from None
+    for sub in ("actor", "critic"):
+        if not dist_checkpointing.check_is_distributed_checkpoint(str(path / sub)):
+            raise CheckpointCorrupt(f"{path / sub}: not a complete Megatron dist checkpoint")
+    if not meta.get("complete"):
+        raise CheckpointCorrupt(f"{path}: not marked complete")
+    return meta
+
+
+def load_run_state(cfg: Config, actor: TrainModel, critic: TrainModel, ctx) -> RunState:
+    """Resume from the newest loadable checkpoint of run_dir, or start fresh."""
+    state = RunState(sampler=PromptSampler(ctx.train_records, cfg.rollout.prompts_per_step, cfg.data.seed))
+    root = _ckpt_root(cfg)
+    for path in _candidates(root) if root.exists() else []:
+        try:
+            meta = _check_complete(path)
+            for sub, model in (("actor", actor), ("critic", critic)):
+                sharded = _model_state(model, loading=True)
+                loaded = dist_checkpointing.load(sharded, str(path / sub))
+                for chunk, key in zip(model.modules, [k for k in loaded if k.startswith("model")]):
+                    chunk.load_state_dict(loaded[key], strict=True)
+                model.optimizer.load_state_dict(loaded["optimizer"])
+            rng = load_file(str(path / "rng" / f"rank_{dist.get_rank()}.safetensors"))
+        except (CheckpointCorrupt, Exception) as e:  # noqa: BLE001 - any damage means: try older
+            if parallel.is_rank0():
+                print(f"[vapo] checkpoint {path} is damaged, falling back to an older one: {e}", flush=True)
+            continue
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+        s = meta["state"]
+        state.iteration, state.sft_steps_done = s["iteration"], s["sft_steps_done"]
+        state.pretrain_steps_done, state.pretrain_finished = s["pretrain_steps_done"], s["pretrain_finished"]
+        state.sampler.load_state_dict(s["sampler"])
+        if parallel.is_rank0():
+            print(f"[vapo] resumed from {path} at iteration {state.iteration}", flush=True)
+        return state
+    return state
+
+
+def export_hf(cfg: Config, actor: TrainModel, ctx) -> Path:
+    """Final HF export of the actor (run_dir/hf) through the conversion code."""
+    from vapo_megatron.convert import export_hf_dir
+
+    out = Path(cfg.trainer.run_dir) / "hf"
+    export_hf_dir(actor.modules, actor.family, actor.hf_cfg, out, tokenizer_src=cfg.model.hf_path, critic=False)
+    return out

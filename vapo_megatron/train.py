@@ -1,0 +1,217 @@
+"""vapo-train: the VAPO loop (../shared/VAPO.md), one entry point for every launcher.
+
+    vapo-train --config configs/demo_cpu.yaml trainer.total_steps=5
+    torchrun --nproc-per-node 2 -m vapo_megatron.train --config FILE [dotted.key=value ...]
+
+Phases: optional supervised warm start ("sft"), value pretraining ("value_pretrain",
+component 1: critic only, frozen policy, Monte-Carlo targets), then VAPO ("vapo"). One step:
+    1. sample a group of prompts          5. decoupled, length-adaptive GAE
+    2. rollout                            6. critic update
+    3. rewards                            7. actor update (PPO + NLL)
+    4. old log-probs and values           8. weight sync into the rollout engines
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from vapo_megatron import parallel
+from vapo_megatron.actor import PolicyLossSettings
+from vapo_megatron.advantages import compute_advantages, policy_lambdas
+from vapo_megatron.algorithms.losses import masked_moment_sums, whiten
+from vapo_megatron.config import Config, ConfigError, load_config
+from vapo_megatron.metrics import MetricsLogger
+from vapo_megatron.rollout_collect import RolloutContext, collect_rollouts, evaluate
+from vapo_megatron.run_state import RunState, build_models, load_run_state, save_run_state, sync_weights
+from vapo_megatron.updates import (
+    batch_padding_ratio,
+    explained_variance,
+    score_with_models,
+    update_actor,
+    update_critic,
+)
+
+PREEMPTED_EXIT_CODE = 3  # checkpoint written after SIGUSR1/SIGTERM; the launcher may requeue
+
+
+class Trainer:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.layout = parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, seed=cfg.trainer.seed)
+        torch.manual_seed(cfg.trainer.seed)
+        if cfg.trainer.deterministic:
+            torch.use_deterministic_algorithms(True)
+        self.ctx = RolloutContext.build(cfg)                        # tokenizer, prompts, reward, engine
+        self.actor, self.critic = build_models(cfg, self.ctx.hf_cfg)
+        self.state: RunState = load_run_state(cfg, self.actor, self.critic, self.ctx)
+        self.logger = MetricsLogger(
+            cfg.trainer.run_dir, total_steps=self.total_iterations, start_step=self.state.iteration,
+            enabled=parallel.is_rank0(), tensorboard=cfg.trainer.tensorboard,
+        )
+        self.logger.truncate_after(self.state.iteration)
+        self._stop_signal = 0
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+
+    @property
+    def total_iterations(self) -> int:
+        return self.cfg.algo.value_pretrain_steps + self.cfg.trainer.total_steps
+
+    def _on_signal(self, signum, frame):
+        self._stop_signal = signum  # acted on at the next safe point (end of a step)
+
+    # ---- the run ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        cfg = self.cfg
+        if self.state.sft_steps_done < cfg.sft.steps:
+            self.warm_start()
+        sync_weights(self.actor, self.ctx.engine, version=self.state.iteration, cfg=cfg)
+        if self.state.iteration == 0 and self.ctx.eval_records:
+            self.log_eval("before_vapo")
+        while self.state.iteration < self.total_iterations:
+            self.train_step()
+            self.state.iteration += 1
+            it = self.state.iteration
+            if self.ctx.eval_records and it > cfg.algo.value_pretrain_steps and (it - cfg.algo.value_pretrain_steps) % cfg.trainer.eval_every == 0 and it < self.total_iterations:
+                self.log_eval("periodic")
+            if self._should_stop():
+                save_run_state(cfg, self.state, self.actor, self.critic, self.ctx)
+                return PREEMPTED_EXIT_CODE
+            if it % cfg.trainer.save_every == 0 and it < self.total_iterations:
+                save_run_state(cfg, self.state, self.actor, self.critic, self.ctx)
+        if self.ctx.eval_records:
+            self.log_eval("final")
+        save_run_state(cfg, self.state, self.actor, self.critic, self.ctx, final=True)
+        return 0
+
+    def train_step(self) -> None:
+        cfg, algo = self.cfg, self.cfg.algo
+        phase = "value_pretrain" if self.state.iteration < algo.value_pretrain_steps and not self.state.pretrain_finished else "vapo"
+        t0 = time.perf_counter()
+        prompts = self.state.sampler.next_batch()                                        # 1
+        rollout = collect_rollouts(self.ctx, prompts, seed=self._rollout_seed())          # 2
+        batch, reward_logs = self.ctx.score(rollout)                                      # 3
+        batch.old_logp, entropy, batch.values = score_with_models(                        # 4
+            self.actor, self.critic, batch, temperature=cfg.rollout.temperature,
+            max_tokens=cfg.trainer.micro_batch_tokens,
+        )
+        batch.advantages, batch.returns = compute_advantages(batch, algo, value_pretrain=phase == "value_pretrain")  # 5
+        if algo.whiten_advantages:
+            batch.advantages = self._whiten(batch)
+        ev = explained_variance(batch)
+        critic_logs = update_critic(                                                      # 6
+            self.critic, batch, clip_range=algo.value_clip, mini_batches=algo.mini_batches,
+            epochs=algo.ppo_epochs, max_tokens=cfg.trainer.micro_batch_tokens, lr=cfg.critic_optim.lr,
+        )
+        actor_logs: dict[str, float] = {}
+        if phase == "vapo":
+            actor_logs = update_actor(                                                    # 7
+                self.actor, batch, self._policy_settings(), mini_batches=algo.mini_batches,
+                epochs=algo.ppo_epochs, max_tokens=cfg.trainer.micro_batch_tokens, lr=cfg.actor_optim.lr,
+            )
+            sync_weights(self.actor, self.ctx.engine, version=self.state.iteration + 1, cfg=cfg)  # 8
+        else:
+            self.state.pretrain_steps_done += 1
+            threshold = algo.value_pretrain_ev_threshold
+            if threshold is not None and ev >= threshold:
+                self.state.pretrain_finished = True
+        dt = time.perf_counter() - t0
+        tokens = self._global_sum(float(batch.seq_lens.sum()))
+        logs = {
+            **reward_logs, **critic_logs, **actor_logs,
+            "critic/explained_variance": ev,
+            "actor/entropy_rollout": self._global_mean(entropy, batch.mask),
+            "actor/lambda_policy_mean": float(policy_lambdas(batch.response_lens, algo).mean()),
+            "perf/step_s": dt,
+            "perf/tokens_per_s": tokens / dt,
+            "perf/padding_ratio": batch_padding_ratio(batch, cfg.trainer.micro_batch_tokens),
+        }
+        if "actor/entropy" not in logs:
+            logs["actor/entropy"] = logs["actor/entropy_rollout"]
+        self.logger.log(self.state.iteration + 1, phase, logs)
+
+    def warm_start(self) -> None:
+        """Optional supervised phase on correct examples before RL (the demo's base model
+        is random; the paper's base had been pretrained). Reuses the actor's NLL loss."""
+        from vapo_megatron.warm_start import sft_steps
+
+        for step, logs in sft_steps(self.cfg, self.actor, self.ctx, start=self.state.sft_steps_done):
+            self.state.sft_steps_done = step + 1
+            self.logger.log(0, "sft", logs)
+
+    def log_eval(self, when: str) -> None:
+        acc = evaluate(self.ctx)
+        self.logger.log(self.state.iteration, "eval", {"eval/accuracy": acc, f"eval/accuracy_{when}": acc})
+        if parallel.is_rank0():
+            print(f"[vapo] eval ({when}) at iteration {self.state.iteration}: accuracy {acc:.3f}", flush=True)
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _policy_settings(self) -> PolicyLossSettings:
+        a = self.cfg.algo
+        return PolicyLossSettings(
+            eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c, loss_agg=a.loss_agg,
+            nll_coef=a.nll_coef, temperature=self.cfg.rollout.temperature,
+        )
+
+    def _rollout_seed(self) -> int:
+        # A pure function of (seed, iteration, DP rank): a resumed run samples the same rollouts.
+        return (self.cfg.trainer.seed * 1_000_003 + self.state.iteration * 7919 + parallel.dp_rank()) % (2**31 - 1)
+
+    def _whiten(self, batch):
+        sums = masked_moment_sums(batch.advantages, batch.mask).double()
+        if parallel.dp_size() > 1:
+            dist.all_reduce(sums, group=parallel.dp_group())
+        return whiten(batch.advantages, batch.mask, sums)
+
+    def _global_sum(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64)
+        if parallel.dp_size() > 1:
+            dist.all_reduce(t, group=parallel.dp_group())
+        return float(t)
+
+    def _global_mean(self, x: torch.Tensor, mask: torch.Tensor) -> float:
+        t = torch.tensor([float((x * mask).sum()), float(mask.sum())], dtype=torch.float64)
+        if parallel.dp_size() > 1:
+            dist.all_reduce(t, group=parallel.dp_group())
+        return float(t[0] / t[1].clamp(min=1))
+
+    def _should_stop(self) -> bool:
+        flag = torch.tensor([self._stop_signal], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
+        return bool(flag.item())
+
+    def close(self) -> None:
+        self.logger.close()
+        self.ctx.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vapo-train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="YAML file (see configs/)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"vapo-train: configuration error: {e}", file=sys.stderr)
+        return 2
+    trainer = Trainer(cfg)
+    try:
+        code = trainer.run()
+    finally:
+        trainer.close()
+        parallel.destroy()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

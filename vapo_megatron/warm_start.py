@@ -1,0 +1,49 @@
+"""Optional supervised warm start (phase "sft") on correct examples, before RL.
+
+The paper starts from a pretrained base model; the CPU demo starts from a random tiny model and
+gets its base competence here. Rows use the simple schema with `answer` holding the complete
+target response. The loss is the actor's own positive-example NLL (component 6) with every
+response marked correct and zero advantages: L = -(1/N) sum log p(target tokens), through the
+same schedule, normalization and optimizer as the RL updates (the actor's optimizer, at sft.lr).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from vapo_megatron.actor import PolicyLossSettings
+from vapo_megatron.batch import RolloutBatch, pack_sequences
+from vapo_megatron.data.prompts import PromptSampler, load_prompts
+from vapo_megatron.updates import TrainModel, update_actor
+
+
+def _sft_batch(records, tokenizer, stop_id: int) -> RolloutBatch:
+    prompts = [r.prompt_ids for r in records]
+    responses = [tokenizer(r.answer, add_special_tokens=False)["input_ids"] + [stop_id] for r in records]
+    tokens, pl, rl = pack_sequences(prompts, responses)
+    n = len(records)
+    batch = RolloutBatch(
+        tokens=tokens, prompt_lens=pl, response_lens=rl, rewards=torch.ones(n),
+        correct=torch.ones(n, dtype=torch.bool), group_ids=torch.arange(n),
+    )
+    batch.old_logp = torch.zeros(tokens.shape)
+    batch.advantages = torch.zeros(tokens.shape)
+    return batch
+
+
+def sft_steps(cfg, actor: TrainModel, ctx, *, start: int) -> Iterator[tuple[int, dict]]:
+    s, d = cfg.sft, cfg.data
+    records, _ = load_prompts(list(s.files), ctx.tokenizer, max_prompt_tokens=d.max_prompt_tokens,
+                              apply_chat_template=d.apply_chat_template, schema="simple")
+    sampler = PromptSampler(records, s.batch_size, d.seed + 1)
+    for _ in range(start):  # deterministic position on resume
+        sampler.next_batch()
+    settings = PolicyLossSettings(eps_low=0.2, eps_high=0.2, dual_clip_c=None, loss_agg="token",
+                                  nll_coef=1.0, temperature=1.0)
+    for step in range(start, s.steps):
+        batch = _sft_batch(ctx.dp_share(sampler.next_batch()), ctx.tokenizer, ctx.stop_token_ids[0])
+        logs = update_actor(actor, batch, settings, mini_batches=1, epochs=1,
+                            max_tokens=cfg.trainer.micro_batch_tokens, lr=s.lr)
+        yield step, {"sft/nll_loss": logs["actor/nll_loss"], "sft/grad_norm": logs["actor/grad_norm"], "sft/step": step + 1}

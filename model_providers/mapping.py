@@ -1,0 +1,133 @@
+"""One declarative HF <-> Megatron name/layout table, and the pure tensor transforms behind it.
+
+A `Row` says: the Megatron parameter `mcore` is made from the HF tensors `hf` by `layout`.
+Names may hold `{layer}` (the GLOBAL layer number, 0-based, as in HF's `model.layers.{layer}`).
+
+Layouts ("full" always means the whole, unsharded tensor, in the layout that megatron's own
+dist checkpoints store, which does not depend on TP):
+  copy     one HF tensor, same shape.
+  qkv      HF q_proj, k_proj, v_proj (weight [heads*d, H] or bias [heads*d]) -> Megatron's fused
+           linear_qkv, grouped per query group g: [q heads of g (nh/ng of them), k_g, v_g].
+           Column-parallel TP sharding along dim 0 then splits whole groups.
+  gate_up  HF gate_proj, up_proj [ffn, H] -> linear_fc1 [2*ffn, H] stored as [gate; up].
+           A TP rank holds [gate rows of the rank; up rows of the rank] (SwiGLU chunks the
+           local output in two), so sharding is not a plain split: see `shard` / `unshard`.
+  vocab    embedding / output rows; Megatron pads the vocabulary to a multiple of 128*TP
+           (`padded_vocab`); the padding rows are zero on import and stripped on export.
+Pure functions of tensors: no process groups here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+LAYOUTS = ("copy", "qkv", "gate_up", "vocab")
+
+
+@dataclass(frozen=True)
+class Row:
+    mcore: str
+    hf: tuple[str, ...]
+    layout: str
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"mapping row {self.mcore!r}: unknown layout {self.layout!r}; known: {LAYOUTS}")
+        want = {"copy": 1, "vocab": 1, "qkv": 3, "gate_up": 2}[self.layout]
+        if len(self.hf) != want:
+            raise ValueError(f"mapping row {self.mcore!r}: layout {self.layout!r} takes {want} HF names, got {self.hf}")
+
+    def has_layer(self) -> bool:
+        return "{layer}" in self.mcore
+
+    def mcore_name(self, layer: int | None = None) -> str:
+        return self.mcore.format(layer=layer) if self.has_layer() else self.mcore
+
+    def hf_names(self, layer: int | None = None) -> tuple[str, ...]:
+        return tuple(n.format(layer=layer) for n in self.hf) if self.has_layer() else self.hf
+
+
+# Transformer Engine's layer spec fuses the pre-attention / pre-MLP norms into the next linear;
+# the table uses megatron's local-spec names, and these aliases map TE names onto them.
+TE_ALIASES = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+}
+
+
+def head_dim(hf_cfg: dict) -> int:
+    # Qwen3 configs state head_dim (it may differ from hidden/heads); Qwen2 configs omit it.
+    if "head_dim" in hf_cfg and hf_cfg["head_dim"] is not None:
+        return int(hf_cfg["head_dim"])
+    return hf_cfg["hidden_size"] // hf_cfg["num_attention_heads"]
+
+
+def _heads(hf_cfg: dict) -> tuple[int, int, int]:
+    nh, ng = hf_cfg["num_attention_heads"], hf_cfg["num_key_value_heads"]
+    return nh, ng, head_dim(hf_cfg)
+
+
+def hf_to_mcore(row: Row, hf_tensors: list[Tensor], hf_cfg: dict, *, padded_vocab: int | None = None) -> Tensor:
+    """Full HF tensors (in `row.hf` order) -> the full Megatron tensor for `row.mcore`."""
+    if row.layout == "copy":
+        return hf_tensors[0]
+    if row.layout == "vocab":
+        (t,) = hf_tensors
+        if padded_vocab is None or padded_vocab == t.shape[0]:
+            return t
+        if padded_vocab < t.shape[0]:
+            raise ValueError(f"{row.hf[0]}: padded vocab {padded_vocab} < HF vocab rows {t.shape[0]}")
+        pad = t.new_zeros((padded_vocab - t.shape[0], *t.shape[1:]))
+        return torch.cat([t, pad], dim=0)
+    if row.layout == "gate_up":
+        return torch.cat(hf_tensors, dim=0)
+    # qkv: [nh*d, ...], [ng*d, ...], [ng*d, ...] -> [ng, (nh/ng + 2)*d, ...] -> [(nh+2ng)*d, ...]
+    nh, ng, d = _heads(hf_cfg)
+    q, k, v = hf_tensors
+    rest = q.shape[1:]
+    q = q.reshape(ng, nh // ng * d, *rest)
+    k = k.reshape(ng, d, *rest)
+    v = v.reshape(ng, d, *rest)
+    return torch.cat([q, k, v], dim=1).reshape((nh + 2 * ng) * d, *rest)
+
+
+def mcore_to_hf(row: Row, tensor: Tensor, hf_cfg: dict, layer: int | None = None) -> list[tuple[str, Tensor]]:
+    """The full Megatron tensor of `row` -> [(HF name, full HF tensor)], padding removed."""
+    names = row.hf_names(layer)
+    if row.layout == "copy":
+        return [(names[0], tensor)]
+    if row.layout == "vocab":
+        return [(names[0], tensor[: hf_cfg["vocab_size"]])]
+    if row.layout == "gate_up":
+        gate, up = tensor.chunk(2, dim=0)
+        return [(names[0], gate), (names[1], up)]
+    nh, ng, d = _heads(hf_cfg)
+    rest = tensor.shape[1:]
+    grouped = tensor.reshape(ng, (nh // ng + 2) * d, *rest)
+    q, k, v = grouped.split([nh // ng * d, d, d], dim=1)
+    return [
+        (names[0], q.reshape(nh * d, *rest)),
+        (names[1], k.reshape(ng * d, *rest)),
+        (names[2], v.reshape(ng * d, *rest)),
+    ]
+
+
+# ---- TP sharding of full Megatron tensors (pure: the caller does the communication) ----------
+
+def shard(layout: str, full: Tensor, partition_dim: int, tp: int, rank: int) -> Tensor:
+    """The slice of a full Megatron tensor that TP rank `rank` of `tp` holds."""
+    if layout == "gate_up" and partition_dim == 0:
+        gate, up = full.chunk(2, dim=0)
+        return torch.cat([gate.chunk(tp, dim=0)[rank], up.chunk(tp, dim=0)[rank]], dim=0)
+    return full.chunk(tp, dim=partition_dim)[rank]
+
+
+def unshard(layout: str, shards: list[Tensor], partition_dim: int) -> Tensor:
+    """Inverse of `shard`: the TP ranks' slices (in rank order) -> the full Megatron tensor."""
+    if layout == "gate_up" and partition_dim == 0:
+        halves = [s.chunk(2, dim=0) for s in shards]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+    return torch.cat(shards, dim=partition_dim)

@@ -1,0 +1,49 @@
+"""Named model configs (HF config.json dicts): tiny test models and the real Qwen2.5 sizes.
+
+The Qwen2.5 values are those of the published config.json files (Qwen/Qwen2.5-*-Instruct).
+"""
+
+from __future__ import annotations
+
+
+def _qwen2(*, hidden, layers, heads, kv_heads, ffn, vocab, tied, max_pos=32768, theta=1_000_000.0) -> dict:
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "intermediate_size": ffn,
+        "vocab_size": vocab,
+        "tie_word_embeddings": tied,
+        "max_position_embeddings": max_pos,
+        "rope_theta": theta,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_sliding_window": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    }
+
+
+PRESETS = {
+    # Tiny test models: GQA, a vocabulary that Megatron must pad (250 -> 256 at TP=1, 256 at TP=2).
+    "tiny-qwen2": lambda: _qwen2(hidden=32, layers=4, heads=4, kv_heads=2, ffn=64, vocab=250, tied=False,
+                                 max_pos=128, theta=10000.0),
+    "tiny-qwen2-tied": lambda: _qwen2(hidden=32, layers=4, heads=4, kv_heads=2, ffn=64, vocab=250, tied=True,
+                                      max_pos=128, theta=10000.0),
+    "qwen2.5-0.5b": lambda: _qwen2(hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, vocab=151936, tied=True),
+    "qwen2.5-1.5b": lambda: _qwen2(hidden=1536, layers=28, heads=12, kv_heads=2, ffn=8960, vocab=151936, tied=True),
+    "qwen2.5-7b": lambda: _qwen2(hidden=3584, layers=28, heads=28, kv_heads=4, ffn=18944, vocab=152064, tied=False),
+    "qwen2.5-32b": lambda: _qwen2(hidden=5120, layers=64, heads=40, kv_heads=8, ffn=27648, vocab=152064, tied=False),
+}
+
+
+def preset(name: str) -> dict:
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}")
+    return PRESETS[name]()

@@ -1,0 +1,56 @@
+"""Random tiny Qwen2/Qwen3 models built with transformers itself, saved as HF directories."""
+
+from __future__ import annotations
+
+import torch
+
+
+def qwen2_config(*, tied: bool, vocab: int = 300, layers: int = 4):
+    from transformers import Qwen2Config
+
+    # GQA (4 query heads, 2 KV groups); vocab 300 is padded to 384 at TP=1 and 512 at TP=2,
+    # so a checkpoint written at TP=2 loaded at TP=1 also changes the padding.
+    return Qwen2Config(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-6, tie_word_embeddings=tied, rope_theta=10000.0,
+        architectures=["Qwen2ForCausalLM"], bos_token_id=1, eos_token_id=2,
+    )
+
+
+def qwen3_config(*, tied: bool = False):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+        tie_word_embeddings=tied, architectures=["Qwen3ForCausalLM"],
+    )
+
+
+def randomize(model, seed: int) -> None:
+    """Every weight random, including q/k/v biases and norms (HF inits those to 0 and 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2 + (1.0 if p.ndim == 1 and p.shape[0] == 32 else 0.0))
+
+
+def save_tiny(path, *, kind: str = "qwen2", tied: bool = False, critic: bool = False, seed: int = 0):
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    cfg = qwen2_config(tied=tied) if kind == "qwen2" else qwen3_config(tied=tied)
+    torch.manual_seed(seed)
+    if critic:
+        cfg.num_labels = 1
+        cfg.architectures = [cfg.architectures[0].replace("ForCausalLM", "ForTokenClassification")]
+        model = AutoModelForTokenClassification.from_config(cfg, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    randomize(model, seed)
+    model.save_pretrained(path)
+    return model.eval()
+
+
+def input_ids(batch: int = 2, seq: int = 12, vocab: int = 300, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))

@@ -1,0 +1,97 @@
+"""Model weights as megatron dist checkpoints: written at one TP/PP layout, loadable at another.
+
+A checkpoint directory is a megatron.core.dist_checkpointing directory (metadata.json, common.pt,
+*.distcp) plus whatever files the caller adds (convert.py adds hf/ with the HF config and
+tokenizer, and vapo.json). Writes are atomic: everything goes into a temp directory beside the
+target, which is renamed into place only once complete, so a crash never leaves a half-written
+checkpoint under the target name.
+
+The state is a dict of sharded state dicts; today {"model": ...} (or model0, model1, ... with
+virtual pipeline stages). The trainer adds optimizer state, RNG and data position under other keys
+of the same dict.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+
+from vapo_megatron.hf_export import _unwrap
+
+
+class CheckpointError(ValueError):
+    """A directory that is not a usable checkpoint; the message names it."""
+
+
+def model_sharded_state(model_chunks: list) -> dict:
+    """{"model": sd} for one chunk, {"model0": sd0, "model1": sd1, ...} with VPP (megatron's
+    convention). Keys inside are global (layer offsets applied), so the chunking may differ
+    between save and load."""
+    sds = [_unwrap(c).sharded_state_dict() for c in model_chunks]
+    return {"model": sds[0]} if len(sds) == 1 else {f"model{i}": sd for i, sd in enumerate(sds)}
+
+
+def _barrier():
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def save(ckpt_dir: str | Path, sharded_state: dict, *, write_extra: Callable[[Path], None] | None = None) -> Path:
+    """Collective over all ranks. `write_extra(tmp_dir)` runs on rank 0 before the rename."""
+    target = Path(ckpt_dir).absolute()
+    tmp = target.parent / f".{target.name}.tmp"
+    old = target.parent / f".{target.name}.old"
+    if _rank0():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    _barrier()
+    dist_checkpointing.save(sharded_state, str(tmp))
+    if _rank0() and write_extra is not None:
+        write_extra(tmp)
+    _barrier()
+    if _rank0():
+        if target.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            target.rename(old)
+        tmp.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    return target
+
+
+def require_checkpoint(ckpt_dir: str | Path) -> Path:
+    path = Path(ckpt_dir)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    if not dist_checkpointing.check_is_distributed_checkpoint(str(path)):
+        raise CheckpointError(
+            f"{path} is not a Megatron distributed checkpoint (no valid metadata.json); "
+            "convert an HF model with `vapo-convert hf-to-mcore` first"
+        )
+    return path
+
+
+def load(ckpt_dir: str | Path, sharded_state: dict) -> dict:
+    """Collective. Returns the loaded state (same structure as `sharded_state`, plain tensors)."""
+    path = require_checkpoint(ckpt_dir)
+    return dist_checkpointing.load(sharded_state, str(path))
+
+
+def save_model(ckpt_dir: str | Path, model_chunks: list, *, write_extra: Callable[[Path], None] | None = None) -> Path:
+    return save(ckpt_dir, model_sharded_state(model_chunks), write_extra=write_extra)
+
+
+def load_model(ckpt_dir: str | Path, model_chunks: list) -> None:
+    state = load(ckpt_dir, model_sharded_state(model_chunks))
+    keys = ["model"] if len(model_chunks) == 1 else [f"model{i}" for i in range(len(model_chunks))]
+    for chunk, key in zip(model_chunks, keys):
+        _unwrap(chunk).load_state_dict(state[key], strict=True)

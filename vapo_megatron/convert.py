@@ -1,0 +1,205 @@
+"""vapo-convert: HF <-> Megatron checkpoints for the supported model families.
+
+    vapo-convert hf-to-mcore --hf HF_DIR --out CKPT_DIR [--critic] [--tp N --pp N] [--dtype D]
+    vapo-convert mcore-to-hf --ckpt CKPT_DIR --out HF_DIR [--tp N --pp N] [--max-shard-gb G]
+
+Runs as a single process or under torchrun (world size = tp * pp * dp). The Megatron checkpoint
+is a dist checkpoint (reshardable: written at one TP/PP, loads at another) that also holds the
+HF config and tokenizer files under hf/, so mcore-to-hf needs nothing else. mcore-to-hf streams:
+each pipeline stage's TP-rank-0 writes its own safetensors shards as tensors arrive (at most one
+shard buffered), and global rank 0 writes the index, config.json and generation_config.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+# Files copied verbatim from the source HF directory (those that exist).
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+    "added_tokens.json", "chat_template.jinja", "generation_config.json",
+)
+META = "vapo.json"
+
+
+def _source_dtype(hf_cfg: dict) -> str:
+    # transformers 5 writes "dtype"; older config.json files write "torch_dtype".
+    for key in ("dtype", "torch_dtype"):
+        if key in hf_cfg and hf_cfg[key] is not None:
+            return str(hf_cfg[key]).removeprefix("torch.")
+    return "float32"
+
+
+def _clean_cfg(hf_cfg: dict) -> dict:
+    return {k: v for k, v in hf_cfg.items() if k != "_source"}
+
+
+def hf_to_mcore(hf_dir: Path, out: Path, *, critic: bool, tp: int, pp: int, dtype: str | None) -> Path:
+    from model_providers import family_for, load_hf_config
+    from model_providers.build import build_chunks
+    from model_providers.family import torch_dtype
+    from vapo_megatron import checkpoint_io, parallel
+    from vapo_megatron.hf_import import load_hf_weights
+
+    hf_cfg = load_hf_config(hf_dir)
+    family = family_for(hf_cfg)
+    dtype = dtype or _source_dtype(hf_cfg)
+    parallel.init_distributed(tp, pp)
+    chunks = build_chunks(hf_cfg, params_dtype=torch_dtype(dtype), critic=critic)
+    left = load_hf_weights(chunks, family, hf_cfg, hf_dir, critic=critic)
+    if left and parallel.is_rank0():
+        print(f"{hf_dir} has no value head (score.*): {left} keep a fresh initialization", file=sys.stderr)
+
+    def write_extra(tmp: Path) -> None:
+        (tmp / "hf").mkdir()
+        with open(tmp / "hf" / "config.json", "w") as f:
+            json.dump(_clean_cfg(hf_cfg), f, indent=2)
+        for name in TOKENIZER_FILES:
+            if (hf_dir / name).is_file():
+                shutil.copy2(hf_dir / name, tmp / "hf" / name)
+        with open(tmp / META, "w") as f:
+            json.dump({"family": family.name, "critic": critic, "dtype": dtype, "source": str(hf_dir)}, f, indent=2)
+
+    return checkpoint_io.save_model(out, chunks, write_extra=write_extra)
+
+
+def _export_config(hf_cfg: dict, family, *, critic: bool, dtype: str) -> dict:
+    cfg = _clean_cfg(hf_cfg)
+    cfg["dtype"] = dtype
+    cfg.pop("torch_dtype", None)  # superseded by "dtype"
+    if critic:
+        cfg["architectures"] = [family.token_classification_architecture]
+        cfg["num_labels"] = 1
+        cfg["id2label"] = {"0": "LABEL_0"}
+        cfg["label2id"] = {"LABEL_0": 0}
+    else:
+        cfg["architectures"] = [family.causal_lm_architecture]
+    return cfg
+
+
+class _ShardWriter:
+    """Buffers tensors until `max_bytes`, then writes one safetensors file; records the map."""
+
+    def __init__(self, out: Path, prefix: str, max_bytes: int):
+        self.out, self.prefix, self.max_bytes = out, prefix, max_bytes
+        self.buf: dict[str, torch.Tensor] = {}
+        self.size = 0
+        self.count = 0
+        self.weight_map: dict[str, str] = {}
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        if self.buf and self.size + nbytes > self.max_bytes:
+            self.flush()
+        self.buf[name] = tensor.detach().to("cpu").contiguous()
+        self.size += nbytes
+
+    def flush(self) -> None:
+        from safetensors.torch import save_file
+
+        if not self.buf:
+            return
+        fname = f"{self.prefix}-{self.count:05d}.safetensors"
+        save_file(self.buf, str(self.out / fname), metadata={"format": "pt"})
+        self.weight_map.update({k: fname for k in self.buf})
+        self.buf, self.size = {}, 0
+        self.count += 1
+
+
+def mcore_to_hf(ckpt: Path, out: Path, *, tp: int, pp: int, max_shard_bytes: int) -> Path:
+    from model_providers import family_for
+    from model_providers.build import build_chunks
+    from model_providers.family import torch_dtype
+    from vapo_megatron import checkpoint_io, parallel
+    from vapo_megatron.hf_export import iter_hf_tensors
+
+    checkpoint_io.require_checkpoint(ckpt)
+    if not (ckpt / META).is_file() or not (ckpt / "hf" / "config.json").is_file():
+        raise checkpoint_io.CheckpointError(f"{ckpt} lacks {META} or hf/config.json: it was not written by vapo-convert")
+    meta = json.loads((ckpt / META).read_text())
+    hf_cfg = json.loads((ckpt / "hf" / "config.json").read_text())
+    family, critic, dtype = family_for(hf_cfg), meta["critic"], meta["dtype"]
+
+    parallel.init_distributed(tp, pp)
+    chunks = build_chunks(hf_cfg, params_dtype=torch_dtype(dtype), critic=critic)
+    checkpoint_io.load_model(ckpt, chunks)
+
+    writes = parallel.tp_rank() == 0 and parallel.dp_rank() == 0
+    if parallel.is_rank0():
+        out.mkdir(parents=True, exist_ok=True)
+    if dist.is_initialized():
+        dist.barrier()
+    writer = _ShardWriter(out, f"model-pp{parallel.pp_rank():03d}", max_shard_bytes)
+    for name, tensor in iter_hf_tensors(chunks, family, hf_cfg, critic=critic):
+        if writes:  # every TP rank must iterate (the gathers are collective); one writes
+            writer.add(name, tensor)
+    writer.flush()
+
+    maps = [None] * dist.get_world_size() if dist.is_initialized() else None
+    if dist.is_initialized():
+        dist.all_gather_object(maps, writer.weight_map)
+    else:
+        maps = [writer.weight_map]
+    if parallel.is_rank0():
+        weight_map = {k: v for m in maps for k, v in m.items()}
+        total = sum((out / f).stat().st_size for f in set(weight_map.values()))
+        with open(out / "model.safetensors.index.json", "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
+        with open(out / "config.json", "w") as f:
+            json.dump(_export_config(hf_cfg, family, critic=critic, dtype=dtype), f, indent=2)
+        for name in TOKENIZER_FILES:
+            if (ckpt / "hf" / name).is_file():
+                shutil.copy2(ckpt / "hf" / name, out / name)
+        if not (out / "generation_config.json").is_file():
+            gen = {k: hf_cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in hf_cfg and hf_cfg[k] is not None}
+            with open(out / "generation_config.json", "w") as f:
+                json.dump(gen, f, indent=2)
+    if dist.is_initialized():
+        dist.barrier()
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="vapo-convert", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("hf-to-mcore", help="HF model directory -> Megatron dist checkpoint")
+    a.add_argument("--hf", type=Path, required=True, help="HF model directory (config.json + safetensors)")
+    a.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
+    a.add_argument("--critic", action="store_true", help="build the critic (trunk + value head from score.*, "
+                   "or freshly initialized when the HF model has none)")
+    a.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="parameter dtype (default: the config's dtype)")
+    b = sub.add_parser("mcore-to-hf", help="Megatron checkpoint written by hf-to-mcore (or the trainer) -> HF directory")
+    b.add_argument("--ckpt", type=Path, required=True)
+    b.add_argument("--out", type=Path, required=True)
+    b.add_argument("--max-shard-gb", type=float, default=4.0, help="largest safetensors shard, GB")
+    for q in (a, b):
+        q.add_argument("--tp", type=int, default=1, help="tensor parallel size of this run")
+        q.add_argument("--pp", type=int, default=1, help="pipeline parallel size of this run")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from vapo_megatron import parallel
+
+    args = parse_args(argv)
+    try:
+        if args.cmd == "hf-to-mcore":
+            path = hf_to_mcore(args.hf, args.out, critic=args.critic, tp=args.tp, pp=args.pp, dtype=args.dtype)
+        else:
+            path = mcore_to_hf(args.ckpt, args.out, tp=args.tp, pp=args.pp, max_shard_bytes=int(args.max_shard_gb * 2**30))
+        if parallel.is_rank0():
+            print(f"wrote {path}")
+    finally:
+        parallel.destroy()
+
+
+if __name__ == "__main__":
+    main()

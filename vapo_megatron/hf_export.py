@@ -1,0 +1,78 @@
+"""Stream a Megatron model's weights out as full HF-named tensors, one at a time.
+
+Shared by mcore-to-hf conversion and weight sync into rollout engines. Each parameter of this
+rank's chunks is matched to its table row (model_providers.mapping), TP-gathered along its
+partition dim (every rank of a TP group takes part and yields the same sequence), converted to
+HF tensors and yielded under its GLOBAL layer number. No full state dict is ever built.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from model_providers.family import Family
+from model_providers.mapping import TE_ALIASES, Row, mcore_to_hf, unshard
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+
+
+def _unwrap(chunk):
+    # DDP / Float16Module wrappers keep the model under `.module`.
+    while hasattr(chunk, "module") and not hasattr(chunk, "decoder"):
+        chunk = chunk.module
+    return chunk
+
+
+def param_rows(chunk, rows: tuple[Row, ...]) -> Iterator[tuple[Tensor, Row, int | None, str]]:
+    """(param, row, global layer or None, local name) for every parameter of one model chunk.
+
+    A parameter with no row raises, so a table that misses a weight cannot go unnoticed."""
+    model = _unwrap(chunk)
+    by_name = {r.mcore: r for r in rows}
+    for name, param in model.named_parameters():
+        key, layer = name, None
+        m = _LAYER.match(name)
+        if m:
+            local, rest = int(m.group(1)), m.group(2)
+            rest = TE_ALIASES.get(rest, rest)
+            layer = model.decoder.layers[local].layer_number - 1  # megatron's layer_number is global, 1-based
+            key = "decoder.layers.{layer}." + rest
+        if key not in by_name:
+            raise KeyError(f"model parameter {name!r} ({key}) has no row in the mapping table")
+        yield param, by_name[key], layer, name
+
+
+def _tp():
+    from megatron.core import parallel_state
+
+    return parallel_state.get_tensor_model_parallel_group(), parallel_state.get_tensor_model_parallel_world_size()
+
+
+def gather_tp(param: Tensor, layout: str) -> Tensor:
+    """The full Megatron tensor of a (possibly) TP-sharded parameter."""
+    tensor = param.detach()
+    if not getattr(param, "tensor_model_parallel", False):
+        return tensor
+    group, tp = _tp()
+    if tp == 1:
+        return tensor
+    shards = [torch.empty_like(tensor) for _ in range(tp)]
+    dist.all_gather(shards, tensor.contiguous(), group=group)
+    return unshard(layout, shards, param.partition_dim)
+
+
+def iter_hf_tensors(model_chunks: list, family: Family, hf_cfg: dict, *, critic: bool = False) -> Iterator[tuple[str, Tensor]]:
+    """Yield (HF name, full tensor) for every weight this pipeline stage holds."""
+    table = family.table(hf_cfg, critic=critic)
+    exported = {r.mcore for r in family.export_table(hf_cfg, critic=critic)}
+    for chunk in model_chunks:
+        for param, row, layer, _ in param_rows(chunk, table):
+            if row.mcore not in exported:
+                continue  # tied output layer: HF keeps only embed_tokens
+            full = gather_tp(param, row.layout)
+            yield from mcore_to_hf(row, full, hf_cfg, layer)

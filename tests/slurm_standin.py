@@ -4,11 +4,11 @@ Run by torchrun on every rank: `slurm_standin.py --config FILE [key=value ...]`.
   standin.steps=N        steps in the whole run; each step sums (rank + 1) over the ranks (gloo)
   standin.pause_at=K     a fresh run (no checkpoint yet) holds at step K until SIGUSR1 arrives
                          (at most 60 s); -1: never hold
-  train.run_dir=DIR      where it writes (the sbatch script appends this key)
+  trainer.run_dir=DIR    where it writes (the sbatch script appends this key)
 
 SIGUSR1 is handled as the trainer will: the ranks agree (all-reduce of a flag) on the step to stop
-at, rank 0 writes a checkpoint marker holding the next step, and all exit 0. A run that finds the
-marker resumes from it. Rank 0 writes result.json at the end.
+at, rank 0 writes a checkpoint marker holding the next step, and all exit with the trainer's
+PREEMPTED_EXIT_CODE (3). A run that finds the marker resumes from it. Rank 0 writes result.json at the end.
 """
 
 import json
@@ -19,6 +19,8 @@ import time
 
 import torch
 import torch.distributed as dist
+
+PREEMPTED_EXIT_CODE = 3  # what vapo_megatron.train exits with after its checkpoint on SIGUSR1
 
 
 def parse_args(argv: list[str]) -> tuple[str, dict[str, str]]:
@@ -35,7 +37,7 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, str]]:
 
 def main() -> None:
     config, overrides = parse_args(sys.argv[1:])
-    run_dir = overrides["train.run_dir"]
+    run_dir = overrides["trainer.run_dir"]
     steps = int(overrides["standin.steps"])
     pause_at = int(overrides["standin.pause_at"])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -69,7 +71,7 @@ def main() -> None:
                     json.dump({"next_step": step}, f)
             dist.barrier()
             dist.destroy_process_group()
-            return
+            sys.exit(PREEMPTED_EXIT_CODE)
         if start == 0 and step == pause_at:  # hold until the test sends SIGUSR1
             if held_since is None:
                 held_since = time.monotonic()

@@ -90,7 +90,7 @@ def test_train_job_completes_and_passes_arguments(slurm_env, tmp_path):
     assert result["mean_step_sum"] == 1 + 2  # all-reduce of rank + 1 over 2 ranks
     assert result["config"] == str(config)
     # extra key=value arguments pass through verbatim (one with a space), then the run dir
-    assert result["overrides"] == {"standin.steps": "3", "standin.pause_at": "-1", "x.y": "a b", "train.run_dir": str(run_dir)}
+    assert result["overrides"] == {"standin.steps": "3", "standin.pause_at": "-1", "x.y": "a b", "trainer.run_dir": str(run_dir)}
 
 
 def test_usr1_checkpoints_requeues_and_resumes(slurm_env, tmp_path):

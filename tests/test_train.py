@@ -64,6 +64,16 @@ def _train(config: str, *overrides: str) -> subprocess.CompletedProcess:
     return proc
 
 
+def hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a sharded HF safetensors export (through its index)."""
+    index = json.loads((hf_dir / "model.safetensors.index.json").read_text())
+    out = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        out.update(load_file(str(hf_dir / shard)))
+    assert out.keys() == index["weight_map"].keys()
+    return out
+
+
 def _records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
@@ -105,8 +115,7 @@ def test_restart_after_checkpoint_reaches_same_weights(full_run, demo_data, tmp_
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_0000002"
     proc = _train("demo_cpu.yaml", *_short(demo_data, run_dir), "trainer.total_steps=3")
     assert "resumed from" in proc.stdout + proc.stderr
-    want = load_file(str(full_run / "hf" / "model.safetensors"))
-    have = load_file(str(run_dir / "hf" / "model.safetensors"))
+    want, have = hf_weights(full_run / "hf"), hf_weights(run_dir / "hf")
     assert want.keys() == have.keys()
     for name in want:
         assert torch.equal(want[name], have[name]), f"{name} differs after resume"

@@ -125,7 +125,6 @@ def mcore_to_hf(ckpt: Path, out: Path, *, tp: int, pp: int, max_shard_bytes: int
     from model_providers.build import build_chunks
     from model_providers.family import torch_dtype
     from vapo_megatron import checkpoint_io, parallel
-    from vapo_megatron.hf_export import iter_hf_tensors
 
     checkpoint_io.require_checkpoint(ckpt)
     if not (ckpt / META).is_file() or not (ckpt / "hf" / "config.json").is_file():
@@ -138,12 +137,29 @@ def mcore_to_hf(ckpt: Path, out: Path, *, tp: int, pp: int, max_shard_bytes: int
     chunks = build_chunks(hf_cfg, params_dtype=torch_dtype(dtype), critic=critic)
     checkpoint_io.load_model(ckpt, chunks)
 
+    return export_hf_dir(chunks, family, hf_cfg, out, files_src=ckpt / "hf", critic=critic, dtype=dtype,
+                         max_shard_bytes=max_shard_bytes)
+
+
+def export_hf_dir(chunks: list, family, hf_cfg: dict, out: Path, *, files_src: Path, critic: bool, dtype: str,
+                  max_shard_bytes: int = 4 << 30) -> Path:
+    """Collective over all ranks. Streams the (TP/PP-sharded) model into an HF directory: each
+    pipeline stage's TP-rank-0 (of DP rank 0) writes its own safetensors shards as tensors arrive,
+    global rank 0 writes the index, config.json, generation_config.json and the tokenizer files
+    found in `files_src`. Everything goes to a temp directory renamed into place at the end, so a
+    crash never leaves a half-written export under `out`. Used by mcore-to-hf and by the trainer."""
+    from vapo_megatron import parallel
+    from vapo_megatron.hf_export import iter_hf_tensors
+
+    out = Path(out).absolute()
+    tmp = out.parent / f".{out.name}.tmp"
     writes = parallel.tp_rank() == 0 and parallel.dp_rank() == 0
     if parallel.is_rank0():
-        out.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
     if dist.is_initialized():
         dist.barrier()
-    writer = _ShardWriter(out, f"model-pp{parallel.pp_rank():03d}", max_shard_bytes)
+    writer = _ShardWriter(tmp, f"model-pp{parallel.pp_rank():03d}", max_shard_bytes)
     for name, tensor in iter_hf_tensors(chunks, family, hf_cfg, critic=critic):
         if writes:  # every TP rank must iterate (the gathers are collective); one writes
             writer.add(name, tensor)
@@ -156,18 +172,24 @@ def mcore_to_hf(ckpt: Path, out: Path, *, tp: int, pp: int, max_shard_bytes: int
         maps = [writer.weight_map]
     if parallel.is_rank0():
         weight_map = {k: v for m in maps for k, v in m.items()}
-        total = sum((out / f).stat().st_size for f in set(weight_map.values()))
-        with open(out / "model.safetensors.index.json", "w") as f:
+        total = sum((tmp / f).stat().st_size for f in set(weight_map.values()))
+        with open(tmp / "model.safetensors.index.json", "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
-        with open(out / "config.json", "w") as f:
+        with open(tmp / "config.json", "w") as f:
             json.dump(_export_config(hf_cfg, family, critic=critic, dtype=dtype), f, indent=2)
         for name in TOKENIZER_FILES:
-            if (ckpt / "hf" / name).is_file():
-                shutil.copy2(ckpt / "hf" / name, out / name)
-        if not (out / "generation_config.json").is_file():
+            if (Path(files_src) / name).is_file():
+                shutil.copy2(Path(files_src) / name, tmp / name)
+        if not (tmp / "generation_config.json").is_file():
             gen = {k: hf_cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in hf_cfg and hf_cfg[k] is not None}
-            with open(out / "generation_config.json", "w") as f:
+            with open(tmp / "generation_config.json", "w") as f:
                 json.dump(gen, f, indent=2)
+        old = out.parent / f".{out.name}.old"
+        if out.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
     if dist.is_initialized():
         dist.barrier()
     return out

@@ -27,6 +27,7 @@ import model_providers
 from model_providers.build import build_chunks
 from vapo_megatron import parallel
 from vapo_megatron.config import Config, to_dict
+from vapo_megatron.convert import write_source_files
 from vapo_megatron.data.prompts import PromptSampler
 from vapo_megatron.hf_import import load_hf_weights
 from vapo_megatron.megatron_step import build_optimizer, wrap_ddp
@@ -122,6 +123,10 @@ def save_run_state(cfg: Config, state: RunState, actor: TrainModel, critic: Trai
         (tmp / sub).mkdir(exist_ok=True)
         _barrier()
         dist_checkpointing.save(_model_state(model, loading=False), str(tmp / sub))
+        if parallel.is_rank0():  # hf/ + vapo.json: `vapo-convert mcore-to-hf --ckpt .../actor` works on it
+            src = cfg.model.critic_hf_path if sub == "critic" and cfg.model.critic_hf_path else cfg.model.hf_path
+            write_source_files(tmp / sub, model.hf_cfg, Path(src), family_name=model.family.name,
+                               critic=sub == "critic", dtype=cfg.model.dtype)
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
@@ -203,5 +208,6 @@ def export_hf(cfg: Config, actor: TrainModel, ctx) -> Path:
     from vapo_megatron.convert import export_hf_dir
 
     out = Path(cfg.trainer.run_dir) / "hf"
-    export_hf_dir(actor.modules, actor.family, actor.hf_cfg, out, tokenizer_src=cfg.model.hf_path, critic=False)
+    export_hf_dir(actor.modules, actor.family, actor.hf_cfg, out, files_src=Path(cfg.model.hf_path), critic=False,
+                  dtype=cfg.model.dtype)
     return out

@@ -157,7 +157,7 @@ class Trainer:
         for step, logs, finished in sft_steps(self.cfg, self.actor, self.ctx, start=self.state.sft_steps_done):
             self.state.sft_steps_done = step + 1
             self.state.sft_finished = finished
-            self.logger.log(0, "sft", logs)
+            self.logger.log(0, "sft", logs, tb_step=step + 1)
         if self.cfg.model.critic_hf_path:
             self.actor.optimizer.reload_model_params()
         else:  # the critic starts from the policy that RL starts from (component 1)

@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from dist_utils import run_ranks
+from model_providers.mapping import Row, hf_shapes, mcore_to_hf, place_shard, shard, unshard
 from test_convert import _forward
 from tiny_hf import input_ids, save_tiny
 
@@ -111,6 +112,38 @@ def _check(results, work: Path, ids, *, tied: bool, with_export: bool):
     s0 = rank0["stats"]
     assert s0.buckets > 3 and s0.tensors == len(state) - (1 if tied else 0) and s0.peak_bytes > 0
     assert s0.largest_tensor_bytes == 300 * 32 * 4 > BUCKET  # the embedding got a bucket of its own
+
+
+# GQA (8 query heads, 4 groups), vocab 300 padded to 384 rows, ffn 24.
+_CFG = {"num_attention_heads": 8, "num_key_value_heads": 4, "hidden_size": 16, "vocab_size": 300}
+
+
+@pytest.mark.parametrize("row, full_shape, partition_dim", [
+    (Row("qkv.weight", ("q", "k", "v"), "qkv"), ((8 + 2 * 4) * 2, 16), 0),
+    (Row("qkv.bias", ("q", "k", "v"), "qkv"), ((8 + 2 * 4) * 2,), 0),
+    (Row("fc1.weight", ("gate", "up"), "gate_up"), (48, 16), 0),
+    (Row("proj.weight", ("o",), "copy"), (16, 40), 1),
+    (Row("fc2.weight", ("down",), "copy"), (16, 24), 1),
+    (Row("emb.weight", ("embed",), "vocab"), (384, 16), 0),
+    (Row("norm.weight", ("norm",), "copy"), (16,), 0),
+])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_place_shard_equals_unshard_then_mcore_to_hf(row, full_shape, partition_dim, tp):
+    """Placing every rank's shard into the HF tensors, one HF tensor at a time (as the sync
+    does), gives exactly mcore_to_hf of the full tensor (the converter's reference path)."""
+    full = torch.randn(full_shape, generator=torch.Generator().manual_seed(tp))
+    want = mcore_to_hf(row, full, _CFG)
+    shards = [shard(row.layout, full, partition_dim, tp, r) for r in range(tp)]
+    assert torch.equal(unshard(row.layout, shards, partition_dim), full)
+    shapes = hf_shapes(row, full_shape, _CFG)
+    assert shapes == [t.shape for _, t in want]
+    for j, (name, ref) in enumerate(want):
+        out = torch.full(shapes[j], float("nan"), dtype=torch.float64)  # copy_ casts into any dtype
+        outs = [None] * len(want)
+        outs[j] = out
+        for r, s in enumerate(shards):
+            place_shard(row, s.clone(), r, tp, partition_dim, outs, _CFG)
+        assert torch.equal(out, ref.double()), (row.mcore, name)
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,10 @@ gate/up split and vocab padding dropped by the mapping table, written into the e
 parameters (or, with --buckets, through bounded flat buckets and engine.load_bucket), version
 set. Megatron's norms are float32 next to bf16 weights on the CPU; the engine casts them.
 
-Baseline, in the same processes right after: `dst.copy_(src)` for tensors of exactly the shapes
-and dtypes the engine received (src: the engine's own parameters, dst: a second set allocated
-and touched once), i.e. the same bytes as one sync delivers.
+Baseline, in the same processes, alternating with the syncs (so both see the same machine
+load): `dst.copy_(src)` for tensors of exactly the shapes and dtypes the engine received (src:
+the engine's own parameters, dst: a second set allocated and touched once), i.e. the same bytes
+as one sync delivers.
 
 Rates are bytes (and tensors) delivered to the engine per second; median over --repeats runs
 after one warm-up sync (which also creates the shared-memory staging kept for later syncs).
@@ -103,26 +104,10 @@ def _bench_rank(rank: int, args) -> dict:
         return sync_weights(chunks, family, hf_cfg, engine, version=version, bucket_bytes=bucket_bytes,
                             transport=args.transport)
 
-    sync(0)  # warm-up (first-touch of the bucket, gloo buffers)
-    _reset_peak_rss()
-    rss0 = _rss_kib("VmRSS")
-    runs = [sync(v) for v in range(1, args.repeats + 1)]
-    rss_growth = (_rss_kib("VmHWM") - rss0) * 1024
-    out = {"rank": rank, "local_params": n_local, "build_s": build_s,
-           "sync_s": [s.seconds for s in runs], "peak_bytes": max(s.peak_bytes for s in runs),
-           "bound": runs[0].bound(), "rss_growth": rss_growth,
-           "largest_tensor_bytes": runs[0].largest_tensor_bytes}
-    if engine is None:
-        dist.barrier()
-        return out
-
-    # What the sync delivered: every engine parameter (tied aliases once).
-    s = runs[0]
-    params = list(engine.model.parameters())
-    assert engine.weight_version == args.repeats
-    held = sum(p.numel() * p.element_size() for p in params)
-    assert len(params) == s.tensors, f"sync delivered {s.tensors} tensors, {s.bytes} bytes; engine holds {len(params)}, {held}"
-    dst = [torch.empty_like(p) for p in params]
+    params, dst = [], []
+    if engine is not None:  # the baseline's tensors: the engine's parameters (tied ones once) and a copy
+        params = list(engine.model.parameters())
+        dst = [torch.empty_like(p) for p in params]
 
     def copy_all():
         t = time.perf_counter()
@@ -130,11 +115,30 @@ def _bench_rank(rank: int, args) -> dict:
             d.copy_(p)
         return time.perf_counter() - t
 
-    copy_all()  # warm-up (first touch of dst)
-    copy_s = [copy_all() for _ in range(args.repeats)]
+    sync(0)  # warm-up: first touch of buffers; creates the shared-memory staging kept for later syncs
+    copy_all()  # warm-up: first touch of dst
+    _reset_peak_rss()
+    rss0 = _rss_kib("VmRSS")
+    # Sync and copy alternate, so both see the same load from whatever else runs on the machine.
+    runs, copy_s = [], []
+    for v in range(1, args.repeats + 1):
+        runs.append(sync(v))
+        if engine is not None:
+            copy_s.append(copy_all())
+        dist.barrier()
+    rss_growth = (_rss_kib("VmHWM") - rss0) * 1024
+    out = {"rank": rank, "local_params": n_local, "build_s": build_s,
+           "sync_s": [s.seconds for s in runs], "peak_bytes": max(s.peak_bytes for s in runs),
+           "bound": runs[0].bound(), "rss_growth": rss_growth,
+           "largest_tensor_bytes": runs[0].largest_tensor_bytes, "rss": _rss_kib("VmRSS") * 1024}
+    if engine is None:
+        return out
+    s = runs[0]
+    assert engine.weight_version == args.repeats
+    held = sum(p.numel() * p.element_size() for p in params)
+    assert (held, len(params)) == (s.bytes, s.tensors), f"sync delivered {s.tensors} tensors, {s.bytes} bytes; engine holds {len(params)}, {held}"
     out.update(tensors=s.tensors, bytes=s.bytes, buckets=s.buckets, copy_s=copy_s,
                engine_params=sum(p.numel() for p in params))
-    dist.barrier()
     return out
 
 
@@ -153,7 +157,7 @@ def main() -> None:
                     help="how TP shards travel (auto: shared memory here)")
     ap.add_argument("--buckets", action="store_true",
                     help="load through buckets (engine.load_bucket, as a GPU engine) instead of into the parameters")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     args = ap.parse_args()
 
@@ -188,7 +192,7 @@ def main() -> None:
     print(f"[weight_sync] preset={args.preset} ({r0['engine_params'] / 1e6:.0f}M parameters), {args.dtype}, "
           f"TP={TP} gloo ranks on the CPU, torch threads per rank={args.threads}, "
           f"bucket={args.bucket_mb} MiB, transport={args.transport}, "
-          f"{'buckets' if args.buckets else 'direct into the parameters'}, median of {args.repeats} after a warm-up")
+          f"{'buckets' if args.buckets else 'direct into the parameters'}, median of {args.repeats} alternating runs after a warm-up")
     print(f"[weight_sync] Megatron params per rank: {[results[r]['local_params'] / 1e6 for r in range(TP)]} M; "
           f"build {max(results[r]['build_s'] for r in range(TP)):.1f} s")
     print(f"[weight_sync] delivered per sync: {r0['tensors']} tensors, {r0['bytes'] / gib:.3f} GiB, "
@@ -201,7 +205,8 @@ def main() -> None:
         res = results[r]
         print(f"[weight_sync] rank {r}: peak held by the sync {res['peak_bytes'] / mib:.1f} MiB "
               f"<= bound {res['bound'] / mib:.1f} MiB (bucket + largest tensor {res['largest_tensor_bytes'] / mib:.1f} MiB): "
-              f"{res['peak_bytes'] <= res['bound']}; RSS growth over the timed syncs {res['rss_growth'] / mib:.1f} MiB")
+              f"{res['peak_bytes'] <= res['bound']}; RSS growth over the timed syncs {res['rss_growth'] / mib:.1f} MiB "
+              f"(process RSS {res['rss'] / gib:.2f} GiB)")
     print(f"ratio: {sync_rate / copy_rate:.3f}")
 
 

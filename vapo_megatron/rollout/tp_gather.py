@@ -146,15 +146,18 @@ class SharedMemoryGather:
             meter.hold(areas.own.numel())  # held between syncs too; counted while a sync runs
         # Plan: consecutive items; the sharded ones packed into one half each batch, each shard
         # at an offset aligned to its element size. Every TP rank plans the same batches.
+        # Readers wait while the first batch is staged, so batches start small (half / 16,
+        # doubling up to half), and the layers go first: the embedding, often the largest
+        # shard and first in model order, would otherwise fill the first batch alone.
         self.offset: dict[int, int] = {}
         self.plan: list[list[Item]] = [[]]
-        used = 0
-        for it in items:
+        used, cap = 0, max(1, half // 16)
+        for it in sorted(items, key=lambda it: it.layer is None):  # stable: model order otherwise
             if it.sharded:
                 n, start = nbytes(it.param), _align(used, it.param.element_size())
-                if start + n > half:
+                if start + n > cap and used > 0:
                     self.plan.append([])
-                    start = 0
+                    start, cap = 0, min(half, 2 * cap)
                 self.offset[id(it)] = start
                 used = start + n
             self.plan[-1].append(it)
@@ -243,7 +246,8 @@ def tp_gather(items: list[Item], *, need: bool, transport: str, meter: MemoryMet
     key = (ranks, half)
     if all(i[3] == tuple(needs) for i in infos):
         return SharedMemoryGather(items, group, needs, _STAGING[key], half, meter)
-    _STAGING.pop(key, None)
+    for old in [k for k in _STAGING if k[0] == ranks]:  # same on every rank of the group
+        del _STAGING[old]
     # Rank r writes when some other rank reads its shards; reads when it needs full tensors.
     writes = any(needs[o] for o in range(tp) if o != rank)
     path, own, error = _create_area(2 * half) if writes else (None, None, None)

@@ -77,7 +77,7 @@ class CollectiveGather:
 
     def __init__(self, items: list[Item], group, needs: list[bool], meter: MemoryMeter) -> None:
         self.items, self.group, self.needs, self.meter = items, group, needs, meter
-        self.rank = dist.get_rank(group)
+        self.rank = dist.get_rank(group) if group is not None else 0  # group None: TP=1, nothing sharded
         self._shards: list[Tensor] | None = None
 
     def batches(self) -> list[list[Item]]:

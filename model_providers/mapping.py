@@ -115,6 +115,67 @@ def mcore_to_hf(row: Row, tensor: Tensor, hf_cfg: dict, layer: int | None = None
     ]
 
 
+def hf_shapes(row: Row, full_shape: tuple[int, ...], hf_cfg: dict) -> list[torch.Size]:
+    """Shapes of the HF tensors (in `row.hf` order) that `mcore_to_hf` makes from a full
+    Megatron tensor of `full_shape` (vocab padding included)."""
+    rest = tuple(full_shape[1:])
+    if row.layout == "copy":
+        return [torch.Size(full_shape)]
+    if row.layout == "vocab":
+        return [torch.Size((hf_cfg["vocab_size"], *rest))]
+    if row.layout == "gate_up":
+        return [torch.Size((full_shape[0] // 2, *rest))] * 2
+    nh, ng, d = _heads(hf_cfg)
+    return [torch.Size((nh * d, *rest)), torch.Size((ng * d, *rest)), torch.Size((ng * d, *rest))]
+
+
+def place_shard(row: Row, shard: Tensor, rank: int, tp: int, partition_dim: int | None, outs: list[Tensor | None],
+                hf_cfg: dict) -> None:
+    """Copy TP rank `rank`'s shard (of `tp`) of `row`'s Megatron tensor straight into its place in
+    the full HF tensors `outs` (row.hf order, full HF shapes, contiguous; None entries skipped).
+
+    Doing this for every rank equals mcore_to_hf(row, unshard(row.layout, shards, partition_dim))
+    without building the full Megatron tensor or the HF tensors in between: weight sync writes
+    shards directly into an engine's parameters or a bucket. tp=1: `shard` is the full tensor.
+    copy_ casts, so `outs` may have another dtype than the shard."""
+    if tp == 1:
+        rank, partition_dim = 0, 0
+    elif partition_dim is None:
+        raise ValueError(f"{row.mcore}: a TP shard needs its partition dim")
+    if row.layout in ("copy", "vocab"):
+        out = outs[0]
+        if out is None:
+            return
+        n = shard.shape[partition_dim]
+        if row.layout == "vocab":
+            rows = out.shape[0]  # vocab_size: Megatron's padding rows are dropped
+            if partition_dim == 0:
+                lo, hi = rank * n, min(rank * n + n, rows)
+                if hi > lo:
+                    out[lo:hi].copy_(shard[: hi - lo])
+                return
+            shard = shard[:rows]
+        out.narrow(partition_dim, rank * n, n).copy_(shard)
+        return
+    if partition_dim != 0:
+        raise ValueError(f"{row.mcore}: layout {row.layout!r} is TP-sharded along dim 0, got dim {partition_dim}")
+    if row.layout == "gate_up":
+        # A rank holds [gate rows of the rank; up rows of the rank] (see `shard`).
+        f = shard.shape[0] // 2
+        for out, part in zip(outs, (shard[:f], shard[f:])):
+            if out is not None:
+                out[rank * f : (rank + 1) * f].copy_(part)
+        return
+    # qkv: the shard holds whole query groups g0..g0+gl, each [q heads of g; k_g; v_g].
+    nh, ng, d = _heads(hf_cfg)
+    per, gl = nh // ng, ng // tp
+    rest = tuple(shard.shape[1:])
+    parts = shard.reshape(gl, (per + 2) * d, *rest).split([per * d, d, d], dim=1)
+    for out, part, width in zip(outs, parts, (per * d, d, d)):
+        if out is not None:
+            out.view(ng, width, *rest)[rank * gl : (rank + 1) * gl].copy_(part)
+
+
 # ---- TP sharding of full Megatron tensors (pure: the caller does the communication) ----------
 
 def shard(layout: str, full: Tensor, partition_dim: int, tp: int, rank: int) -> Tensor:

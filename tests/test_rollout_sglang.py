@@ -142,6 +142,12 @@ class _Recorder(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.requests.append((self.path, body))
+        if self.path == "/update_weights_from_tensor" and not self.server.fail_updates:
+            # Like a real server, load during the request: the payload points at the client's
+            # bucket buffer (shared memory here, CUDA IPC on a GPU), reused for the next bucket.
+            assert body["load_format"] == "flattened_bucket" and len(body["serialized_named_tensors"]) == 1
+            base64.b64decode(body["serialized_named_tensors"][0], validate=True)
+            self.server.loaded.update({n: t.clone() for n, t in sglang_rank_view(body["serialized_named_tensors"], 0)})
         if self.path == "/flush_cache":
             out, ctype = b"Cache flushed.\n", "text/plain"
         elif self.path == "/generate":
@@ -170,7 +176,7 @@ class _Recorder(BaseHTTPRequestHandler):
 @pytest.fixture
 def server():
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    srv.requests, srv.fail_updates = [], False
+    srv.requests, srv.loaded, srv.fail_updates = [], {}, False
     th = threading.Thread(target=srv.serve_forever, daemon=True)
     th.start()
     yield srv
@@ -190,12 +196,7 @@ def test_http_client_sends_sglang_requests(server):
     assert paths == (["/resume_memory_occupation", "/begin_weight_update"] + ["/update_weights_from_tensor"] * stats.buckets
                      + ["/end_weight_update", "/flush_cache", "/update_weight_version", "/resume_memory_occupation",
                         "/generate", "/release_memory_occupation"])
-    got = {}
-    for p, body in server.requests:
-        if p == "/update_weights_from_tensor":
-            assert body["load_format"] == "flattened_bucket" and len(body["serialized_named_tensors"]) == 1
-            base64.b64decode(body["serialized_named_tensors"][0], validate=True)
-            got.update({n: t.clone() for n, t in sglang_rank_view(body["serialized_named_tensors"], 0)})
+    got = server.loaded
     assert list(got) == list(state) and all(torch.equal(got[n], state[n]) for n in state)
     gen = dict(server.requests)["/generate"]
     assert gen["input_ids"] == [[1, 2, 3]] * 2 and gen["return_logprob"] is True

@@ -1,12 +1,14 @@
-"""Weight sync from a Megatron actor (TP=2, PP=2, TP=2 x PP=2 on gloo) into the embedded engine.
+"""Weight sync from a Megatron actor (TP=2, PP=2, TP=2 x PP=2 on gloo) into embedded engines.
 
-One multi-rank run per layout. Inside it: the tiny HF model is loaded into the actor
-(hf_import), every parameter gets a random update, the updated actor is written back to HF
-safetensors by mcore-to-hf (the reference for the streamed tensors; TP=2 x PP=2 only), and sync_weights pushes
-the actor into an EmbeddedEngine held by global rank 0 with small buckets. The parent checks:
-engine tensors == mcore-to-hf's files bitwise, engine logits == the Megatron actor's logits to
-1e-4 on the same sequences, and the measured peak bytes on every rank <= one bucket + the
-largest tensor.
+One multi-rank run per case. Inside it: the tiny HF model is loaded into the actor (hf_import),
+every parameter gets a random update, the updated actor is written back to HF safetensors by
+mcore-to-hf (the reference for the streamed tensors; one case), and sync_weights pushes the
+actor into EmbeddedEngines (on global rank 0, or on every rank as colocated SGLang engines
+would be), either straight into their parameters or through small buckets, with TP shards
+travelling through shared memory or gloo collectives. The parent checks: engine tensors ==
+mcore-to-hf's files bitwise, every engine's logits == the Megatron actor's logits to 1e-4 on
+the same sequences, and the measured peak bytes on every rank <= one bucket + the largest
+tensor.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from dist_utils import run_ranks
+from model_providers.mapping import Row, hf_shapes, mcore_to_hf, place_shard, shard, unshard
 from test_convert import _forward
 from tiny_hf import input_ids, save_tiny
 
@@ -46,7 +49,7 @@ def _random_update(chunks) -> None:
                 p.add_(torch.randn(p.shape, generator=gen) * 0.05)
 
 
-def _sync_run(tp: int, pp: int, hf_dir: Path, work: Path, ids, with_export: bool):
+def _sync_run(tp: int, pp: int, hf_dir: Path, work: Path, ids, with_export: bool, setups):
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from transformers import AutoConfig
@@ -74,28 +77,36 @@ def _sync_run(tp: int, pp: int, hf_dir: Path, work: Path, ids, with_export: bool
         checkpoint_io.save_model(work / "ckpt", chunks, write_extra=meta)
         convert.mcore_to_hf(work / "ckpt", work / "hf1", tp=tp, pp=pp, max_shard_bytes=1 << 30)
 
-    engine = None
-    if dist.get_rank() == 0:
-        torch.manual_seed(123)  # a fresh, different initialization: the sync must replace it all
-        engine = EmbeddedEngine.from_hf_config(AutoConfig.from_pretrained(hf_dir))
-    stats = sync_weights(chunks, family, hf_cfg, engine, version=5, bucket_bytes=BUCKET)
     megatron_logits = _forward(chunks, ids, critic=False, vocab=hf_cfg["vocab_size"])
-    out = {"stats": stats, "megatron_logits": megatron_logits if ps.get_tensor_model_parallel_rank() == 0 else None}
-    if engine is not None:
-        with torch.no_grad():
-            out["engine_logits"] = engine.model(ids).logits
-        out["engine_state"] = {k: v.clone() for k, v in engine.model.state_dict().items()}
-        out["version"] = engine.weight_version
-    return out
+    outs = []
+    for engines, direct, transport in setups:
+        engine = None
+        if engines == "all" or dist.get_rank() == 0:
+            torch.manual_seed(123 + dist.get_rank())  # a fresh, different initialization: the sync must replace it all
+            engine = EmbeddedEngine.from_hf_config(AutoConfig.from_pretrained(hf_dir), direct_load=direct)
+        stats = [sync_weights(chunks, family, hf_cfg, engine, version=v, bucket_bytes=BUCKET, transport=transport)
+                 for v in (4, 5)]  # the second sync reuses the shared-memory staging of the first
+        out = {"stats": stats[-1]}
+        if engine is not None:
+            with torch.no_grad():
+                out["engine_logits"] = engine.model(ids).logits
+            out["engine_state"] = {k: v.clone() for k, v in engine.model.state_dict().items()}
+            out["version"] = engine.weight_version
+        outs.append(out)
+    return {"megatron_logits": megatron_logits if ps.get_tensor_model_parallel_rank() == 0 else None, "setups": outs}
 
 
-def _check(results, work: Path, ids, *, tied: bool, with_export: bool):
-    rank0 = results[0]
-    (ref_logits,) = [r["megatron_logits"] for r in results if r["megatron_logits"] is not None]
-    assert rank0["version"] == 5
-    assert torch.allclose(rank0["engine_logits"], ref_logits, atol=1e-4, rtol=0), (rank0["engine_logits"] - ref_logits).abs().max()
+def _check(ref_logits, results, work: Path, *, tied: bool, with_export: bool, direct: bool, tp: int):
+    """results: every rank's output of one sync setup."""
+    holders = [r for r, res in enumerate(results) if "engine_state" in res]
+    for r in holders:
+        res = results[r]
+        assert res["version"] == 5
+        assert torch.allclose(res["engine_logits"], ref_logits, atol=1e-4, rtol=0), (r, (res["engine_logits"] - ref_logits).abs().max())
+        assert res["stats"].tensors == len(res["engine_state"]) - (1 if tied else 0)
+        assert (res["stats"].buckets == 0) == direct
 
-    state = rank0["engine_state"]
+    state = results[0]["engine_state"]
     if with_export:
         written = {}
         for f in sorted((work / "hf1").glob("*.safetensors")):
@@ -108,9 +119,11 @@ def _check(results, work: Path, ids, *, tied: bool, with_export: bool):
     for r, res in enumerate(results):
         s = res["stats"]
         assert s.peak_bytes <= s.bound(), (r, s)
-    s0 = rank0["stats"]
-    assert s0.buckets > 3 and s0.tensors == len(state) - (1 if tied else 0) and s0.peak_bytes > 0
-    assert s0.largest_tensor_bytes == 300 * 32 * 4 > BUCKET  # the embedding got a bucket of its own
+    # The largest tensor is the embedding, padded by Megatron to a multiple of 128 * TP rows.
+    s0 = results[0]["stats"]
+    assert s0.largest_tensor_bytes == -(-300 // (128 * tp)) * 128 * tp * 32 * 4 > BUCKET
+    if not direct:
+        assert s0.buckets > 3 and s0.peak_bytes > BUCKET  # the embedding got a bucket of its own
 
 
 @pytest.fixture(scope="module")
@@ -121,17 +134,73 @@ def hf_dirs(tmp_path_factory):
     return root
 
 
-# mcore-to-hf (a dist checkpoint round trip) costs seconds: the reference export runs in the
-# TP=2 x PP=2 layout only; the logits check runs in all three.
-@pytest.mark.parametrize("tp, pp, kind, with_export", [(2, 1, "untied", False), (1, 2, "tied", False), (2, 2, "untied", True)])
-def test_sync_into_embedded_engine(tp, pp, kind, with_export, hf_dirs, tmp_path):
+# One spawned run per layout (start-up dominates); several sync setups in each:
+# (engines on "rank0" or on "all" ranks as colocated SGLang would be, direct into parameters or
+# through buckets, TP transport). mcore-to-hf (a dist checkpoint round trip) costs seconds: the
+# reference export runs in the TP=2 x PP=2 layout only; the logits check runs everywhere.
+LAYOUTS = {
+    # Rank 0 reads rank 1's shards from shared memory straight into its parameters; then every
+    # TP rank both writes and reads shards, into buckets.
+    "tp2": (2, 1, "untied", False, [("rank0", True, "auto"), ("all", False, "shm")]),
+    # An engine on each stage: each stage broadcasts its layers to the other. Tied embeddings.
+    "pp2": (1, 2, "tied", False, [("all", True, "auto")]),
+    # Buckets and gloo gathers, against mcore-to-hf's files; then engines on every rank, direct,
+    # shared memory (stage senders write into their parameters and broadcast from them).
+    "tp2pp2": (2, 2, "untied", True, [("rank0", False, "collective"), ("all", True, "shm")]),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sync_into_embedded_engine(layout, hf_dirs, tmp_path):
+    tp, pp, kind, with_export, setups = LAYOUTS[layout]
     ids = input_ids(batch=2, seq=10)
-    results = run_ranks(tp * pp, _sync_run, tp, pp, hf_dirs / kind, tmp_path, ids, with_export)
-    _check(results, tmp_path, ids, tied=kind == "tied", with_export=with_export)
-    if pp > 1:
-        # Ranks are TP-fastest: rank tp is (tp 0, stage 1), in the engine's PP group; it sent its
-        # layers. At TP=2 the last rank's PP group holds no engine, so it sent nothing.
-        later = results[tp]["stats"]
-        assert later.sent > 0 and later.tensors == 0
-        if tp > 1:
-            assert results[-1]["stats"].sent == 0
+    runs = run_ranks(tp * pp, _sync_run, tp, pp, hf_dirs / kind, tmp_path, ids, with_export, setups)
+    (ref_logits,) = [r["megatron_logits"] for r in runs if r["megatron_logits"] is not None]
+    for i, (engines, direct, transport) in enumerate(setups):
+        results = [run["setups"][i] for run in runs]
+        _check(ref_logits, results, tmp_path, tied=kind == "tied", with_export=with_export, direct=direct, tp=tp)
+        if pp > 1 and engines == "rank0":
+            # Ranks are TP-fastest: rank tp is (tp 0, stage 1), in the engine's PP group; it sent
+            # its layers. At TP=2 the last rank's PP group holds no engine, so it sent nothing.
+            later = results[tp]["stats"]
+            assert later.sent > 0 and later.tensors == 0
+            if tp > 1:
+                assert results[-1]["stats"].sent == 0
+        if transport != "collective" and tp > 1:
+            # Shared memory was used: a writer holds its staging area, 2 x its largest shard.
+            writer = results[1]["stats"]
+            assert writer.peak_bytes >= writer.largest_tensor_bytes * 2 // tp
+
+
+# GQA (8 query heads, 4 groups), vocab 300 padded to 384 rows, ffn 24.
+_CFG = {"num_attention_heads": 8, "num_key_value_heads": 4, "hidden_size": 16, "vocab_size": 300}
+
+
+@pytest.mark.parametrize("row, full_shape, partition_dim", [
+    (Row("qkv.weight", ("q", "k", "v"), "qkv"), ((8 + 2 * 4) * 2, 16), 0),
+    (Row("qkv.bias", ("q", "k", "v"), "qkv"), ((8 + 2 * 4) * 2,), 0),
+    (Row("fc1.weight", ("gate", "up"), "gate_up"), (48, 16), 0),
+    (Row("proj.weight", ("o",), "copy"), (16, 40), 1),
+    (Row("fc2.weight", ("down",), "copy"), (16, 24), 1),
+    (Row("emb.weight", ("embed",), "vocab"), (384, 16), 0),
+    (Row("norm.weight", ("norm",), "copy"), (16,), 0),
+])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_place_shard_equals_unshard_then_mcore_to_hf(row, full_shape, partition_dim, tp):
+    """Placing every rank's shard into the HF tensors, one HF tensor at a time (as the sync
+    does), gives exactly mcore_to_hf of the full tensor (the converter's reference path)."""
+    full = torch.randn(full_shape, generator=torch.Generator().manual_seed(tp))
+    want = mcore_to_hf(row, full, _CFG)
+    shards = [shard(row.layout, full, partition_dim, tp, r) for r in range(tp)]
+    assert torch.equal(unshard(row.layout, shards, partition_dim), full)
+    shapes = hf_shapes(row, full_shape, _CFG)
+    assert shapes == [t.shape for _, t in want]
+    for j, (name, ref) in enumerate(want):
+        out = torch.full(shapes[j], float("nan"), dtype=torch.float64)  # copy_ casts into any dtype
+        outs = [None] * len(want)
+        outs[j] = out
+        for r, s in enumerate(shards):
+            place_shard(row, s.clone(), r, tp, partition_dim, outs, _CFG)
+        assert torch.equal(out, ref.double()), (row.mcore, name)
+
+

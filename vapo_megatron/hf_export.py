@@ -66,13 +66,19 @@ def gather_tp(param: Tensor, layout: str) -> Tensor:
     return unshard(layout, shards, param.partition_dim)
 
 
-def iter_hf_tensors(model_chunks: list, family: Family, hf_cfg: dict, *, critic: bool = False) -> Iterator[tuple[str, Tensor]]:
-    """Yield (HF name, full tensor) for every weight this pipeline stage holds."""
+def exported_params(model_chunks: list, family: Family, hf_cfg: dict, *, critic: bool = False
+                    ) -> Iterator[tuple[Tensor, Row, int | None]]:
+    """(param, row, global layer or None) for every weight of this pipeline stage that HF keeps."""
     table = family.table(hf_cfg, critic=critic)
     exported = {r.mcore for r in family.export_table(hf_cfg, critic=critic)}
     for chunk in model_chunks:
         for param, row, layer, _ in param_rows(chunk, table):
-            if row.mcore not in exported:
-                continue  # tied output layer: HF keeps only embed_tokens
-            full = gather_tp(param, row.layout)
-            yield from mcore_to_hf(row, full, hf_cfg, layer)
+            if row.mcore in exported:  # not the tied output layer: HF keeps only embed_tokens
+                yield param, row, layer
+
+
+def iter_hf_tensors(model_chunks: list, family: Family, hf_cfg: dict, *, critic: bool = False) -> Iterator[tuple[str, Tensor]]:
+    """Yield (HF name, full tensor) for every weight this pipeline stage holds."""
+    for param, row, layer in exported_params(model_chunks, family, hf_cfg, critic=critic):
+        full = gather_tp(param, row.layout)
+        yield from mcore_to_hf(row, full, hf_cfg, layer)

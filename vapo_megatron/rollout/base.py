@@ -6,6 +6,7 @@ per prompt from the current policy, so the engine must hold the newest actor wei
     engine.resume_memory()                      # GPU engines: get weights/KV cache back
     engine.begin_weight_update()
     for bucket in buckets: engine.load_bucket(bucket)   # bounded groups of full HF tensors
+                                                # (or writes into engine.weight_slot(name, shape))
     engine.end_weight_update(version=train_step)
     outs = engine.generate(prompt_ids, SamplingParams(n=G, ...))
     engine.release_memory()                     # GPU engines: give memory back to training
@@ -94,6 +95,13 @@ class RolloutEngine(abc.ABC):
     def load_bucket(self, named_tensors: "FlatBucket | Sequence[tuple[str, torch.Tensor]]") -> None:
         """Load one bucket of full HF-named tensors (all of one dtype) into the live weights.
         The bucket's memory may be reused once this returns: copy what must be kept."""
+
+    def weight_slot(self, name: str, shape: torch.Size) -> torch.Tensor | None:
+        """Inside an update session: a tensor of `shape` that the caller may write the full HF
+        tensor `name` into directly (copy_ casts to its dtype), which loads it; None means
+        "use load_bucket". Engines that hold their weights in this process return the live
+        parameter, so weight sync writes TP shards into it with no copy in between."""
+        return None
 
     @abc.abstractmethod
     def end_weight_update(self, version: int) -> None:

@@ -9,6 +9,7 @@ flight, which `MemoryMeter` measures.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -69,9 +70,13 @@ class FlatBucket:
 
     def fits(self, tensor: torch.Tensor) -> bool:
         """True if `tensor` can join this bucket (an empty bucket takes anything)."""
+        return self.can_take(nbytes(tensor), tensor.dtype)
+
+    def can_take(self, n: int, dtype: torch.dtype) -> bool:
+        """True if `n` more bytes of `dtype` can join this bucket (an empty bucket takes anything)."""
         if not self.entries:
             return True
-        return tensor.dtype == self.dtype and self.used + nbytes(tensor) <= self.capacity
+        return dtype == self.dtype and self.used + n <= self.capacity
 
     def _ensure_buffer(self, need: int, device: torch.device) -> None:
         if self.buffer is not None and self.buffer.numel() >= need and self.buffer.device == device:
@@ -88,19 +93,25 @@ class FlatBucket:
         self.buffer = None
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        if not self.fits(tensor):
+        # Copy straight into the flat buffer (no intermediate flattened copy).
+        self.reserve(name, tensor.shape, tensor.dtype, tensor.device).copy_(tensor)
+
+    def reserve(self, name: str, shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """Add an entry and return its place in the buffer (a contiguous view) for the caller to
+        fill before the bucket is used: weight sync writes TP shards straight into it."""
+        n = math.prod(shape) * dtype.itemsize
+        if not self.can_take(n, dtype):
             raise ValueError(
-                f"tensor {name!r} ({tensor.dtype}, {nbytes(tensor)} bytes) does not fit the bucket "
+                f"tensor {name!r} ({dtype}, {n} bytes) does not fit the bucket "
                 f"({self.dtype}, {self.used}/{self.capacity} bytes used)"
             )
-        n = nbytes(tensor)
         if not self.entries:
-            self._ensure_buffer(n, tensor.device)
+            self._ensure_buffer(n, torch.device(device))
         assert self.buffer is not None
-        # Copy straight into the flat buffer (no intermediate flattened copy).
-        self.buffer[self.used : self.used + n].view(tensor.dtype).view(tensor.shape).copy_(tensor)
-        self.entries.append(Entry(name, tensor.dtype, tensor.shape, self.used, self.used + n))
+        view = self.buffer[self.used : self.used + n].view(dtype).view(shape)
+        self.entries.append(Entry(name, dtype, torch.Size(shape), self.used, self.used + n))
         self.used += n
+        return view
 
     def flat(self) -> torch.Tensor:
         """uint8 [used bytes]: a view of the filled part of the buffer."""

@@ -38,8 +38,12 @@ class EmbeddedEngine(RolloutEngine):
         eos_token_ids: Sequence[int],
         pad_token_id: int = 0,
         max_batch_size: int = 1024,
+        direct_load: bool = True,
     ) -> None:
+        """direct_load: weight updates may write into the parameters (`weight_slot`); False
+        makes every update go through load_bucket, as a GPU engine's would."""
         self.model = model.eval()
+        self.direct_load = direct_load
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
@@ -79,24 +83,33 @@ class EmbeddedEngine(RolloutEngine):
         self._updating = True
         self._loaded = set()
 
+    def _param(self, name: str, shape) -> torch.Tensor:
+        if not self._updating:
+            raise RuntimeError("weights can only be loaded inside begin_weight_update()/end_weight_update()")
+        param = self._params.get(name)
+        if param is None:
+            raise KeyError(
+                f"weight {name!r} is not a parameter of the rollout model "
+                f"({type(self.model).__name__}); known names start with "
+                f"{sorted(self._params)[:4]}..."
+            )
+        if param.shape != shape:
+            raise ValueError(f"weight {name!r}: got shape {tuple(shape)}, the model has {tuple(param.shape)}")
+        self._loaded.add(id(param))
+        return param
+
+    def weight_slot(self, name: str, shape: torch.Size) -> torch.Tensor | None:
+        """The live parameter itself (detached: same storage), counted as loaded."""
+        if not self.direct_load:
+            return None
+        return self._param(name, shape).detach()
+
     @torch.no_grad()
     def load_bucket(self, named_tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
-        if not self._updating:
-            raise RuntimeError("load_bucket outside begin_weight_update()/end_weight_update()")
         if isinstance(named_tensors, FlatBucket):
             named_tensors = named_tensors.named_tensors()
         for name, tensor in named_tensors:
-            param = self._params.get(name)
-            if param is None:
-                raise KeyError(
-                    f"weight {name!r} is not a parameter of the rollout model "
-                    f"({type(self.model).__name__}); known names start with "
-                    f"{sorted(self._params)[:4]}..."
-                )
-            if param.shape != tensor.shape:
-                raise ValueError(f"weight {name!r}: got shape {tuple(tensor.shape)}, the model has {tuple(param.shape)}")
-            param.copy_(tensor)  # in place: casts dtype, moves device
-            self._loaded.add(id(param))
+            self._param(name, tensor.shape).copy_(tensor)  # in place: casts dtype, moves device
 
     def end_weight_update(self, version: int, *, strict: bool = True) -> None:
         if not self._updating:

@@ -1,30 +1,39 @@
-"""Megatron actor shards -> full HF tensors -> bounded buckets -> rollout engines, in place.
+"""Megatron actor shards -> full HF tensors -> rollout engines, in place, with bounded memory.
 
 Every rank runs `sync_weights` at the same point (it is collective):
-  1. each pipeline stage streams its own layers as full HF tensors (hf_export.iter_hf_tensors:
-     TP-gathered, global layer numbers, identical on every TP rank of the stage);
-  2. stages take turns over the PP group: while stage s streams, each tensor is broadcast
+  1. each pipeline stage walks its own exported parameters (hf_export.exported_params: global
+     layer numbers, rows of the shared mapping table) in batches; a TP transport (tp_gather)
+     brings every TP rank's shard of each parameter to the TP ranks that need full tensors:
+     shared memory on the CPU, torch.distributed gather/all_gather otherwise;
+  2. those ranks write the shards straight into their places in the HF tensors
+     (mapping.place_shard: q/k/v and gate/up split, vocab padding dropped), never building the
+     full Megatron tensor. The place is the engine's own parameter when the engine lends it
+     (engine.weight_slot: the embedded engine), else a slot of one flat single-dtype bucket
+     (buckets.FlatBucket, default 1 GiB) handed to engine.load_bucket when the next tensor would
+     not fit (SGLang engine groups make that a collective);
+  3. stages take turns over the PP group: while stage s streams, each HF tensor is broadcast
      (a small header, then the tensor) to the other stages, one tensor at a time, but only when
-     some other stage of this PP group holds an engine;
-  3. ranks holding an engine copy each tensor into one flat single-dtype bucket
-     (buckets.FlatBucket, default 1 GiB) and hand the bucket to the engine when the next tensor
-     would not fit (engine.load_bucket; SGLang engine groups make that a collective).
-No rank ever holds a state dict: the extra memory this code holds is one bucket plus the tensor in
-flight, which a MemoryMeter measures (SyncStats.peak_bytes). Memory inside the TP gather of
-hf_export (one parameter's shards and their concatenation) is outside this count.
+     some other stage of this PP group holds an engine.
+No rank ever holds a state dict. What this code holds at once, measured by a MemoryMeter
+(SyncStats.peak_bytes): the bucket, the transport's buffers (gathered shards of one parameter,
+or a shared-memory staging area of 2 x the largest shard), and one HF tensor in flight for a
+PP broadcast. SyncStats.bound() is the promise: one bucket plus the largest full tensor.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from model_providers.mapping import hf_shapes, place_shard
 from vapo_megatron import parallel
 from vapo_megatron.rollout.base import RolloutEngine
 from vapo_megatron.rollout.buckets import FlatBucket, MemoryMeter, nbytes
+from vapo_megatron.rollout.tp_gather import make_items, tp_gather
 
 DEFAULT_BUCKET_BYTES = 1 << 30
 
@@ -35,41 +44,41 @@ class SyncStats:
     bytes: int = 0            # their bytes
     buckets: int = 0          # buckets loaded into the engine
     sent: int = 0             # tensors this rank's stage broadcast to other stages
-    peak_bytes: int = 0       # most bytes held at once (bucket buffer + tensor in flight)
-    largest_tensor_bytes: int = 0
+    peak_bytes: int = 0       # most bytes held at once (bucket, transport buffers, tensor in flight)
+    largest_tensor_bytes: int = 0  # the largest full tensor this rank saw (Megatron's, padded)
     bucket_bytes: int = 0     # the configured bound
     seconds: float = 0.0
 
     def bound(self) -> int:
         """The promised ceiling on peak_bytes: one bucket (a bucket grows to fit a single
-        larger tensor) plus the largest tensor in flight."""
+        larger tensor) plus the largest full tensor (the transport's or broadcast's buffers)."""
         return max(self.bucket_bytes, self.largest_tensor_bytes) + self.largest_tensor_bytes
 
 
-class _Deliver:
-    """Fills buckets on a rank that holds an engine; counts bytes on every rank."""
+class _Sink:
+    """Where this rank's HF tensors go: the engine's own parameters, a bucket, or nowhere."""
 
-    def __init__(self, engine: RolloutEngine | None, bucket_bytes: int, stats: SyncStats) -> None:
-        self.engine, self.stats = engine, stats
-        self.meter = MemoryMeter()
-        self.bucket = FlatBucket(bucket_bytes, self.meter) if engine is not None else None
+    def __init__(self, engine: RolloutEngine | None, bucket_bytes: int, meter: MemoryMeter, stats: SyncStats) -> None:
+        self.engine, self.stats, self.meter = engine, stats, meter
+        self.bucket = FlatBucket(bucket_bytes, meter) if engine is not None else None
+        self.device = parallel.device()
 
-    def arrive(self, t: torch.Tensor) -> None:
-        n = nbytes(t)
-        self.meter.hold(n)
-        self.stats.largest_tensor_bytes = max(self.stats.largest_tensor_bytes, n)
-
-    def leave(self, t: torch.Tensor) -> None:
-        self.meter.drop(nbytes(t))
-
-    def add(self, name: str, t: torch.Tensor) -> None:
-        if self.bucket is None:
-            return
-        if not self.bucket.fits(t):
+    def slot(self, name: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor | None:
+        """A contiguous tensor to write HF tensor `name` into (None: this rank holds no engine).
+        Call commit() once it is written."""
+        if self.engine is None:
+            return None
+        direct = self.engine.weight_slot(name, shape)
+        if direct is not None:
+            return direct
+        n = math.prod(shape) * dtype.itemsize
+        if not self.bucket.can_take(n, dtype):
             self.flush()
-        self.bucket.add(name, t)
+        return self.bucket.reserve(name, shape, dtype, self.device)
+
+    def commit(self, slot: torch.Tensor) -> None:
         self.stats.tensors += 1
-        self.stats.bytes += nbytes(t)
+        self.stats.bytes += nbytes(slot)
 
     def flush(self) -> None:
         if self.bucket is not None and len(self.bucket):
@@ -81,7 +90,6 @@ class _Deliver:
         self.flush()
         if self.bucket is not None:
             self.bucket.release()
-        self.stats.peak_bytes = self.meter.peak
 
 
 def _send_header(header, src: int, group) -> None:
@@ -94,6 +102,70 @@ def _recv_header(src: int, group):
     return box[0]
 
 
+def _stream_stage(model_chunks, family, hf_cfg, sink: _Sink, *, send: bool, src: int, group, transport: str,
+                  meter: MemoryMeter, stats: SyncStats) -> None:
+    """This stage's weights into this rank's sink, and (send) broadcast to the other stages."""
+    from vapo_megatron.hf_export import exported_params
+
+    items = make_items(list(exported_params(model_chunks, family, hf_cfg)), parallel.tp_size())
+    stats.largest_tensor_bytes = max([stats.largest_tensor_bytes] + [it.full_bytes() for it in items])
+    need = sink.engine is not None or send
+    gather = tp_gather(items, need=need, transport=transport, meter=meter)
+    if gather is None:
+        return
+    for k, batch in enumerate(gather.batches()):
+        gather.exchange(k, batch)
+        if need:
+            for it in batch:
+                shards = gather.shards(it)
+                names = it.row.hf_names(it.layer)
+                for j, (name, shape) in enumerate(zip(names, hf_shapes(it.row, it.full_shape(), hf_cfg))):
+                    out = sink.slot(name, shape, it.param.dtype)
+                    # A broadcast sends the tensor as the model holds it, whatever the engine's dtype.
+                    tmp = None
+                    if send and (out is None or out.dtype != it.param.dtype):
+                        tmp = torch.empty(shape, dtype=it.param.dtype, device=it.param.device)
+                        meter.hold(nbytes(tmp))
+                    outs: list = [None] * len(names)
+                    outs[j] = tmp if tmp is not None else out
+                    for r, shard in enumerate(shards):
+                        place_shard(it.row, shard, r, len(shards), it.partition_dim, outs, hf_cfg)
+                    if send:
+                        _send_header((name, tuple(shape), it.param.dtype), src, group)
+                        dist.broadcast(outs[j], src=src, group=group)
+                        stats.sent += 1
+                    if out is not None:
+                        if tmp is not None:
+                            out.copy_(tmp)
+                        sink.commit(out)
+                    if tmp is not None:
+                        meter.drop(nbytes(tmp))
+                        del tmp
+        gather.done(batch)
+    gather.close()
+
+
+def _receive_stage(sink: _Sink, *, src: int, group, meter: MemoryMeter, stats: SyncStats) -> None:
+    """Another stage's HF tensors, broadcast one at a time, into this rank's sink."""
+    device = parallel.device()
+    while (header := _recv_header(src, group)) is not None:
+        name, shape, dtype = header
+        out = sink.slot(name, torch.Size(shape), dtype)
+        stats.largest_tensor_bytes = max(stats.largest_tensor_bytes, math.prod(shape) * dtype.itemsize)
+        if out is not None and out.dtype == dtype:
+            dist.broadcast(out, src=src, group=group)
+        else:
+            tmp = torch.empty(shape, dtype=dtype, device=device)
+            meter.hold(nbytes(tmp))
+            dist.broadcast(tmp, src=src, group=group)
+            if out is not None:
+                out.copy_(tmp)
+            meter.drop(nbytes(tmp))
+            del tmp
+        if out is not None:
+            sink.commit(out)
+
+
 @torch.no_grad()
 def sync_weights(
     model_chunks: list,
@@ -103,13 +175,14 @@ def sync_weights(
     version: int,
     *,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    transport: str = "auto",
 ) -> SyncStats:
     """Push this actor's weights into every engine held by some rank (engine=None elsewhere).
 
     Collective over the whole model-parallel world; `version` (the train step) is recorded by
-    the engines. Returns this rank's statistics."""
-    from vapo_megatron.hf_export import iter_hf_tensors
-
+    the engines. transport: how TP shards travel (tp_gather.TRANSPORTS): "auto" uses shared
+    memory for CPU tensors of a TP group on one host, else torch.distributed collectives.
+    Returns this rank's statistics."""
     start = time.perf_counter()
     stats = SyncStats(bucket_bytes=bucket_bytes)
     pp, stage = parallel.pp_size(), parallel.pp_rank()
@@ -119,36 +192,22 @@ def sync_weights(
         flags: list = [None] * pp
         dist.all_gather_object(flags, engine is not None, group=group)
         wants = flags
-    deliver = _Deliver(engine, bucket_bytes, stats)
+    meter = MemoryMeter()
+    sink = _Sink(engine, bucket_bytes, meter, stats)
     if engine is not None:
         engine.begin_weight_update()
-    device = parallel.device()
     for src_stage in range(pp):
         others_want = any(w for s, w in enumerate(wants) if s != src_stage)
-        src = dist.get_global_rank(group, src_stage) if pp > 1 else dist.get_rank() if dist.is_initialized() else 0
+        src = dist.get_global_rank(group, src_stage) if pp > 1 else -1
         if stage == src_stage:
-            for name, t in iter_hf_tensors(model_chunks, family, hf_cfg):
-                deliver.arrive(t)
-                deliver.add(name, t)
-                if others_want:
-                    t = t.contiguous()
-                    _send_header((name, tuple(t.shape), t.dtype), src, group)
-                    dist.broadcast(t, src=src, group=group)
-                    stats.sent += 1
-                deliver.leave(t)
-                del t
+            _stream_stage(model_chunks, family, hf_cfg, sink, send=others_want, src=src, group=group,
+                          transport=transport, meter=meter, stats=stats)
             if others_want:
                 _send_header(None, src, group)
         elif others_want:
-            while (header := _recv_header(src, group)) is not None:
-                name, shape, dtype = header
-                t = torch.empty(shape, dtype=dtype, device=device)
-                deliver.arrive(t)
-                dist.broadcast(t, src=src, group=group)
-                deliver.add(name, t)
-                deliver.leave(t)
-                del t
-    deliver.close()
+            _receive_stage(sink, src=src, group=group, meter=meter, stats=stats)
+    sink.close()
+    stats.peak_bytes = meter.peak
     if engine is not None:
         engine.end_weight_update(version)
     stats.seconds = time.perf_counter() - start

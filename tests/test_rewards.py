@@ -119,6 +119,25 @@ def test_pathological_answers_are_bounded_scored_wrong_and_counted(math_fn, capl
     assert math_fn([""], ["\\boxed{7}"], ["7"])[0].correct  # and the pool works on
 
 
+def test_model_output_is_never_executed(math_fn, tmp_path):
+    # Responses written as code: math-verify's expression path hands sympy's parse_expr (which
+    # evaluates Python) only runs of digits and + - * / ^ ( ) . characters, and the LaTeX path
+    # parses with a grammar. Nothing here may run.
+    m = tmp_path / "ran"
+    responses = [
+        f"\\boxed{{__import__('os').system('touch {m}')}}",
+        f"Final answer: __import__('pathlib').Path('{m}').touch()",
+        f"The answer is $open('{m}', 'w')$",
+        f"answer: 1+1; open('{m}','w')",
+        f"\\boxed{{\\text{{exec(\"open('{m}','w')\")}}}}",
+        f"Final answer: (lambda: open('{m}','w'))()",
+    ]
+    math_fn.wait_ready()
+    res = math_fn([""] * len(responses), responses, ["2"] * len(responses))
+    assert not m.exists()
+    assert not any(r.correct for r in res)
+
+
 def test_megabyte_response_is_bounded_and_reads_the_tail(math_fn):
     math_fn.wait_ready()
     junk = "we try 1234 and then 56, which fails. " * 26_000  # ~1 MB of plain text

@@ -180,10 +180,14 @@ def test_cli_all_bad_training_data_stops_with_the_file_named(demo, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_cli_trains_through_a_fuzzed_data_file(demo, tmp_path):
+def test_cli_trains_through_fuzzed_data_and_refuses_a_crafted_checkpoint(demo, tmp_path):
     # The demo's good rows with the whole bad-row corpus of test_bad_data interleaved: the run
     # skips and logs each bad row, then trains; nothing reaches the model but validated prompts.
+    import pickle
+    import shutil
+
     from test_bad_data import SIMPLE_BAD_ROWS
+    from test_security import Payload
 
     good = (demo / "train.jsonl").read_bytes().splitlines()
     lines: list[bytes] = []
@@ -193,9 +197,26 @@ def test_cli_trains_through_a_fuzzed_data_file(demo, tmp_path):
     fuzzed = tmp_path / "fuzzed.jsonl"
     fuzzed.write_bytes(b"\n".join(lines) + b"\n")
     run_dir = tmp_path / "run"
-    proc = _cli(*_base(demo, run_dir), f"data.train_files=[{fuzzed}]", "data.eval_files=[]", timeout=300)
+    args = [*_base(demo, run_dir), f"data.train_files=[{fuzzed}]", "data.eval_files=[]"]
+    proc = _cli(*args, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for k in range(len(SIMPLE_BAD_ROWS)):
         assert f"skipping {fuzzed}:{2 * k + 2}:" in proc.stderr, 2 * k + 2
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert [r["phase"] for r in records] == ["vapo"]
+
+    # Part 6 through the trainer: a newer checkpoint whose actor index is a crafted pickle is
+    # refused on resume (no code runs), and the run falls back to the good one and goes on.
+    ckpts = run_dir / "checkpoints"
+    shutil.copytree(ckpts / "iter_0000001", ckpts / "iter_0000002")
+    marker = tmp_path / "pwned"
+    (ckpts / "iter_0000002" / "actor" / ".metadata").write_bytes(pickle.dumps(Payload(str(marker))))
+    (ckpts / "latest").write_text("iter_0000002\n")
+    proc = _cli(*args, "trainer.total_steps=2", timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert not marker.exists()
+    assert "iter_0000002/actor/.metadata: refused to unpickle _io.open" in out
+    assert "resumed from" in out and "iter_0000001 at iteration 1" in out
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [r["step"] for r in records if r["phase"] == "vapo"] == [1, 2]

@@ -74,6 +74,14 @@ def hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def _exported(ckpt: Path, out: Path) -> dict[str, torch.Tensor]:
+    """A trainer checkpoint's weights, through `vapo-convert mcore-to-hf` (one process)."""
+    if not out.exists():
+        subprocess.run([sys.executable, "-m", "vapo_megatron.convert", "mcore-to-hf", "--ckpt", str(ckpt), "--out", str(out)],
+                       check=True, cwd=ROOT, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return hf_weights(out)
+
+
 def _records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
@@ -115,10 +123,16 @@ def test_restart_after_checkpoint_reaches_same_weights(full_run, demo_data, tmp_
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_0000002"
     proc = _train("demo_cpu.yaml", *_short(demo_data, run_dir), "trainer.total_steps=3")
     assert "resumed from" in proc.stdout + proc.stderr
-    want, have = hf_weights(full_run / "hf"), hf_weights(run_dir / "hf")
-    assert want.keys() == have.keys()
-    for name in want:
-        assert torch.equal(want[name], have[name]), f"{name} differs after resume"
+    for role in ("actor", "critic"):
+        want = _exported(full_run / "checkpoints" / "iter_0000004" / role, tmp_path / f"want_{role}")
+        have = _exported(run_dir / "checkpoints" / "iter_0000004" / role, tmp_path / f"have_{role}")
+        assert want.keys() == have.keys()
+        for name in want:
+            assert torch.equal(want[name], have[name]), f"{role} {name} differs after resume"
+    # The run's own final HF export is the actor of its last checkpoint.
+    final = hf_weights(run_dir / "hf")
+    actor = _exported(run_dir / "checkpoints" / "iter_0000004" / "actor", tmp_path / "have_actor")
+    assert all(torch.equal(final[k], actor[k]) for k in actor) and final.keys() == actor.keys()
     # The metrics of the redone steps are not duplicated.
     steps = [r["step"] for r in _records(run_dir) if r["phase"] == "vapo"]
     assert steps == sorted(set(steps))

@@ -37,7 +37,9 @@ class MetricsLogger:
             f.writelines(keep)
         os.replace(tmp, self.path)
 
-    def log(self, step: int, phase: str, metrics: dict[str, float]) -> None:
+    def log(self, step: int, phase: str, metrics: dict[str, float], *, tb_step: int | None = None) -> None:
+        """`step` is the RL iteration (what resume truncates on); the warm start logs at 0 and
+        passes its own step counter as `tb_step` so its TensorBoard curves have an x axis."""
         if not self.enabled:
             return
         record = {"step": step, "phase": phase}
@@ -47,9 +49,13 @@ class MetricsLogger:
         if self.tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):
-                    self.tb.add_scalar(k, v, step)
+                    self.tb.add_scalar(k, v, step if tb_step is None else tb_step)
             self.tb.flush()
-        if self.bar is not None and phase != "eval":
+        if self.bar is not None and phase == "sft":  # the bar counts RL iterations only
+            self.bar.set_description(f"sft step {tb_step}", refresh=False)
+            self.bar.set_postfix({k.split("/")[-1]: f"{v:.3f}" for k, v in metrics.items() if k in ("sft/nll_loss", "sft/train_accuracy")})
+        elif self.bar is not None and phase != "eval":
+            self.bar.set_description("vapo", refresh=False)
             self.bar.update(1)
             shown = {k: metrics[k] for k in ("reward/mean", "critic/explained_variance", "eval/accuracy") if k in metrics}
             self.bar.set_postfix({k.split("/")[-1]: f"{v:.3f}" for k, v in shown.items()}, refresh=False)

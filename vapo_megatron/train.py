@@ -32,7 +32,14 @@ from vapo_megatron.data.prompts import PromptDataError
 from vapo_megatron.metrics import MetricsLogger
 from vapo_megatron.preflight import validate_startup
 from vapo_megatron.rollout_collect import RolloutContext, collect_rollouts, evaluate
-from vapo_megatron.run_state import RunState, build_models, load_run_state, save_run_state, sync_weights
+from vapo_megatron.run_state import (
+    RunState,
+    build_models,
+    load_run_state,
+    save_run_state,
+    start_critic_from_policy,
+    sync_weights,
+)
 from vapo_megatron.updates import (
     batch_padding_ratio,
     explained_variance,
@@ -152,7 +159,11 @@ class Trainer:
         for step, logs, finished in sft_steps(self.cfg, self.actor, self.ctx, start=self.state.sft_steps_done):
             self.state.sft_steps_done = step + 1
             self.state.sft_finished = finished
-            self.logger.log(0, "sft", logs)
+            self.logger.log(0, "sft", logs, tb_step=step + 1)
+        if self.cfg.model.critic_hf_path:
+            self.actor.optimizer.reload_model_params()
+        else:  # the critic starts from the policy that RL starts from (component 1)
+            start_critic_from_policy(self.actor, self.critic)
 
     def log_eval(self, when: str) -> None:
         acc = evaluate(self.ctx)

@@ -15,3 +15,37 @@ def flaky(prompt: str, response: str, ground_truth: str):
     if response.startswith("partial"):
         return float(response.split()[1])
     return response.strip() == ground_truth
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("even the message fails")
+
+
+def hostile(prompt: str, response: str, ground_truth: str):
+    """Every way a user reward function can fail, chosen by the response text."""
+    import os
+
+    import numpy as np
+
+    if response == "exit":
+        raise SystemExit(3)
+    if response == "interrupt":
+        raise KeyboardInterrupt
+    if response == "unprintable":
+        raise _Unprintable()
+    if response == "die":
+        os._exit(7)  # the worker process vanishes mid-task
+    if response == "recurse":
+        return hostile(prompt, response, ground_truth)
+    if response == "memory":
+        raise MemoryError("simulated")
+    if response == "huge_message":
+        raise ValueError("x" * 5_000_000)
+    if response == "unpicklable":
+        return lambda: 1.0
+    if response == "inf":
+        return float("inf")
+    if response == "np32":
+        return np.float32(0.5)
+    return response.strip() == ground_truth

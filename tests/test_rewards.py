@@ -72,10 +72,70 @@ def test_time_bound_holds_on_pathological_input(math_fn, response):
     assert math_fn([""], ["\\boxed{7}"], ["7"])[0].correct
 
 
-def test_power_tower_is_reported_as_timeout(math_fn):
+# Answers that make a verifier explode (issue 7, part 3); 9^{9^{9^{9}}} is above. These can only
+# be evaluated by building astronomically large integers: the hard bound must stop them.
+EXPLOSIVE = [
+    "\\boxed{2^{2^{2^{2^{2^{2}}}}}}",
+    "\\boxed{(10^{10})!}",
+    "Final answer: 9**9**9**9",  # plain text: math-verify's expression parser, not the LaTeX one
+]
+ODD = [
+    "\\boxed{" + "\\sqrt{" * 2000 + "2" + "}" * 2001,               # deeply nested LaTeX
+    "\\boxed{" + "{" * 1_000_000,                                     # a megabyte of open braces
+    "\\boxed{" + "9" * 1_000_000 + "}",                               # a megabyte-long number
+    "\\boxed{\\begin{pmatrix}" + "1&" * 5000 + "1\\end{pmatrix}}",   # a 5001-column matrix
+    "\\boxed{\u202e24}",                                              # right-to-left override
+    "\\boxed{4\u200d2}",                                              # zero-width joiner inside the number
+    "\\boxed{4" + "\u0301" * 5000 + "2}",                             # 5000 combining accents
+    "\\boxed{" + "\U0001f600" * 1000 + "}",                           # emoji
+    "\\boxed{\ud800}",                                                # a lone surrogate
+    "\\boxed{4\x002}",                                                # NUL
+    "\\boxed{1e999999999}",
+]
+
+
+def test_pathological_answers_are_bounded_scored_wrong_and_counted(math_fn, caplog):
     math_fn.wait_ready()
-    (r,) = math_fn([""], ["\\boxed{9^{9^{9^{9}}}}"], ["1"])
-    assert r.timed_out and not r.correct and r.score == -1.0
+    seen = []
+
+    def recording(prompts, responses, answers):  # the verifier itself, its results kept for the asserts
+        seen.extend(math_fn(prompts, responses, answers))
+        return seen
+
+    responses = EXPLOSIVE + ODD + ["\\boxed{42}"]
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="vapo_megatron.rewards"):
+        scores, correct, counters = score_batch(recording, [""] * len(responses), responses, ["42"] * len(responses))
+    elapsed = time.monotonic() - t0
+    # Two workers; each timeout costs the bound plus a worker restart (imports, warm-up).
+    assert elapsed < len(EXPLOSIVE) * (TIMEOUT_S + 15), elapsed
+    assert scores.tolist() == [-1.0] * (len(responses) - 1) + [1.0]
+    assert correct.tolist() == [False] * (len(responses) - 1) + [True]
+    assert [r.timed_out for r in seen[: len(EXPLOSIVE)]] == [True] * len(EXPLOSIVE)
+    assert counters["reward/timeouts"] == sum(r.timed_out for r in seen) >= len(EXPLOSIVE)
+    assert counters["reward/errors"] == 0
+    assert sum("ran past its bound" in r.getMessage() for r in caplog.records) <= 1  # once, not per sample
+    math_fn.wait_ready()
+    assert math_fn([""], ["\\boxed{7}"], ["7"])[0].correct  # and the pool works on
+
+
+def test_model_output_is_never_executed(math_fn, tmp_path):
+    # Responses written as code: math-verify's expression path hands sympy's parse_expr (which
+    # evaluates Python) only runs of digits and + - * / ^ ( ) . characters, and the LaTeX path
+    # parses with a grammar. Nothing here may run.
+    m = tmp_path / "ran"
+    responses = [
+        f"\\boxed{{__import__('os').system('touch {m}')}}",
+        f"Final answer: __import__('pathlib').Path('{m}').touch()",
+        f"The answer is $open('{m}', 'w')$",
+        f"answer: 1+1; open('{m}','w')",
+        f"\\boxed{{\\text{{exec(\"open('{m}','w')\")}}}}",
+        f"Final answer: (lambda: open('{m}','w'))()",
+    ]
+    math_fn.wait_ready()
+    res = math_fn([""] * len(responses), responses, ["2"] * len(responses))
+    assert not m.exists()
+    assert not any(r.correct for r in res)
 
 
 def test_megabyte_response_is_bounded_and_reads_the_tail(math_fn):
@@ -111,6 +171,32 @@ def test_user_function_failures_are_counted_logged_once_and_survived(caplog):
         assert sum("raised KeyError" in m for m in msgs) == 1
         assert sum("returned None" in m for m in msgs) == 1
         assert "user function exploded" in caplog.text
+    finally:
+        fn.close()
+
+
+def test_every_kind_of_user_function_failure_is_survived(caplog):
+    fn = build_reward_fn("reward_fns_for_tests:hostile", correct_score=1.0, incorrect_score=-1.0, timeout_s=TIMEOUT_S, num_workers=2)
+    try:
+        fn.wait_ready()
+        kinds = {  # response -> the kind counted and logged
+            "exit": "SystemExit", "interrupt": "KeyboardInterrupt", "unprintable": "_Unprintable",
+            "die": "WorkerDied", "recurse": "RecursionError", "memory": "MemoryError",
+            "huge_message": "ValueError", "inf": "BadReturn",
+        }
+        responses = ["42", *kinds, "unpicklable", "np32", "42"]
+        with caplog.at_level(logging.ERROR, logger="vapo_megatron.rewards"):
+            for _ in range(2):  # a second batch: same failures, no new log lines, the run goes on
+                fn.wait_ready()
+                scores, correct, counters = score_batch(fn, ["p"] * len(responses), responses, ["42"] * len(responses))
+                assert scores.tolist() == [1.0] + [-1.0] * (len(kinds) + 1) + [0.5, 1.0]
+                assert correct.tolist() == [True] + [False] * (len(kinds) + 2) + [True]
+                assert counters["reward/errors"] == len(kinds) + 1 and counters["reward/timeouts"] == 0
+        msgs = [r.getMessage() for r in caplog.records]
+        for kind in kinds.values():
+            assert sum(f"raised {kind} " in m or f"returned inf" in m and kind == "BadReturn" for m in msgs) == 1, (kind, msgs)
+        assert "cannot be formatted" in caplog.text  # the exception whose __str__ raises
+        assert max(len(m) for m in msgs) < 20_000  # a 5 MB message is cut, not logged whole
     finally:
         fn.close()
 

@@ -9,18 +9,27 @@ checkpoint under the target name.
 The state is a dict of sharded state dicts; today {"model": ...} (or model0, model1, ... with
 virtual pipeline stages). The trainer adds optimizer state, RNG and data position under other keys
 of the same dict.
+
+Loading never runs unrestricted pickle: importing this module installs safe_checkpoint's
+restrictions on megatron/torch DCP's unpickling (see vapo_megatron/safe_checkpoint.py).
 """
 
 from __future__ import annotations
 
+import pickle
+import re
 import shutil
 from pathlib import Path
 from typing import Callable
 
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
+from torch.distributed.checkpoint.api import CheckpointException
 
+from vapo_megatron import safe_checkpoint
 from vapo_megatron.hf_export import unwrap
+
+safe_checkpoint.install()  # before any load: no checkpoint file may run code
 
 
 class CheckpointError(ValueError):
@@ -83,7 +92,28 @@ def require_checkpoint(ckpt_dir: str | Path) -> Path:
 def load(ckpt_dir: str | Path, sharded_state: dict) -> dict:
     """Collective. Returns the loaded state (same structure as `sharded_state`, plain tensors)."""
     path = require_checkpoint(ckpt_dir)
-    return dist_checkpointing.load(sharded_state, str(path))
+    try:
+        return dist_checkpointing.load(sharded_state, str(path))
+    except (Exception, CheckpointException) as e:
+        raise CheckpointError(f"{path}: {_describe_failure(e)}") from e
+
+
+def _describe_failure(e: BaseException) -> str:
+    """One line for a failed load. torch DCP wraps each rank's error in a CheckpointException (a
+    BaseException, which `except Exception` would let through) and folds a failed `.metadata`
+    read into an AssertionError's text; a refusal by safe_checkpoint is found in either."""
+    if isinstance(e, CheckpointException) and e.failures:
+        e = next(iter(e.failures.values()))[0]
+    msg = str(e)
+    refused = re.search(r"\S+: (refused to unpickle [\w.]+|storage entry .*? points outside the checkpoint directory \(.*?\))", msg)
+    if refused:
+        return f"refused to load (possibly crafted to run code): {refused.group(0)}"
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", msg)
+    if found:  # torch's weights-only refusal spans many lines and suggests weights_only=False: keep the cause
+        return (f"refused to load (possibly crafted to run code): a pickled item needs {found.group(1)}, "
+                "which is not on torch's weights-only allow-list")
+    lines = msg.strip().splitlines()
+    return f"cannot load: {type(e).__name__}: {lines[-1] if lines else ''}"
 
 
 def save_model(ckpt_dir: str | Path, model_chunks: list, *, write_extra: Callable[[Path], None] | None = None) -> Path:

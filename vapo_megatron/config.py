@@ -173,24 +173,31 @@ class Config:
 
 # ---- loading -----------------------------------------------------------------------------
 
-def _from_dict(cls, data: dict, path: str):
-    """Build dataclass `cls` from a plain dict, refusing unknown keys and wrong types."""
+def _from_dict(cls, data: dict, path: str, errors: list[str]):
+    """Build dataclass `cls` from a plain dict. Unknown keys and wrong types are appended to
+    `errors` (all of them, not just the first); their fields keep the default."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(data).__name__}")
+        errors.append(f"{path or 'config'}: expected a mapping, got {type(data).__name__}")
+        return cls()
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        where = f"{path}." if path else ""
-        raise ConfigError(f"unknown config key {where}{unknown[0]} (allowed: {', '.join(sorted(fields))})")
+    where = f"{path}." if path else ""
+    for name in sorted(set(data) - set(fields)):
+        errors.append(f"unknown config key {where}{name} (allowed: {', '.join(sorted(fields))})")
     kwargs = {}
     hints = {f.name: f.type for f in dataclasses.fields(cls)}
+    defaults = cls()
     for name, value in data.items():
-        key = f"{path}.{name}" if path else name
-        default = getattr(cls(), name)
+        if name not in fields:
+            continue
+        key = f"{where}{name}"
+        default = getattr(defaults, name)
         if dataclasses.is_dataclass(default):
-            kwargs[name] = _from_dict(type(default), value or {}, key)
-        else:
+            kwargs[name] = _from_dict(type(default), value or {}, key, errors)
+            continue
+        try:
             kwargs[name] = _coerce(value, default, hints[name], key)
+        except ConfigError as e:
+            errors.append(str(e))
     return cls(**kwargs)
 
 
@@ -230,8 +237,19 @@ def _coerce(value, default, hint: str, key: str):
     return value
 
 
-def load_config(path: str | None, overrides: list[str] = ()) -> Config:
-    """Load a YAML file, apply `a.b.c=value` overrides (YAML-typed values), validate, freeze."""
+def problems_error(problems: list[str]) -> ConfigError:
+    """One ConfigError listing every problem (a user fixes them all in one go)."""
+    if len(problems) == 1:
+        return ConfigError(problems[0])
+    return ConfigError(f"{len(problems)} invalid settings:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def load_config(path: str | None, overrides: list[str] = (), *, check: bool = True) -> Config:
+    """Load a YAML file, apply `a.b.c=value` overrides (YAML-typed values), validate, freeze.
+
+    Unknown keys and wrong types always raise (listing all of them). With check=False the
+    value checks of `validate` are left to the caller (vapo-train runs them, together with
+    the checks against the launch and the files, in preflight.validate_startup)."""
     data: dict = {}
     if path is not None:
         if not os.path.isfile(path):
@@ -245,8 +263,12 @@ def load_config(path: str | None, overrides: list[str] = ()) -> Config:
         merged = OmegaConf.merge(OmegaConf.create(data), OmegaConf.from_dotlist(list(overrides)))
     except OmegaConfBaseException as e:
         raise ConfigError(f"bad command-line override: {e}") from None
-    cfg = _from_dict(Config, OmegaConf.to_container(merged, resolve=True), "")
-    validate(cfg)
+    errors: list[str] = []
+    cfg = _from_dict(Config, OmegaConf.to_container(merged, resolve=True), "", errors)
+    if errors:
+        raise problems_error(errors)
+    if check:
+        validate(cfg)
     return cfg
 
 
@@ -254,52 +276,104 @@ def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
-# ---- validation (everything checkable before a model is built) ----------------------------
-
-def _require(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
-
+# ---- validation (everything checkable from the config alone) -----------------------------
 
 def validate(cfg: Config) -> None:
-    a, r, t, d = cfg.algo, cfg.rollout, cfg.trainer, cfg.data
+    """Raise one ConfigError listing every problem found by `config_problems`."""
+    problems = config_problems(cfg)
+    if problems:
+        raise problems_error(problems)
+
+
+def _optim_problems(key: str, o: OptimConfig) -> list[str]:
+    out = []
+    if o.lr < 0:
+        out.append(f"{key}.lr={o.lr} must be >= 0")
+    if not 0 <= o.min_lr <= max(o.lr, 0):
+        out.append(f"{key}.min_lr={o.min_lr} must be in [0, {key}.lr={o.lr}]")
+    if o.warmup_steps < 0:
+        out.append(f"{key}.warmup_steps={o.warmup_steps} must be >= 0")
+    if o.weight_decay < 0:
+        out.append(f"{key}.weight_decay={o.weight_decay} must be >= 0")
+    for name, beta in (("adam_beta1", o.adam_beta1), ("adam_beta2", o.adam_beta2)):
+        if not 0 <= beta < 1:
+            out.append(f"{key}.{name}={beta} must be in [0, 1)")
+    if o.adam_eps <= 0:
+        out.append(f"{key}.adam_eps={o.adam_eps} must be > 0")
+    if o.clip_grad < 0:
+        out.append(f"{key}.clip_grad={o.clip_grad} must be >= 0 (0 turns clipping off)")
+    return out
+
+
+def config_problems(cfg: Config) -> list[str]:
+    """Every invalid value or combination of values, each message naming the key(s) and what is
+    allowed. Also checks that the named files exist (cheap); preflight.py checks their contents."""
+    a, r, t, d, s = cfg.algo, cfg.rollout, cfg.trainer, cfg.data, cfg.sft
+    out: list[str] = []
+
+    def require(cond: bool, msg: str) -> None:
+        if not cond:
+            out.append(msg)
+
     for key, value in [("algo.gamma", a.gamma), ("algo.lambda_critic", a.lambda_critic), ("algo.lambda_policy", a.lambda_policy)]:
-        _require(0.0 <= value <= 1.0, f"{key}={value} must be in [0, 1]")
-    _require(a.alpha > 0, f"algo.alpha={a.alpha} must be > 0")
-    _require(0 <= a.eps_low < 1 and a.eps_high >= 0, f"algo.eps_low={a.eps_low} must be in [0, 1) and algo.eps_high={a.eps_high} >= 0")
-    _require(a.dual_clip_c is None or a.dual_clip_c > 1.0, f"algo.dual_clip_c={a.dual_clip_c} must be > 1 (or null)")
-    _require(a.nll_coef >= 0, f"algo.nll_coef={a.nll_coef} must be >= 0")
-    _require(a.value_clip is None or a.value_clip > 0, f"algo.value_clip={a.value_clip} must be > 0 (or null)")
-    _require(a.value_pretrain_steps >= 0, f"algo.value_pretrain_steps={a.value_pretrain_steps} must be >= 0")
-    _require(a.ppo_epochs >= 1, f"algo.ppo_epochs={a.ppo_epochs} must be >= 1")
-    _require(a.mini_batches >= 1, f"algo.mini_batches={a.mini_batches} must be >= 1")
-    _require(r.prompts_per_step >= 1 and r.n_samples >= 1, "rollout.prompts_per_step and rollout.n_samples must be >= 1")
-    _require(r.prompts_per_step % a.mini_batches == 0,
-             f"rollout.prompts_per_step={r.prompts_per_step} is not divisible by algo.mini_batches={a.mini_batches} "
-             "(mini-batches keep each prompt's group together)")
-    _require(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0")
-    _require(0 < r.top_p <= 1, f"rollout.top_p={r.top_p} must be in (0, 1]")
-    _require(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens} must be >= 1")
-    _require(r.weight_sync_bucket_mb >= 1, f"rollout.weight_sync_bucket_mb={r.weight_sync_bucket_mb} must be >= 1")
-    _require(r.engine != "sglang_http" or len(r.sglang_urls) > 0, "rollout.engine=sglang_http needs rollout.sglang_urls")
-    _require(d.max_prompt_tokens >= 1, f"data.max_prompt_tokens={d.max_prompt_tokens} must be >= 1")
-    _require(t.micro_batch_tokens >= d.max_prompt_tokens + r.max_new_tokens,
-             f"trainer.micro_batch_tokens={t.micro_batch_tokens} must hold one full sequence: "
-             f"data.max_prompt_tokens + rollout.max_new_tokens = {d.max_prompt_tokens + r.max_new_tokens}")
-    _require(t.total_steps >= 0, f"trainer.total_steps={t.total_steps} must be >= 0")
-    _require(t.save_every >= 1, f"trainer.save_every={t.save_every} must be >= 1")
-    _require(t.eval_every >= 1, f"trainer.eval_every={t.eval_every} must be >= 1")
-    _require(cfg.parallel.tp >= 1 and cfg.parallel.pp >= 1, "parallel.tp and parallel.pp must be >= 1")
-    _require(bool(cfg.model.hf_path), "model.hf_path must name a Hugging Face model directory")
-    for key, paths in [("model.hf_path", [cfg.model.hf_path]), ("model.critic_hf_path", [cfg.model.critic_hf_path] if cfg.model.critic_hf_path else []),
-                       ("data.train_files", d.train_files), ("data.eval_files", d.eval_files), ("sft.files", cfg.sft.files)]:
+        require(0.0 <= value <= 1.0, f"{key}={value} must be in [0, 1]")
+    require(a.alpha > 0, f"algo.alpha={a.alpha} must be > 0")
+    require(0 <= a.eps_low < 1, f"algo.eps_low={a.eps_low} must be in [0, 1)")
+    require(a.eps_high >= 0, f"algo.eps_high={a.eps_high} must be >= 0")
+    require(a.dual_clip_c is None or a.dual_clip_c > 1.0, f"algo.dual_clip_c={a.dual_clip_c} must be > 1 (or null)")
+    require(a.nll_coef >= 0, f"algo.nll_coef={a.nll_coef} must be >= 0")
+    require(a.value_clip is None or a.value_clip > 0, f"algo.value_clip={a.value_clip} must be > 0 (or null)")
+    require(a.value_pretrain_steps >= 0, f"algo.value_pretrain_steps={a.value_pretrain_steps} must be >= 0")
+    require(a.value_pretrain_ev_threshold is None or a.value_pretrain_ev_threshold <= 1,
+            f"algo.value_pretrain_ev_threshold={a.value_pretrain_ev_threshold} must be <= 1 (or null)")
+    require(a.ppo_epochs >= 1, f"algo.ppo_epochs={a.ppo_epochs} must be >= 1")
+    require(a.mini_batches >= 1, f"algo.mini_batches={a.mini_batches} must be >= 1")
+    require(r.prompts_per_step >= 1, f"rollout.prompts_per_step={r.prompts_per_step} must be >= 1")
+    require(r.n_samples >= 1, f"rollout.n_samples={r.n_samples} must be >= 1")
+    require(a.mini_batches < 1 or r.prompts_per_step % a.mini_batches == 0,
+            f"rollout.prompts_per_step={r.prompts_per_step} is not divisible by algo.mini_batches={a.mini_batches} "
+            "(mini-batches keep each prompt's group together)")
+    require(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0")
+    require(0 < r.top_p <= 1, f"rollout.top_p={r.top_p} must be in (0, 1]")
+    require(r.top_k == -1 or r.top_k >= 1, f"rollout.top_k={r.top_k} must be -1 (off) or >= 1")
+    require(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens} must be >= 1")
+    require(r.weight_sync_bucket_mb >= 1, f"rollout.weight_sync_bucket_mb={r.weight_sync_bucket_mb} must be >= 1")
+    require(r.sglang_tp >= 1, f"rollout.sglang_tp={r.sglang_tp} must be >= 1")
+    require(0 < r.sglang_mem_fraction < 1, f"rollout.sglang_mem_fraction={r.sglang_mem_fraction} must be in (0, 1)")
+    require(r.engine != "sglang_http" or len(r.sglang_urls) > 0, "rollout.engine=sglang_http needs rollout.sglang_urls")
+    require(d.max_prompt_tokens >= 1, f"data.max_prompt_tokens={d.max_prompt_tokens} must be >= 1")
+    require(d.eval_max_prompts >= 1, f"data.eval_max_prompts={d.eval_max_prompts} must be >= 1")
+    require(t.micro_batch_tokens >= d.max_prompt_tokens + r.max_new_tokens,
+            f"trainer.micro_batch_tokens={t.micro_batch_tokens} must hold one full sequence: "
+            f"data.max_prompt_tokens + rollout.max_new_tokens = {d.max_prompt_tokens + r.max_new_tokens}")
+    require(t.total_steps >= 0, f"trainer.total_steps={t.total_steps} must be >= 0")
+    require(t.save_every >= 1, f"trainer.save_every={t.save_every} must be >= 1")
+    require(t.eval_every >= 1, f"trainer.eval_every={t.eval_every} must be >= 1")
+    require(bool(t.run_dir), "trainer.run_dir must name a directory")
+    require(cfg.parallel.tp >= 1, f"parallel.tp={cfg.parallel.tp} must be >= 1")
+    require(cfg.parallel.pp >= 1, f"parallel.pp={cfg.parallel.pp} must be >= 1")
+    require(cfg.parallel.vpp is None or (cfg.parallel.vpp >= 1 and cfg.parallel.pp >= 2),
+            f"parallel.vpp={cfg.parallel.vpp} must be null, or >= 1 with parallel.pp >= 2 (parallel.pp={cfg.parallel.pp})")
+    out += _optim_problems("actor_optim", cfg.actor_optim)
+    out += _optim_problems("critic_optim", cfg.critic_optim)
+    require(bool(cfg.model.hf_path), "model.hf_path must name a Hugging Face model directory")
+    for key, paths in [("model.hf_path", [cfg.model.hf_path] if cfg.model.hf_path else []),
+                       ("model.critic_hf_path", [cfg.model.critic_hf_path] if cfg.model.critic_hf_path else []),
+                       ("data.train_files", d.train_files), ("data.eval_files", d.eval_files), ("sft.files", s.files)]:
         for p in paths:
-            _require(os.path.exists(p), f"{key}: {p} does not exist")
-    _require(len(d.train_files) > 0 or t.total_steps == 0, "data.train_files is empty")
-    _require(cfg.sft.steps == 0 or len(cfg.sft.files) > 0, f"sft.steps={cfg.sft.steps} needs sft.files")
-    _require(cfg.sft.target_accuracy is None or 0 < cfg.sft.target_accuracy <= 1,
-             f"sft.target_accuracy={cfg.sft.target_accuracy} must be in (0, 1] (or null)")
-    _require(cfg.sft.eval_every >= 1 and cfg.sft.eval_prompts >= 1, "sft.eval_every and sft.eval_prompts must be >= 1")
-    _require(cfg.reward.fn in ("math", "exact") or ":" in cfg.reward.fn,
-             f"reward.fn={cfg.reward.fn!r} must be 'math', 'exact' or 'package.module:function'")
-    _require(cfg.reward.timeout_s > 0, f"reward.timeout_s={cfg.reward.timeout_s} must be > 0")
+            require(os.path.exists(p), f"{key}: {p} does not exist")
+    require(len(d.train_files) > 0 or t.total_steps == 0, "data.train_files is empty (needed when trainer.total_steps > 0)")
+    require(s.steps >= 0, f"sft.steps={s.steps} must be >= 0")
+    require(s.steps == 0 or len(s.files) > 0, f"sft.steps={s.steps} needs sft.files")
+    require(s.batch_size >= 1, f"sft.batch_size={s.batch_size} must be >= 1")
+    require(s.lr >= 0, f"sft.lr={s.lr} must be >= 0")
+    require(s.target_accuracy is None or 0 < s.target_accuracy <= 1,
+            f"sft.target_accuracy={s.target_accuracy} must be in (0, 1] (or null)")
+    require(s.eval_every >= 1, f"sft.eval_every={s.eval_every} must be >= 1")
+    require(s.eval_prompts >= 1, f"sft.eval_prompts={s.eval_prompts} must be >= 1")
+    require(cfg.reward.fn in ("math", "exact") or cfg.reward.fn.count(":") == 1,
+            f"reward.fn={cfg.reward.fn!r} must be 'math', 'exact' or 'package.module:function'")
+    require(cfg.reward.timeout_s > 0, f"reward.timeout_s={cfg.reward.timeout_s} must be > 0")
+    require(cfg.reward.correct_score > cfg.reward.incorrect_score,
+            f"reward.correct_score={cfg.reward.correct_score} must be greater than reward.incorrect_score={cfg.reward.incorrect_score}")
+    return out

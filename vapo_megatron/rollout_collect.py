@@ -9,7 +9,7 @@ run draws the same rollouts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 import model_providers
 from vapo_megatron import parallel
 from vapo_megatron.batch import RolloutBatch, pack_sequences
-from vapo_megatron.config import Config
+from vapo_megatron.config import Config, ConfigError
 from vapo_megatron.data.prompts import PromptRecord, load_prompts
 from vapo_megatron.rewards import build_reward_fn, score_batch
 from vapo_megatron.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
@@ -64,11 +64,17 @@ class RolloutContext:
     reward_fn: object
     engine: RolloutEngine | None
     stop_token_ids: tuple[int, ...]
+    # Warm-start examples (sft.files), read here with the other data so that a bad file stops
+    # the run before any model is built; empty when sft.steps == 0.
+    sft_records: list[PromptRecord] = field(default_factory=list)
 
     @classmethod
     def build(cls, cfg: Config) -> "RolloutContext":
         hf_cfg = model_providers.load_hf_config(cfg.model.hf_path)
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.hf_path)
+        if len(tokenizer) > hf_cfg["vocab_size"]:  # ids past the embedding would fail mid-run
+            raise ConfigError(f"model.hf_path: the tokenizer has {len(tokenizer)} tokens, more than "
+                              f"vocab_size={hf_cfg['vocab_size']} in {hf_cfg['_source']}")
         d = cfg.data
         train, _ = load_prompts(list(d.train_files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
                                 apply_chat_template=d.apply_chat_template, schema=d.schema)
@@ -77,11 +83,15 @@ class RolloutContext:
             evals, _ = load_prompts(list(d.eval_files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
                                     apply_chat_template=d.apply_chat_template, schema=d.schema)
             evals = evals[: d.eval_max_prompts]
+        sft: list[PromptRecord] = []
+        if cfg.sft.steps > 0:
+            sft, _ = load_prompts(list(cfg.sft.files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
+                                  apply_chat_template=d.apply_chat_template, schema="simple")
         reward_fn = build_reward_fn(cfg.reward.fn, correct_score=cfg.reward.correct_score,
                                     incorrect_score=cfg.reward.incorrect_score, timeout_s=cfg.reward.timeout_s)
         # EOS first: it is also what an empty response is given (see score()).
         stops = tuple(dict.fromkeys(t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None))
-        return cls(cfg, hf_cfg, tokenizer, train, evals, reward_fn, _build_engine(cfg), stops)
+        return cls(cfg, hf_cfg, tokenizer, train, evals, reward_fn, _build_engine(cfg), stops, sft)
 
     def dp_share(self, records: list) -> list:
         """This DP rank's contiguous share (whole prompt groups stay on one rank)."""

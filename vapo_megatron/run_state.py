@@ -26,6 +26,8 @@ from safetensors.torch import load_file, save_file
 import model_providers
 from model_providers.build import build_chunks
 from vapo_megatron import parallel
+from vapo_megatron import checkpoint_io  # also installs safe_checkpoint: no checkpoint pickle runs code
+from vapo_megatron.checkpoint_io import model_sharded_state
 from vapo_megatron.config import Config, to_dict
 from vapo_megatron.convert import write_source_files
 from vapo_megatron.data.prompts import PromptSampler
@@ -133,8 +135,6 @@ def _ckpt_root(cfg: Config) -> Path:
 
 
 def _model_state(model: TrainModel, *, loading: bool) -> dict:
-    from vapo_megatron.checkpoint_io import model_sharded_state
-
     if not loading:
         # An optimizer that has not stepped yet has no state; save zero moments so that the
         # checkpoint has the keys a load asks for (megatron creates them when loading).
@@ -223,7 +223,7 @@ def load_run_state(cfg: Config, actor: TrainModel, critic: TrainModel, ctx) -> R
             meta = _check_complete(path)
             for sub, model in (("actor", actor), ("critic", critic)):
                 sharded = _model_state(model, loading=True)
-                loaded = dist_checkpointing.load(sharded, str(path / sub))
+                loaded = checkpoint_io.load(path / sub, sharded)  # a failure of any kind is a CheckpointError
                 for chunk, key in zip(model.modules, [k for k in loaded if k.startswith("model")]):
                     chunk.load_state_dict(loaded[key], strict=True)
                 model.optimizer.load_state_dict(loaded["optimizer"])

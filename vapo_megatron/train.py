@@ -28,7 +28,9 @@ from vapo_megatron.advantages import compute_advantages, policy_lambdas
 from vapo_megatron.algorithms.losses import masked_moment_sums, whiten
 from vapo_megatron.batch import pad_ragged, to_sequence
 from vapo_megatron.config import Config, ConfigError, load_config
+from vapo_megatron.data.prompts import PromptDataError
 from vapo_megatron.metrics import MetricsLogger
+from vapo_megatron.preflight import validate_startup
 from vapo_megatron.rollout_collect import RolloutContext, collect_rollouts, evaluate
 from vapo_megatron.run_state import (
     RunState,
@@ -222,12 +224,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="YAML file (see configs/)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
     args = parser.parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
+    try:  # every setting checked, against the launch and the files, before anything is built
+        cfg = load_config(args.config, args.overrides, check=False)
+        validate_startup(cfg, world_size=parallel.launcher_env()[1])
     except ConfigError as e:
         print(f"vapo-train: configuration error: {e}", file=sys.stderr)
         return 2
-    trainer = Trainer(cfg)
+    try:
+        trainer = Trainer(cfg)
+    except (PromptDataError, ConfigError) as e:  # data files are read before any model is built
+        print(f"vapo-train: {'data' if isinstance(e, PromptDataError) else 'configuration'} error: {e}", file=sys.stderr)
+        parallel.destroy()
+        return 2
     try:
         code = trainer.run()
     finally:

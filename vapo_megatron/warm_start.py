@@ -20,7 +20,7 @@ import dataclasses
 
 from vapo_megatron.actor import PolicyLossSettings
 from vapo_megatron.batch import RolloutBatch, pack_sequences
-from vapo_megatron.data.prompts import PromptSampler, load_prompts
+from vapo_megatron.data.prompts import PromptSampler
 from vapo_megatron.rollout_collect import evaluate
 from vapo_megatron.megatron_step import build_optimizer
 from vapo_megatron.run_state import param_dtype, sync_weights
@@ -46,9 +46,7 @@ def sft_steps(cfg, actor: TrainModel, ctx, *, start: int) -> Iterator[tuple[int,
     reaches sft.target_accuracy: a tiny model's SFT generalizes in a sharp, seed-dependent
     transition, so a step count alone over- or under-shoots (docs/data_and_rewards.md)."""
     s, d = cfg.sft, cfg.data
-    records, _ = load_prompts(list(s.files), ctx.tokenizer, max_prompt_tokens=d.max_prompt_tokens,
-                              apply_chat_template=d.apply_chat_template, schema="simple")
-    sampler = PromptSampler(records, s.batch_size, d.seed + 1)
+    sampler = PromptSampler(ctx.sft_records, s.batch_size, d.seed + 1)
     for _ in range(start):  # deterministic position on resume
         sampler.next_batch()
     sft_optim = dataclasses.replace(cfg.actor_optim, lr=s.lr, warmup_steps=0)

@@ -1,13 +1,16 @@
 """Prompt data: JSONL/Parquet readers for two schemas, tokenization, and a resumable sampler.
 
-Schemas (detected per file from its first row / Parquet columns, or forced with ``schema``):
+Schemas (per file, the first row that has ``answer`` or ``reward_model`` decides; or forced
+with ``schema``):
 - ``simple``: ``{"prompt": str, "answer": str}``.
 - ``dapo`` (DAPO-Math-17k): ``{"prompt": [{"role": str, "content": str}, ...],
   "reward_model": {"ground_truth": str, ...}, "data_source"?, "ability"?, "extra_info"?}``.
 
-Bad rows are skipped, counted by reason and logged with ``file:line`` (1-based line for
-JSONL, 1-based row for Parquet); a run never dies on row 12,345. A file that cannot be read,
-or from which no row survives, stops loading with an error that names the file.
+Bad rows are skipped, counted by reason and logged with ``file:line`` and the field (1-based
+line for JSONL, 1-based row for Parquet); a run never dies on row 12,345. What stops loading,
+with a PromptDataError naming the file (and the rows, for a damaged Parquet row group): a
+missing or unreadable file, an unknown file type, a file in which no row shows either schema,
+and a file from which no row survives. tests/test_bad_data.py holds the fuzz corpus.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ logger = logging.getLogger(__name__)
 SCHEMAS = ("auto", "simple", "dapo")
 # Per file and reason, log this many rows one by one, then only a summary line.
 _LOG_ROWS_PER_REASON = 10
+# A ground truth longer than this is not an answer (every sample would send it to the verifier).
+MAX_ANSWER_CHARS = 65536
 
 
 class PromptDataError(ValueError):
@@ -56,8 +61,14 @@ class _BadRow(Exception):
 
 def _iter_jsonl(path: str) -> Iterator[tuple[int, Any]]:
     """Yields (line_no, parsed object or _BadRow) for each non-blank line."""
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise PromptDataError(f"{path}: cannot open: {e.strerror or e}") from e
+    with f:
         for line_no, raw in enumerate(f, start=1):
+            if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # a UTF-8 byte-order mark (some editors write one): not part of the row
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -69,40 +80,53 @@ def _iter_jsonl(path: str) -> Iterator[tuple[int, Any]]:
                 yield line_no, json.loads(text)
             except json.JSONDecodeError as e:
                 yield line_no, _BadRow("invalid_json", f"invalid JSON: {e.msg} (column {e.colno})")
+            except RecursionError:  # json's C parser recurses once per nesting level
+                yield line_no, _BadRow("invalid_json", "invalid JSON: nested too deeply")
+            except ValueError as e:  # e.g. an integer literal over Python's 4300-digit limit
+                yield line_no, _BadRow("invalid_json", f"invalid JSON: {str(e)[:120]}")
 
 
 def _iter_parquet(path: str) -> Iterator[tuple[int, Any]]:
+    """Yields (row index from 0, row dict or _BadRow), one row group at a time (bounded memory).
+    A row group that cannot be decoded stops loading with the rows it covers named: silently
+    dropping thousands of rows of a damaged file would change the data set unnoticed."""
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        pf = pq.ParquetFile(path)
     except Exception as e:  # pyarrow raises several types for corrupt files
         raise PromptDataError(f"{path}: cannot read Parquet file: {type(e).__name__}: {e}") from e
-    for batch in table.to_batches(max_chunksize=4096):
+    start = 0
+    for g in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(g).num_rows
+        try:
+            table = pf.read_row_group(g)
+        except Exception as e:
+            raise PromptDataError(
+                f"{path}: cannot read Parquet rows {start + 1}-{start + n} (row group {g}): {type(e).__name__}: {e}"
+            ) from e
         # Column-wise to Python, row by row, so one undecodable value only costs its row.
-        cols = {name: batch.column(name) for name in batch.schema.names}
-        for k in range(batch.num_rows):
+        cols = {name: table.column(name) for name in table.schema.names}
+        for k in range(table.num_rows):
             row: dict[str, Any] = {}
             try:
                 for name, col in cols.items():
                     row[name] = col[k].as_py()
             except (UnicodeDecodeError, ValueError) as e:
-                yield k, _BadRow("non_utf8", f"column {name!r} cannot be decoded: {e}")
+                yield start + k, _BadRow("non_utf8", f"column {name!r} cannot be decoded: {e}")
                 continue
-            yield k, row
+            yield start + k, row
+        start += n
 
 
-def _detect_schema(path: str, first_row: Any) -> str:
-    if isinstance(first_row, dict):
-        if "reward_model" in first_row:
+def _detect_schema(row: Any) -> str | None:
+    """The schema a row is written in, or None when it shows neither schema's key."""
+    if isinstance(row, dict):
+        if "reward_model" in row:
             return "dapo"
-        if "answer" in first_row:
+        if "answer" in row:
             return "simple"
-    keys = sorted(first_row) if isinstance(first_row, dict) else type(first_row).__name__
-    raise PromptDataError(
-        f"{path}: cannot detect the schema from the first row (keys: {keys}); expected "
-        "'prompt'+'answer' (simple) or 'prompt'+'reward_model' (dapo), or pass schema= explicitly"
-    )
+    return None
 
 
 def _check_text(value: Any, what: str) -> str:
@@ -123,6 +147,8 @@ def _answer(value: Any, what: str) -> str:
     text = _check_text(value, what)
     if not text.strip():
         raise _BadRow("null_answer", f"{what} is empty")
+    if len(text) > MAX_ANSWER_CHARS:
+        raise _BadRow("too_long", f"{what} has {len(text)} characters (at most {MAX_ANSWER_CHARS})")
     return text
 
 
@@ -135,6 +161,9 @@ def _parse_row(row: Any, schema: str) -> tuple[list[dict[str, str]] | str, str]:
     if schema == "simple":
         if "answer" not in row:
             raise _BadRow("missing_field", "missing field 'answer'")
+        if isinstance(row["prompt"], list):
+            raise _BadRow("wrong_type", "'prompt' must be a string, got list (chat-message lists need the dapo "
+                          "schema, with the answer in 'reward_model.ground_truth')")
         prompt = _check_text(row["prompt"], "'prompt'")
         if not prompt.strip():
             raise _BadRow("empty_prompt", "'prompt' is empty")
@@ -174,6 +203,18 @@ def render_prompt(prompt: list[dict[str, str]] | str, tokenizer, apply_chat_temp
     return "\n".join(m["content"] for m in prompt)
 
 
+def _max_chars_per_token(tokenizer) -> int:
+    """The longest vocabulary entry, in characters. A token never covers more characters of
+    text than its own string has (byte-level BPE: one char per byte; SentencePiece: '▁' per
+    space), so a text longer than ``max_prompt_tokens * this`` cannot fit and need not be
+    tokenized: a multi-megabyte row costs a length check, not a tokenizer pass."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except (AttributeError, NotImplementedError):
+        return 1 << 30  # unknown: never pre-reject
+    return max((len(t) for t in vocab), default=1 << 30) or 1
+
+
 def load_prompts(
     paths: list[str],
     tokenizer,
@@ -186,8 +227,8 @@ def load_prompts(
 
     Rows with more than ``max_prompt_tokens`` prompt tokens are skipped (reason ``too_long``).
     Skip reasons: invalid_json, non_utf8, wrong_type, missing_field, null_answer, empty_prompt,
-    too_long. Raises PromptDataError for a missing/unreadable file, an undetectable schema, or
-    a file from which no record survives.
+    too_long. Raises PromptDataError for a missing/unreadable file, a file in which no row
+    shows a known schema, or a file from which no record survives.
     """
     if schema not in SCHEMAS:
         raise PromptDataError(f"schema must be one of {SCHEMAS}, got {schema!r}")
@@ -195,11 +236,14 @@ def load_prompts(
         raise PromptDataError(f"max_prompt_tokens must be >= 1, got {max_prompt_tokens}")
     if apply_chat_template and not getattr(tokenizer, "chat_template", None):
         logger.warning("apply_chat_template=True but the tokenizer has no chat template: prompts are used as plain text")
+    max_chars = max_prompt_tokens * _max_chars_per_token(tokenizer)
     stats = LoadStats()
     records: list[PromptRecord] = []
     for path in paths:
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             raise PromptDataError(f"prompt file not found: {path}")
+        if not os.path.isfile(path):
+            raise PromptDataError(f"{path}: not a file (give prompt files, not directories)")
         if path.endswith(".parquet"):
             rows, base = _iter_parquet(path), 1
         elif path.endswith((".jsonl", ".json")):
@@ -210,6 +254,7 @@ def load_prompts(
         file_skips: Counter = Counter()
         n_rows = 0
         n_loaded = 0
+        first_keys: Any = None  # what the first row held, for the "no schema" error
 
         def skip(where: str, bad: _BadRow) -> None:
             file_skips[bad.reason] += 1
@@ -228,6 +273,9 @@ def load_prompts(
                 if len(ids) > max_prompt_tokens:
                     skip(where, _BadRow("too_long", f"prompt has {len(ids)} tokens > max_prompt_tokens={max_prompt_tokens}"))
                     continue
+                if not ids:  # e.g. plain text the tokenizer drops entirely: nothing to condition on
+                    skip(where, _BadRow("empty_prompt", "prompt encodes to 0 tokens"))
+                    continue
                 records.append(PromptRecord(prompt_ids=list(ids), answer=answer, source=where, prompt_text=text))
                 n_loaded += 1
             pending.clear()
@@ -238,22 +286,38 @@ def load_prompts(
             try:
                 if isinstance(row, _BadRow):
                     raise row
+                if first_keys is None and isinstance(row, dict):
+                    first_keys = sorted(row)
                 if file_schema is None:
-                    file_schema = _detect_schema(path, row)
+                    # Auto: the first row that shows a schema's key decides it for the file;
+                    # rows before it that show neither are skipped like any other bad row.
+                    file_schema = _detect_schema(row)
+                    if file_schema is None:
+                        if not isinstance(row, dict):
+                            raise _BadRow("wrong_type", f"row must be a JSON object, got {type(row).__name__}")
+                        raise _BadRow("missing_field", "missing field 'answer' (simple schema) or 'reward_model' (dapo schema)")
                 prompt, answer = _parse_row(row, file_schema)
+                text = render_prompt(prompt, tokenizer, apply_chat_template)
+                if len(text) > max_chars:
+                    raise _BadRow("too_long", f"prompt has {len(text)} characters: more than max_prompt_tokens={max_prompt_tokens} tokens")
             except _BadRow as bad:
                 skip(where, bad)
                 continue
-            pending.append((where, render_prompt(prompt, tokenizer, apply_chat_template), answer))
+            pending.append((where, text, answer))
             if len(pending) == 1024:
                 flush()
         flush()
         for reason, n in file_skips.items():
             if n > _LOG_ROWS_PER_REASON:
                 logger.warning("%s: %d rows skipped as %s (first %d logged)", path, n, reason, _LOG_ROWS_PER_REASON)
+        if file_schema is None and first_keys is not None:
+            raise PromptDataError(
+                f"{path}: cannot detect the schema: no row has 'answer' (simple) or 'reward_model' (dapo) "
+                f"(keys of the first object: {first_keys}); fix the field names or set data.schema"
+            )
         if n_loaded == 0:
             detail = ", ".join(f"{r}={n}" for r, n in sorted(file_skips.items())) or "the file has no rows"
-            raise PromptDataError(f"{path}: no usable prompt in {n_rows} rows ({detail})")
+            raise PromptDataError(f"{path}: no usable prompt in {n_rows} rows ({detail}); the first of each kind are logged above")
         stats.skipped.update(file_skips)
         stats.per_file[path] = n_loaded
         stats.loaded += n_loaded

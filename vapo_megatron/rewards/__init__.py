@@ -12,21 +12,25 @@ Reward specs (``build_reward_fn(spec, ...)``):
   as is, and the sample counts as correct (for VAPO's positive-example LM loss, paper
   section 4.3) when the number is >= ``correct_score``. If the function raises, returns
   something else (None, a string, NaN), or runs past ``timeout_s``, the sample gets
-  ``incorrect_score``, the failure is counted, the first failure of each exception kind is
-  logged with its traceback, and the run continues.
+  ``incorrect_score``, the failure is counted (reward/errors; reward/timeouts for the time
+  bound), the first failure of each exception kind is logged with its traceback, and the
+  run continues. This holds for any exception, SystemExit and KeyboardInterrupt included,
+  and for a worker that dies outright (kind ``WorkerDied``; it is replaced).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import numbers
 import os
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from vapo_megatron.rewards.math_reward import MATH_SPEC, RewardResult
 from vapo_megatron.rewards.pool import BoundedPool, Outcome, resolve_function
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["RewardFn", "RewardResult", "PoolRewardFn", "ExactMatchRewardFn", "build_reward_fn", "score_batch"]
 
@@ -74,6 +78,10 @@ class PoolRewardFn:
     def _result(self, o: Outcome) -> RewardResult:
         fail = self.incorrect_score
         if o.timed_out:
+            if "Timeout" not in self._logged_kinds:
+                self._logged_kinds.add("Timeout")
+                logger.warning("reward check %s ran past its bound of %gs: scored %g and counted under "
+                               "reward/timeouts (logged once)", self.spec, self._pool.timeout_s, fail)
             return RewardResult(score=fail, correct=False, timed_out=True)
         if o.error_kind is not None:
             if o.error_kind not in self._logged_kinds:
@@ -84,7 +92,7 @@ class PoolRewardFn:
         v = o.value
         if isinstance(v, bool):
             return RewardResult(score=self.correct_score if v else fail, correct=v)
-        if isinstance(v, (int, float)) and math.isfinite(v):
+        if isinstance(v, numbers.Real) and math.isfinite(v):  # int, float, numpy scalars, Fraction
             return RewardResult(score=float(v), correct=float(v) >= self.correct_score)
         kind = "BadReturn"
         if kind not in self._logged_kinds:
@@ -129,6 +137,8 @@ def score_batch(
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Returns scores float32 [B], correct bool [B], and counters for logging:
     reward/mean, reward/accuracy, reward/timeouts, reward/errors (the last two are counts)."""
+    import torch  # here, not at the top: reward workers import this package and need no torch
+
     results = reward_fn(prompts, responses, ground_truths)
     scores = torch.tensor([r.score for r in results], dtype=torch.float32)
     correct = torch.tensor([r.correct for r in results], dtype=torch.bool)

@@ -71,9 +71,24 @@ def _worker(conn: mpc.Connection, spec: str) -> None:
             return
         task_id, args = msg
         try:
-            conn.send((task_id, ("ok", fn(*args))))
-        except Exception as e:
-            conn.send((task_id, ("error", (type(e).__name__, str(e)[:500], traceback.format_exc(limit=5)))))
+            conn.send((task_id, ("ok", fn(*args))))  # an unpicklable result raises here, before any byte is sent
+        except BaseException as e:  # SystemExit, KeyboardInterrupt too: the user's function fails, not the worker
+            conn.send((task_id, ("error", (type(e).__name__, _describe(e), _traceback()))))
+
+
+def _describe(e: BaseException) -> str:
+    """str(e), cut to 500 chars; an exception whose __str__ itself raises still gets a message."""
+    try:
+        return str(e)[:500]
+    except BaseException:  # noqa: BLE001
+        return f"<{type(e).__name__} whose message cannot be formatted>"
+
+
+def _traceback() -> str:
+    try:
+        return traceback.format_exc(limit=5)[-5000:]
+    except BaseException:  # noqa: BLE001
+        return ""
 
 
 @dataclass(frozen=True)

@@ -241,3 +241,41 @@ def test_one_step_matches_reference(models, layout):
 
 def test_sample_level_loss_matches_reference(models):
     _check(models, 2, 1, 1, 2, loss_agg="sample")
+
+
+def _repeat_step_grads(critic_dir):
+    """Two updates with lr 0 on the same batch through the trainer's own optimizer_step: the
+    second gradient must equal the first (Megatron's optimizer leaves param.grad aliased to
+    main_grad; without clearing it, the next backward counts the first micro-batch twice)."""
+    import model_providers
+    from model_providers.build import build_critic
+    from vapo_megatron import critic as critic_mod
+    from vapo_megatron import parallel
+    from vapo_megatron.config import OptimConfig
+    from vapo_megatron.hf_import import load_hf_weights
+    from vapo_megatron.megatron_step import build_optimizer, optimizer_step, wrap_ddp
+
+    parallel.init_distributed(1, 1, seed=7)
+    b = _global_batch()
+    hf_cfg = model_providers.load_hf_config(critic_dir)
+    chunks = [build_critic(hf_cfg, params_dtype=torch.float32)]
+    load_hf_weights(chunks, model_providers.family_for(hf_cfg), hf_cfg, critic_dir, critic=True)
+    chunks = wrap_ddp(chunks, distributed_optimizer=False)
+    opt = build_optimizer(chunks, OptimConfig(lr=0.0, clip_grad=1e9), params_dtype=torch.float32, kind="adam")
+    b.values = b.returns + 0.1 * b.mask
+    micro = [b.select(r) for r in _micro_split(list(range(b.size)), 2)]
+    grads = []
+    for _ in range(2):
+        critic_mod.train_mini_batch(chunks, micro, clip_range=None)
+        grads.append({n: p.main_grad.clone() for n, p in chunks[0].module.named_parameters()})
+        assert optimizer_step(opt)[0]
+    return grads
+
+
+def test_repeated_update_sees_the_same_gradient(models):
+    _, critic_dir, _ = models
+    first, second = run_ranks(1, _repeat_step_grads, critic_dir)[0]
+    assert first.keys() == second.keys()
+    for name in first:
+        assert first[name].abs().sum() > 0, name
+        torch.testing.assert_close(second[name], first[name], rtol=1e-6, atol=0, msg=lambda m: f"{name}: {m}")

@@ -30,7 +30,8 @@ class ModelConfig:
     # Parameter dtype in the trainer: float32 (CPU, tests) or bfloat16 (GPU).
     dtype: Literal["float32", "bfloat16"] = "float32"
     # Critic trunk: a separate HF dir (e.g. a reward model) or "" to start from the policy's
-    # trunk with a fresh value head (VAPO sec. 3.1 / component 1).
+    # trunk with a fresh value head (VAPO sec. 3.1 / component 1); with a warm start (sft.steps
+    # > 0), from the warm-started policy.
     critic_hf_path: str = ""
 
 

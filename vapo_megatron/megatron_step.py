@@ -134,6 +134,11 @@ def reduce_metric_sums(outputs: list[dict]) -> dict[str, float]:
 def optimizer_step(optimizer) -> tuple[bool, float]:
     """One step; returns (applied, grad_norm). A non-finite grad norm skips the update."""
     applied, grad_norm, _ = optimizer.step()
+    # Megatron's FP32/mixed-precision optimizers point param.grad at the DDP main_grad buffer for
+    # the step. Left in place, the next backward accumulates into param.grad (= main_grad) and
+    # DDP's hook then adds param.grad to main_grad again: the first micro-batch's gradient
+    # counts twice. Megatron-LM clears param.grad every iteration for this reason; so do we.
+    optimizer.zero_grad(set_to_none=True)
     grad_norm = float(grad_norm) if grad_norm is not None else 0.0
     return bool(applied) and math.isfinite(grad_norm), grad_norm
 

@@ -55,7 +55,7 @@ class RunState:
         return d
 
 
-def _dtype(cfg: Config) -> torch.dtype:
+def param_dtype(cfg: Config) -> torch.dtype:
     return torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
 
 
@@ -75,12 +75,47 @@ def build_models(cfg: Config, hf_cfg: dict) -> tuple[TrainModel, TrainModel]:
 
 def _build(cfg: Config, hf_dir: str, hf_cfg: dict, *, critic: bool) -> TrainModel:
     family = model_providers.family_for(hf_cfg)
-    chunks = build_chunks(hf_cfg, params_dtype=_dtype(cfg), critic=critic)
+    chunks = build_chunks(hf_cfg, params_dtype=param_dtype(cfg), critic=critic)
     load_hf_weights(chunks, family, hf_cfg, hf_dir, critic=critic)
     optim = cfg.critic_optim if critic else cfg.actor_optim
     chunks = wrap_ddp(chunks, distributed_optimizer=optim.distributed_optimizer)
-    optimizer = build_optimizer(chunks, optim, params_dtype=_dtype(cfg))
+    optimizer = build_optimizer(chunks, optim, params_dtype=param_dtype(cfg))
     return TrainModel(chunks=chunks, optimizer=optimizer, family=family, hf_cfg=hf_cfg, vocab_size=hf_cfg["vocab_size"])
+
+
+@torch.no_grad()
+def start_critic_from_policy(actor: TrainModel, critic: TrainModel) -> int:
+    """Copy the actor's trunk (every parameter but the LM head) into the critic, keeping the
+    critic's value head: VAPO.md component 1, 'the critic starts from the policy's trunk with a
+    fresh scalar value head'. Used after the warm start, whose policy is the RL starting point.
+    Same layout on both models, so each rank copies its own shards. Returns tensors copied."""
+    copied = 0
+    for a_chunk, c_chunk in zip(actor.modules, critic.modules):
+        a_params = dict(a_chunk.named_parameters())
+        for name, param in c_chunk.named_parameters():
+            if name.startswith("value_head"):
+                continue
+            if name not in a_params or a_params[name].shape != param.shape:
+                raise RuntimeError(f"critic parameter {name} {tuple(param.shape)} has no counterpart in the actor")
+            param.copy_(a_params[name])
+            copied += 1
+    for model in (actor, critic):  # the optimizers' own (fp32 main) copies follow the weights
+        model.optimizer.reload_model_params()
+    return copied
+
+
+def _megatron_optimizers(optimizer) -> list:
+    """The per-param-group megatron optimizers (a ChainedOptimizer holds several)."""
+    return [o for o in getattr(optimizer, "chained_optimizers", [optimizer]) if o.optimizer is not None]
+
+
+def _drop_unstepped_state(model: TrainModel) -> None:
+    """Zero moments without a step count (an optimizer saved or loaded before its first step)
+    are dropped, so that Adam's next step initializes them as a fresh optimizer would."""
+    for opt in _megatron_optimizers(model.optimizer):
+        for p_state in opt.optimizer.state.values():
+            if "step" not in p_state:
+                p_state.clear()
 
 
 def sync_weights(actor: TrainModel, engine, *, version: int, cfg: Config) -> None:
@@ -100,6 +135,12 @@ def _ckpt_root(cfg: Config) -> Path:
 def _model_state(model: TrainModel, *, loading: bool) -> dict:
     from vapo_megatron.checkpoint_io import model_sharded_state
 
+    if not loading:
+        # An optimizer that has not stepped yet has no state; save zero moments so that the
+        # checkpoint has the keys a load asks for (megatron creates them when loading).
+        for opt in _megatron_optimizers(model.optimizer):
+            if opt.init_state_fn is not None:
+                opt.init_state_fn(opt.optimizer, opt.config)
     state = model_sharded_state(model.modules)
     state["optimizer"] = model.optimizer.sharded_state_dict(state, is_loading=loading)
     return state
@@ -123,6 +164,7 @@ def save_run_state(cfg: Config, state: RunState, actor: TrainModel, critic: Trai
         (tmp / sub).mkdir(exist_ok=True)
         _barrier()
         dist_checkpointing.save(_model_state(model, loading=False), str(tmp / sub))
+        _drop_unstepped_state(model)
         if parallel.is_rank0():  # hf/ + vapo.json: `vapo-convert mcore-to-hf --ckpt .../actor` works on it
             src = cfg.model.critic_hf_path if sub == "critic" and cfg.model.critic_hf_path else cfg.model.hf_path
             write_source_files(tmp / sub, model.hf_cfg, Path(src), family_name=model.family.name,
@@ -185,6 +227,7 @@ def load_run_state(cfg: Config, actor: TrainModel, critic: TrainModel, ctx) -> R
                 for chunk, key in zip(model.modules, [k for k in loaded if k.startswith("model")]):
                     chunk.load_state_dict(loaded[key], strict=True)
                 model.optimizer.load_state_dict(loaded["optimizer"])
+                _drop_unstepped_state(model)
             rng = load_file(str(path / "rng" / f"rank_{dist.get_rank()}.safetensors"))
         except (CheckpointCorrupt, Exception) as e:  # noqa: BLE001 - any damage means: try older
             if parallel.is_rank0():

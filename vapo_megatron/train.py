@@ -29,7 +29,14 @@ from vapo_megatron.batch import pad_ragged, to_sequence
 from vapo_megatron.config import Config, ConfigError, load_config
 from vapo_megatron.metrics import MetricsLogger
 from vapo_megatron.rollout_collect import RolloutContext, collect_rollouts, evaluate
-from vapo_megatron.run_state import RunState, build_models, load_run_state, save_run_state, sync_weights
+from vapo_megatron.run_state import (
+    RunState,
+    build_models,
+    load_run_state,
+    save_run_state,
+    start_critic_from_policy,
+    sync_weights,
+)
 from vapo_megatron.stop_signals import StopSignals
 from vapo_megatron.updates import (
     batch_padding_ratio,
@@ -149,6 +156,10 @@ class Trainer:
             self.state.sft_steps_done = step + 1
             self.state.sft_finished = finished
             self.logger.log(0, "sft", logs)
+        if self.cfg.model.critic_hf_path:
+            self.actor.optimizer.reload_model_params()
+        else:  # the critic starts from the policy that RL starts from (component 1)
+            start_critic_from_policy(self.actor, self.critic)
 
     def log_eval(self, when: str) -> None:
         acc = evaluate(self.ctx)

@@ -4,7 +4,10 @@ The paper starts from a pretrained base model; the CPU demo starts from a random
 gets its base competence here. Rows use the simple schema with `answer` holding the complete
 target response. The loss is the actor's own positive-example NLL (component 6) with every
 response marked correct and zero advantages: L = -(1/N) sum log p(target tokens), through the
-same schedule, normalization and optimizer as the RL updates (the actor's optimizer, at sft.lr).
+same schedule and normalization as the RL updates, with an optimizer of its own (Adam moments of
+supervised gradients would otherwise damp the first hundreds of RL steps; beta2 = 0.999 remembers
+~1000 steps). When SFT ends, the RL optimizer takes the weights over (reload_model_params) and the
+critic starts from the warm-started policy's trunk (VAPO.md component 1).
 """
 
 from __future__ import annotations
@@ -13,11 +16,14 @@ from typing import Iterator
 
 import torch
 
+import dataclasses
+
 from vapo_megatron.actor import PolicyLossSettings
 from vapo_megatron.batch import RolloutBatch, pack_sequences
 from vapo_megatron.data.prompts import PromptSampler, load_prompts
 from vapo_megatron.rollout_collect import evaluate
-from vapo_megatron.run_state import sync_weights
+from vapo_megatron.megatron_step import build_optimizer
+from vapo_megatron.run_state import param_dtype, sync_weights
 from vapo_megatron.updates import TrainModel, update_actor
 
 
@@ -45,11 +51,13 @@ def sft_steps(cfg, actor: TrainModel, ctx, *, start: int) -> Iterator[tuple[int,
     sampler = PromptSampler(records, s.batch_size, d.seed + 1)
     for _ in range(start):  # deterministic position on resume
         sampler.next_batch()
+    sft_optim = dataclasses.replace(cfg.actor_optim, lr=s.lr, warmup_steps=0)
+    model = dataclasses.replace(actor, optimizer=build_optimizer(actor.chunks, sft_optim, params_dtype=param_dtype(cfg)))
     settings = PolicyLossSettings(eps_low=0.2, eps_high=0.2, dual_clip_c=None, loss_agg="token",
                                   nll_coef=1.0, temperature=1.0)
     for step in range(start, s.steps):
         batch = _sft_batch(ctx.dp_share(sampler.next_batch()), ctx.tokenizer, ctx.stop_token_ids[0])
-        logs = update_actor(actor, batch, settings, mini_batches=1, epochs=1,
+        logs = update_actor(model, batch, settings, mini_batches=1, epochs=1,
                             max_tokens=cfg.trainer.micro_batch_tokens, lr=s.lr)
         out = {"sft/nll_loss": logs["actor/nll_loss"], "sft/grad_norm": logs["actor/grad_norm"], "sft/step": step + 1}
         done = step + 1 == s.steps

@@ -33,6 +33,9 @@ class ModelConfig:
     # trunk with a fresh value head (VAPO sec. 3.1 / component 1); with a warm start (sft.steps
     # > 0), from the warm-started policy.
     critic_hf_path: str = ""
+    # Full activation recomputation in actor and critic: each layer keeps only its input for the
+    # backward pass (memory for compute; vapo-plan shows the difference). Results are unchanged.
+    recompute_activations: bool = False
 
 
 @dataclass(frozen=True)
@@ -230,8 +233,11 @@ def _coerce(value, default, hint: str, key: str):
     return value
 
 
-def load_config(path: str | None, overrides: list[str] = ()) -> Config:
-    """Load a YAML file, apply `a.b.c=value` overrides (YAML-typed values), validate, freeze."""
+def load_config(path: str | None, overrides: list[str] = (), *, check_paths: bool = True) -> Config:
+    """Load a YAML file, apply `a.b.c=value` overrides (YAML-typed values), validate, freeze.
+
+    check_paths=False skips the checks that model and data paths exist (vapo-plan sizes a run
+    on a machine that has neither)."""
     data: dict = {}
     if path is not None:
         if not os.path.isfile(path):
@@ -246,7 +252,7 @@ def load_config(path: str | None, overrides: list[str] = ()) -> Config:
     except OmegaConfBaseException as e:
         raise ConfigError(f"bad command-line override: {e}") from None
     cfg = _from_dict(Config, OmegaConf.to_container(merged, resolve=True), "")
-    validate(cfg)
+    validate(cfg, check_paths=check_paths)
     return cfg
 
 
@@ -261,7 +267,7 @@ def _require(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
-def validate(cfg: Config) -> None:
+def validate(cfg: Config, *, check_paths: bool = True) -> None:
     a, r, t, d = cfg.algo, cfg.rollout, cfg.trainer, cfg.data
     for key, value in [("algo.gamma", a.gamma), ("algo.lambda_critic", a.lambda_critic), ("algo.lambda_policy", a.lambda_policy)]:
         _require(0.0 <= value <= 1.0, f"{key}={value} must be in [0, 1]")
@@ -282,6 +288,8 @@ def validate(cfg: Config) -> None:
     _require(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens} must be >= 1")
     _require(r.weight_sync_bucket_mb >= 1, f"rollout.weight_sync_bucket_mb={r.weight_sync_bucket_mb} must be >= 1")
     _require(r.engine != "sglang_http" or len(r.sglang_urls) > 0, "rollout.engine=sglang_http needs rollout.sglang_urls")
+    _require(r.sglang_tp >= 1, f"rollout.sglang_tp={r.sglang_tp} must be >= 1")
+    _require(0 < r.sglang_mem_fraction < 1, f"rollout.sglang_mem_fraction={r.sglang_mem_fraction} must be in (0, 1)")
     _require(d.max_prompt_tokens >= 1, f"data.max_prompt_tokens={d.max_prompt_tokens} must be >= 1")
     _require(t.micro_batch_tokens >= d.max_prompt_tokens + r.max_new_tokens,
              f"trainer.micro_batch_tokens={t.micro_batch_tokens} must hold one full sequence: "
@@ -293,7 +301,7 @@ def validate(cfg: Config) -> None:
     _require(bool(cfg.model.hf_path), "model.hf_path must name a Hugging Face model directory")
     for key, paths in [("model.hf_path", [cfg.model.hf_path]), ("model.critic_hf_path", [cfg.model.critic_hf_path] if cfg.model.critic_hf_path else []),
                        ("data.train_files", d.train_files), ("data.eval_files", d.eval_files), ("sft.files", cfg.sft.files)]:
-        for p in paths:
+        for p in paths if check_paths else []:
             _require(os.path.exists(p), f"{key}: {p} does not exist")
     _require(len(d.train_files) > 0 or t.total_steps == 0, "data.train_files is empty")
     _require(cfg.sft.steps == 0 or len(cfg.sft.files) > 0, f"sft.steps={cfg.sft.steps} needs sft.files")

@@ -23,15 +23,19 @@ def padded_vocab_size(hf_cfg: dict, tp: int) -> int:
     return -(-hf_cfg["vocab_size"] // multiple) * multiple
 
 
-def model_config(hf_cfg: dict, *, params_dtype: torch.dtype):
-    """The family's TransformerConfig for the parallel layout megatron was initialized with."""
+def model_config(hf_cfg: dict, *, params_dtype: torch.dtype, recompute: bool = False, on_gpu: bool | None = None):
+    """The family's TransformerConfig for the parallel layout megatron was initialized with.
+
+    recompute: full activation recomputation. on_gpu: None = whether CUDA is available; False
+    builds a CPU-initialized model (under `torch.device("meta")`: shapes only, as vapo-plan does)."""
     return family_for(hf_cfg).transformer_config(
         hf_cfg,
         tp=parallel_state.get_tensor_model_parallel_world_size(),
         pp=parallel_state.get_pipeline_model_parallel_world_size(),
         vpp=parallel_state.get_virtual_pipeline_model_parallel_world_size(),
         params_dtype=params_dtype,
-        on_gpu=torch.cuda.is_available(),
+        on_gpu=torch.cuda.is_available() if on_gpu is None else on_gpu,
+        recompute=recompute,
     )
 
 
@@ -50,8 +54,9 @@ def _gpt_kwargs(hf_cfg: dict, config, vp_stage: int | None) -> dict:
     )
 
 
-def build_actor(hf_cfg: dict, *, params_dtype: torch.dtype, vp_stage: int | None = None) -> GPTModel:
-    config = model_config(hf_cfg, params_dtype=params_dtype)
+def build_actor(hf_cfg: dict, *, params_dtype: torch.dtype, vp_stage: int | None = None, recompute: bool = False,
+                on_gpu: bool | None = None) -> GPTModel:
+    config = model_config(hf_cfg, params_dtype=params_dtype, recompute=recompute, on_gpu=on_gpu)
     return GPTModel(share_embeddings_and_output_weights=tied_embeddings(hf_cfg), **_gpt_kwargs(hf_cfg, config, vp_stage))
 
 
@@ -102,15 +107,18 @@ class CriticModel(GPTModel):
         return values.transpose(0, 1).float().contiguous()
 
 
-def build_critic(hf_cfg: dict, *, params_dtype: torch.dtype, vp_stage: int | None = None) -> CriticModel:
-    config = model_config(hf_cfg, params_dtype=params_dtype)
+def build_critic(hf_cfg: dict, *, params_dtype: torch.dtype, vp_stage: int | None = None, recompute: bool = False,
+                 on_gpu: bool | None = None) -> CriticModel:
+    config = model_config(hf_cfg, params_dtype=params_dtype, recompute=recompute, on_gpu=on_gpu)
     return CriticModel(**_gpt_kwargs(hf_cfg, config, vp_stage))
 
 
-def build_chunks(hf_cfg: dict, *, params_dtype: torch.dtype, critic: bool) -> list:
+def build_chunks(hf_cfg: dict, *, params_dtype: torch.dtype, critic: bool, recompute: bool = False,
+                 on_gpu: bool | None = None) -> list:
     """One model chunk per virtual stage (a single chunk without VPP)."""
     vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size()
     build = build_critic if critic else build_actor
+    kwargs = dict(params_dtype=params_dtype, recompute=recompute, on_gpu=on_gpu)
     if vpp is None:
-        return [build(hf_cfg, params_dtype=params_dtype)]
-    return [build(hf_cfg, params_dtype=params_dtype, vp_stage=v) for v in range(vpp)]
+        return [build(hf_cfg, **kwargs)]
+    return [build(hf_cfg, vp_stage=v, **kwargs) for v in range(vpp)]

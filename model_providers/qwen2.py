@@ -73,16 +73,17 @@ def _te_available() -> bool:
 
 
 def layer_spec(config):
-    """Transformer Engine's spec when it imports (GPU), megatron's local spec otherwise."""
+    """Transformer Engine's spec on the GPU when it imports, megatron's local spec otherwise (a
+    CPU-initialized model, e.g. tests or vapo-plan's meta-device shards, never gets TE modules)."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
-    if _te_available():
+    if not config.use_cpu_initialization and _te_available():
         return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.qk_layernorm)
     return specs.get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
 
 
 def _transformer_config(hf_cfg: dict, *, tp: int, pp: int, vpp: int | None, params_dtype: torch.dtype,
-                        on_gpu: bool, qkv_bias: bool, qk_layernorm: bool):
+                        on_gpu: bool, recompute: bool, qkv_bias: bool, qk_layernorm: bool):
     from megatron.core.transformer import TransformerConfig
 
     if hf_cfg["hidden_act"] != "silu":
@@ -130,18 +131,24 @@ def _transformer_config(hf_cfg: dict, *, tp: int, pp: int, vpp: int | None, para
         apply_rope_fusion=te,
         gradient_accumulation_fusion=te,
         persist_layer_norm=False,
+        # Full activation recomputation: each layer keeps only its input for the backward pass
+        # and recomputes the rest (a 32B model's activations at ~20k tokens per micro-batch do not
+        # fit otherwise; vapo-plan estimates both ways).
+        recompute_granularity="full" if recompute else None,
+        recompute_method="uniform" if recompute else None,
+        recompute_num_layers=1 if recompute else None,
     )
 
 
-def _qwen2_config(hf_cfg, *, tp, pp, vpp, params_dtype, on_gpu):
-    return _transformer_config(hf_cfg, tp=tp, pp=pp, vpp=vpp, params_dtype=params_dtype, on_gpu=on_gpu,
+def _qwen2_config(hf_cfg, *, tp, pp, vpp, params_dtype, on_gpu, recompute=False):
+    return _transformer_config(hf_cfg, tp=tp, pp=pp, vpp=vpp, params_dtype=params_dtype, on_gpu=on_gpu, recompute=recompute,
                                qkv_bias=True, qk_layernorm=False)
 
 
-def _qwen3_config(hf_cfg, *, tp, pp, vpp, params_dtype, on_gpu):
+def _qwen3_config(hf_cfg, *, tp, pp, vpp, params_dtype, on_gpu, recompute=False):
     if hf_cfg["attention_bias"]:
         raise ValueError("Qwen3 config.json attention_bias=true is not supported")
-    return _transformer_config(hf_cfg, tp=tp, pp=pp, vpp=vpp, params_dtype=params_dtype, on_gpu=on_gpu,
+    return _transformer_config(hf_cfg, tp=tp, pp=pp, vpp=vpp, params_dtype=params_dtype, on_gpu=on_gpu, recompute=recompute,
                                qkv_bias=False, qk_layernorm=True)
 
 

@@ -1,27 +1,39 @@
-"""slurm/vapo_train.sbatch on a real one-node Slurm cluster (scripts/slurm_local.sh), CPU ranks.
+"""slurm/*.sbatch on a real one-node Slurm cluster (scripts/slurm_local.sh), with the real trainer.
 
-The training entry point is replaced by tests/slurm_standin.py (VAPO_ENTRY): 2 gloo ranks under
-torchrun that all-reduce, honour SIGUSR1 like the trainer (checkpoint marker, exit) and resume from
-the marker. Job state comes from `scontrol show job` (no accounting daemon here).
+The training job runs `python -m vapo_megatron.train` on the demo config, shortened (tiny model,
+TP=2 over two CPU workers under torchrun). One job runs to the end; a second one gets SIGUSR1 in
+the middle of its run (what `--signal=USR1@T` does before a time limit), checkpoints, is requeued
+by the sbatch script, resumes, and must end at the same step with bitwise the same actor and
+critic weights and optimizer state as the uninterrupted run. The conversion job exports a critic
+checkpoint of that run to HF. Job state comes from `scontrol show job` (no accounting daemon here).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parent.parent
 SLURM_LOCAL = REPO / "scripts" / "slurm_local.sh"
 TRAIN_SBATCH = REPO / "slurm" / "vapo_train.sbatch"
-STANDIN = REPO / "tests" / "slurm_standin.py"
+CONVERT_SBATCH = REPO / "slurm" / "convert.sbatch"
+DEMO_CONFIG = REPO / "configs" / "demo_cpu.yaml"
 CANNOT_INSTALL = 3  # slurm_local.sh's exit code when Slurm cannot be installed or run here
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+# 1 value-pretraining iteration + VAPO_STEPS VAPO iterations; each takes a fraction of a second
+# here, so a dozen leave a few seconds in which to preempt the second job mid-run.
+VAPO_STEPS = 12
+FINAL_ITER = 1 + VAPO_STEPS
 
 
 @pytest.fixture(scope="session")
@@ -55,63 +67,153 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.3):
 
 
 def wait_done(job_id: str, env: dict[str, str], timeout: float) -> dict[str, str]:
-    fields = wait_for(lambda: (f := job_fields(job_id, env))["JobState"] in FINAL_STATES and f, timeout, f"job {job_id} to end")
-    return fields
+    return wait_for(lambda: (f := job_fields(job_id, env))["JobState"] in FINAL_STATES and f, timeout, f"job {job_id} to end")
 
 
-def submit(tmp_path: Path, env: dict[str, str], args: list[str]) -> tuple[str, Path, Path]:
-    """sbatch slurm/vapo_train.sbatch with 2 CPU workers on 1 node; returns (job id, run dir, log)."""
-    run_dir = tmp_path / "run"
-    log = tmp_path / "job.out"
-    job_env = dict(
-        env, GPUS_PER_NODE="2", VAPO_PYTHON=sys.executable, VAPO_ENTRY=f"{sys.executable} {STANDIN}",
-        VAPO_RUN_DIR=str(run_dir), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
-    )
-    cmd = ["sbatch", "--parsable", "--nodes=1", "--gpus-per-node=0", f"--output={log}", str(TRAIN_SBATCH), *args]
+def sbatch(script: Path, args: list[str], env: dict[str, str], log: Path, extra_env: dict[str, str]) -> str:
+    """Submits on 1 CPU node (no GPUs); returns the job id."""
+    job_env = dict(env, VAPO_PYTHON=sys.executable, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **extra_env)
+    cmd = ["sbatch", "--parsable", "--nodes=1", "--gpus-per-node=0", f"--output={log}", str(script), *args]
     out = subprocess.run(cmd, capture_output=True, text=True, env=job_env, cwd=REPO)
     assert out.returncode == 0, f"sbatch failed: {out.stderr}"
-    return out.stdout.strip().split(";")[0], run_dir, log
+    return out.stdout.strip().split(";")[0]
 
 
-def write_config(tmp_path: Path) -> Path:
-    config = tmp_path / "tiny.yaml"
-    config.write_text("model:\n  preset: tiny\n")
-    return config
+def submit_train(run_dir: Path, log: Path, env: dict[str, str], args: list[str]) -> str:
+    return sbatch(TRAIN_SBATCH, args, env, log, {"GPUS_PER_NODE": "2", "VAPO_RUN_DIR": str(run_dir)})
 
 
-def test_train_job_completes_and_passes_arguments(slurm_env, tmp_path):
-    config = write_config(tmp_path)
-    job_id, run_dir, log = submit(tmp_path, slurm_env, [str(config), "standin.steps=3", "standin.pause_at=-1", "x.y=a b"])
-    fields = wait_done(job_id, slurm_env, timeout=60)
-    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), log.read_text()
-    result = json.loads((run_dir / "result.json").read_text())
-    assert result["world_size"] == 2
-    assert result["steps"] == 3 and result["resumed_from"] == 0
-    assert result["mean_step_sum"] == 1 + 2  # all-reduce of rank + 1 over 2 ranks
-    assert result["config"] == str(config)
-    # extra key=value arguments pass through verbatim (one with a space), then the run dir
-    assert result["overrides"] == {"standin.steps": "3", "standin.pause_at": "-1", "x.y": "a b", "trainer.run_dir": str(run_dir)}
+@pytest.fixture(scope="module")
+def demo_data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("demo") / "data"
+    subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "make_demo_data.py"), "--out", str(out),
+         "--n-train", "128", "--n-eval", "8", "--n-sft", "32"],
+        check=True, cwd=REPO, capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    return out
 
 
-def test_usr1_checkpoints_requeues_and_resumes(slurm_env, tmp_path):
-    config = write_config(tmp_path)
-    job_id, run_dir, log = submit(tmp_path, slurm_env, [str(config), "standin.steps=6", "standin.pause_at=2"])
-    wait_for(lambda: all((run_dir / f"holding.rank{r}").exists() for r in range(2)), 60, "both ranks to hold at step 2")
+def short_demo(data: Path) -> list[str]:
+    """Overrides that shrink configs/demo_cpu.yaml to a run of a few seconds (run dir: the script's)."""
+    return [
+        f"model.hf_path={data}/model", f"data.train_files=[{data}/train.jsonl]", f"data.eval_files=[{data}/eval.jsonl]",
+        f"sft.files=[{data}/sft.jsonl]", "sft.steps=2", "sft.batch_size=8", "algo.value_pretrain_steps=1",
+        "rollout.prompts_per_step=8", "rollout.n_samples=4", "data.eval_max_prompts=4", "trainer.save_every=5",
+        "trainer.eval_every=100", "trainer.tensorboard=false", f"trainer.total_steps={VAPO_STEPS}",
+    ]
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def checkpoint_tensors(ckpt: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a Megatron dist checkpoint (torch_dist format: weights and optimizer state),
+    read with torch.distributed.checkpoint in this process, without a process group."""
+    from torch.distributed.checkpoint import FileSystemReader, load
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = FileSystemReader(str(ckpt))
+    meta = reader.read_metadata().state_dict_metadata
+    out = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items() if isinstance(m, TensorStorageMetadata)}
+    load(out, storage_reader=reader, no_dist=True)
+    return out
+
+
+def hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    index = json.loads((hf_dir / "model.safetensors.index.json").read_text())
+    out = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        out.update(load_file(str(hf_dir / shard)))
+    assert out.keys() == index["weight_map"].keys()
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(slurm_env, demo_data, tmp_path_factory) -> tuple[Path, Path, dict[str, str]]:
+    """The reference job: the shortened demo from start to end. The run dir has a space in its
+    name, to show that arguments reach the trainer intact."""
+    base = tmp_path_factory.mktemp("uninterrupted")
+    run_dir, log = base / "run A", base / "job.out"
+    job_id = submit_train(run_dir, log, slurm_env, [str(DEMO_CONFIG), *short_demo(demo_data)])
+    return run_dir, log, wait_done(job_id, slurm_env, timeout=240)
+
+
+def test_train_job_runs_the_trainer_to_the_end(uninterrupted, demo_data):
+    run_dir, log, fields = uninterrupted
+    text = log.read_text(errors="replace")
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "0"), text[-4000:]
+    ckpts = run_dir / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == f"iter_{FINAL_ITER:07d}"
+    final = ckpts / f"iter_{FINAL_ITER:07d}"
+    assert {p.name for p in final.iterdir()} >= {"actor", "critic", "rng", "state.json"}
+    state = json.loads((final / "state.json").read_text())
+    assert state["complete"] and state["state"]["iteration"] == FINAL_ITER
+    # the config the trainer ran with: the file plus the overrides, the run dir appended by the script
+    assert state["config"]["trainer"]["run_dir"] == str(run_dir)
+    assert state["config"]["trainer"]["total_steps"] == VAPO_STEPS
+    assert state["config"]["data"]["train_files"] == [f"{demo_data}/train.jsonl"]
+    phases = [r["phase"] for r in records(run_dir)]
+    assert phases.count("value_pretrain") == 1 and phases.count("vapo") == VAPO_STEPS
+    assert (run_dir / "hf" / "model.safetensors.index.json").is_file()
+    assert "(1 nodes x 2 workers)" in text, text[-4000:]
+
+
+def test_usr1_mid_run_requeues_and_resumes_to_the_same_weights(uninterrupted, slurm_env, demo_data, tmp_path):
+    ref_dir = uninterrupted[0]
+    run_dir, log = tmp_path / "run B", tmp_path / "job.out"
+    job_id = submit_train(run_dir, log, slurm_env, [str(DEMO_CONFIG), *short_demo(demo_data)])
+
+    def first_iteration_done() -> bool:  # the trainer's signal handlers are in place by then
+        path = run_dir / "metrics.jsonl"
+        return path.exists() and any(r["phase"] == "value_pretrain" for r in records(run_dir))
+
+    wait_for(first_iteration_done, 180, "the first training iteration", poll=0.05)
     # What Slurm does at `--signal=USR1@T` (no B:): SIGUSR1 to every process of the job steps.
     subprocess.run(["scancel", "--signal=USR1", job_id], check=True, env=slurm_env)
-    fields = wait_done(job_id, slurm_env, timeout=90)
-    text = log.read_text()
-    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), text
-    # every worker saw the signal itself: torchrun survived it and kept its workers alive
-    assert all((run_dir / f"signalled.rank{r}").exists() for r in range(2)), sorted(os.listdir(run_dir))
-    assert json.loads((run_dir / "checkpoint.json").read_text()) == {"next_step": 2}
-    result = json.loads((run_dir / "result.json").read_text())
-    assert (result["resumed_from"], result["steps"], result["restart_count"]) == (2, 6, 1)
-    assert "asking for a requeue" in text and "restart 1" in text, text
+    fields = wait_done(job_id, slurm_env, timeout=240)
+    text = log.read_text(errors="replace")
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), text[-4000:]
+    assert "asking for a requeue" in text and "restart 1" in text, text[-4000:]
+    # The requeued job resumed from the checkpoint written on the signal, in the middle of the run.
+    resumed = re.findall(r"resumed from .+ at iteration (\d+)", text)
+    assert len(resumed) == 1 and 1 <= int(resumed[0]) < FINAL_ITER, text[-4000:]
+
+    # Same final step, same weights and optimizer state (bitwise) as the uninterrupted run.
+    assert (run_dir / "checkpoints" / "latest").read_text() == (ref_dir / "checkpoints" / "latest").read_text()
+    final = f"iter_{FINAL_ITER:07d}"
+    for model in ("actor", "critic"):
+        want = checkpoint_tensors(ref_dir / "checkpoints" / final / model)
+        have = checkpoint_tensors(run_dir / "checkpoints" / final / model)
+        assert want.keys() == have.keys()
+        differ = {k: float((want[k] - have[k]).abs().max()) for k in want if not torch.equal(want[k], have[k])}
+        assert not differ, f"{model}: tensors differ after the requeue (max abs difference): {differ}"
+    want, have = hf_weights(ref_dir / "hf"), hf_weights(run_dir / "hf")
+    assert want.keys() == have.keys() and all(torch.equal(want[k], have[k]) for k in want)
+    # Each iteration is logged once: the resumed run dropped the records after its checkpoint.
+    steps = [r["step"] for r in records(run_dir) if r["phase"] in ("value_pretrain", "vapo")]
+    assert steps == list(range(1, FINAL_ITER + 1))
+
+
+def test_convert_job_exports_a_trainer_checkpoint(uninterrupted, slurm_env, tmp_path):
+    ckpt = uninterrupted[0] / "checkpoints" / f"iter_{FINAL_ITER:07d}" / "critic"
+    out, log = tmp_path / "critic hf", tmp_path / "convert.out"
+    job_id = sbatch(CONVERT_SBATCH, ["mcore-to-hf", "--ckpt", str(ckpt), "--out", str(out)], slurm_env, log, {})
+    fields = wait_done(job_id, slurm_env, timeout=120)
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), log.read_text(errors="replace")[-4000:]
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForTokenClassification"] and config["num_labels"] == 1
+    # The exported value head is the checkpoint's, and the trunk matches the dist checkpoint.
+    exported, stored = hf_weights(out), checkpoint_tensors(ckpt)
+    assert torch.equal(exported["score.weight"], stored["value_head.weight"])
+    assert torch.equal(exported["score.bias"], stored["value_head.bias"])
+    assert torch.equal(exported["model.norm.weight"], stored["decoder.final_layernorm.weight"])
 
 
 def test_missing_config_fails_with_a_clear_message(slurm_env, tmp_path):
-    job_id, _, log = submit(tmp_path, slurm_env, [str(tmp_path / "nope.yaml")])
+    log = tmp_path / "job.out"
+    job_id = submit_train(tmp_path / "run", log, slurm_env, [str(tmp_path / "nope.yaml")])
     fields = wait_done(job_id, slurm_env, timeout=30)
     assert (fields["JobState"], fields["ExitCode"]) == ("FAILED", "2:0")
     assert f"config file '{tmp_path / 'nope.yaml'}' not found" in log.read_text()

@@ -33,6 +33,9 @@ class ModelConfig:
     # trunk with a fresh value head (VAPO sec. 3.1 / component 1); with a warm start (sft.steps
     # > 0), from the warm-started policy.
     critic_hf_path: str = ""
+    # Full activation recomputation in actor and critic: each layer keeps only its input for the
+    # backward pass (memory for compute; vapo-plan shows the difference). Results are unchanged.
+    recompute_activations: bool = False
 
 
 @dataclass(frozen=True)
@@ -244,12 +247,14 @@ def problems_error(problems: list[str]) -> ConfigError:
     return ConfigError(f"{len(problems)} invalid settings:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def load_config(path: str | None, overrides: list[str] = (), *, check: bool = True) -> Config:
+def load_config(path: str | None, overrides: list[str] = (), *, check: bool = True, check_paths: bool = True) -> Config:
     """Load a YAML file, apply `a.b.c=value` overrides (YAML-typed values), validate, freeze.
 
     Unknown keys and wrong types always raise (listing all of them). With check=False the
     value checks of `validate` are left to the caller (vapo-train runs them, together with
-    the checks against the launch and the files, in preflight.validate_startup)."""
+    the checks against the launch and the files, in preflight.validate_startup). check_paths=False
+    skips the checks that model and data paths exist (vapo-plan sizes a run on a machine that has
+    neither)."""
     data: dict = {}
     if path is not None:
         if not os.path.isfile(path):
@@ -268,7 +273,7 @@ def load_config(path: str | None, overrides: list[str] = (), *, check: bool = Tr
     if errors:
         raise problems_error(errors)
     if check:
-        validate(cfg)
+        validate(cfg, check_paths=check_paths)
     return cfg
 
 
@@ -278,9 +283,9 @@ def to_dict(cfg: Config) -> dict:
 
 # ---- validation (everything checkable from the config alone) -----------------------------
 
-def validate(cfg: Config) -> None:
+def validate(cfg: Config, *, check_paths: bool = True) -> None:
     """Raise one ConfigError listing every problem found by `config_problems`."""
-    problems = config_problems(cfg)
+    problems = config_problems(cfg, check_paths=check_paths)
     if problems:
         raise problems_error(problems)
 
@@ -305,7 +310,7 @@ def _optim_problems(key: str, o: OptimConfig) -> list[str]:
     return out
 
 
-def config_problems(cfg: Config) -> list[str]:
+def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     """Every invalid value or combination of values, each message naming the key(s) and what is
     allowed. Also checks that the named files exist (cheap); preflight.py checks their contents."""
     a, r, t, d, s = cfg.algo, cfg.rollout, cfg.trainer, cfg.data, cfg.sft
@@ -360,7 +365,7 @@ def config_problems(cfg: Config) -> list[str]:
     for key, paths in [("model.hf_path", [cfg.model.hf_path] if cfg.model.hf_path else []),
                        ("model.critic_hf_path", [cfg.model.critic_hf_path] if cfg.model.critic_hf_path else []),
                        ("data.train_files", d.train_files), ("data.eval_files", d.eval_files), ("sft.files", s.files)]:
-        for p in paths:
+        for p in paths if check_paths else []:
             require(os.path.exists(p), f"{key}: {p} does not exist")
     require(len(d.train_files) > 0 or t.total_steps == 0, "data.train_files is empty (needed when trainer.total_steps > 0)")
     require(s.steps >= 0, f"sft.steps={s.steps} must be >= 0")

@@ -26,6 +26,7 @@ module knows about it.
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -61,7 +62,41 @@ class _CudaToCpuMode(TorchFunctionMode):
             kwargs["pin_memory"] = False  # pinning needs a CUDA driver
         if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
             args = (args[0], "cpu", *args[2:])
+        if func is torch.Tensor.backward or func is torch.autograd.backward:
+            return _backward_in_mode(self, func, args, kwargs)
         return func(*args, **kwargs)
+
+
+def _backward_in_mode(mode: TorchFunctionMode, func, args, kwargs) -> None:
+    """Tensor.backward / torch.autograd.backward with `mode` active during the pass.
+
+    A mode is off while its __torch_function__ runs, and a backward pass may run model code:
+    activation recomputation re-runs whole layers, with their device="cuda" literals. Calling
+    `func` again with the mode on would dispatch back here, so the arguments are normalized as
+    torch.autograd.backward does and the autograd engine is called directly, as megatron's own
+    pipeline schedules do (custom_backward)."""
+    bound = inspect.signature(func).bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    if func is torch.Tensor.backward:
+        tensors, grads = a["self"], a["gradient"]
+    else:
+        tensors, grads = a["tensors"], a["grad_tensors"]
+    tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+    grads = torch.autograd._make_grads(tensors, torch.autograd._tensor_or_tensors_to_tuple(grads, len(tensors)),
+                                       is_grads_batched=False)
+    inputs = a["inputs"]
+    if inputs is None:
+        inputs = ()
+    elif isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    else:
+        inputs = tuple(inputs.values() if isinstance(inputs, dict) else inputs)
+    retain_graph = a["create_graph"] if a["retain_graph"] is None else a["retain_graph"]
+    with mode:
+        torch.autograd.Variable._execution_engine.run_backward(
+            tensors, grads, retain_graph, a["create_graph"], inputs, allow_unreachable=True, accumulate_grad=True,
+        )
 
 
 class _NullStream:

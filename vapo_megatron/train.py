@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 
@@ -40,6 +39,7 @@ from vapo_megatron.run_state import (
     start_critic_from_policy,
     sync_weights,
 )
+from vapo_megatron.stop_signals import StopSignals
 from vapo_megatron.updates import (
     batch_padding_ratio,
     explained_variance,
@@ -52,8 +52,9 @@ PREEMPTED_EXIT_CODE = 3  # checkpoint written after SIGUSR1/SIGTERM; the launche
 
 
 class Trainer:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, stop: StopSignals):
         self.cfg = cfg
+        self.stop = stop  # SIGUSR1/SIGTERM, acted on at the next safe point (end of a step)
         self.layout = parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, seed=cfg.trainer.seed)
         torch.manual_seed(cfg.trainer.seed)
         if cfg.trainer.deterministic:
@@ -66,16 +67,10 @@ class Trainer:
             enabled=parallel.is_rank0(), tensorboard=cfg.trainer.tensorboard,
         )
         self.logger.truncate_after(self.state.iteration)
-        self._stop_signal = 0
-        for sig in (signal.SIGUSR1, signal.SIGTERM):
-            signal.signal(sig, self._on_signal)
 
     @property
     def total_iterations(self) -> int:
         return self.cfg.algo.value_pretrain_steps + self.cfg.trainer.total_steps
-
-    def _on_signal(self, signum, frame):
-        self._stop_signal = signum  # acted on at the next safe point (end of a step)
 
     # ---- the run ---------------------------------------------------------------------------
 
@@ -95,6 +90,9 @@ class Trainer:
                 self.log_eval("periodic")
             if self._should_stop():
                 save_run_state(cfg, self.state, self.actor, self.critic, self.ctx)
+                if parallel.is_rank0():
+                    print(f"[vapo] stop requested by signal: checkpoint at iteration {it} written, exiting with "
+                          f"{PREEMPTED_EXIT_CODE}", flush=True)
                 return PREEMPTED_EXIT_CODE
             if it % cfg.trainer.save_every == 0 and it < self.total_iterations:
                 save_run_state(cfg, self.state, self.actor, self.critic, self.ctx)
@@ -210,7 +208,7 @@ class Trainer:
         return float(t[0] / t[1].clamp(min=1))
 
     def _should_stop(self) -> bool:
-        flag = torch.tensor([self._stop_signal], dtype=torch.int64)
+        flag = torch.tensor([self.stop.signum], dtype=torch.int64)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
         return bool(flag.item())
 
@@ -230,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"vapo-train: configuration error: {e}", file=sys.stderr)
         return 2
+    stop = StopSignals().install()  # before any other thread or helper process exists
     try:
-        trainer = Trainer(cfg)
+        trainer = Trainer(cfg, stop)
     except (PromptDataError, ConfigError) as e:  # data files are read before any model is built
         print(f"vapo-train: {'data' if isinstance(e, PromptDataError) else 'configuration'} error: {e}", file=sys.stderr)
         parallel.destroy()

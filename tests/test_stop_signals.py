@@ -1,0 +1,53 @@
+"""SIGUSR1 sent to every process of a trainer, as Slurm does: the trainer records it and its helper
+processes live on (vapo_megatron/stop_signals.py). The helper here is the kind megatron starts for
+checkpoint writing: a multiprocessing Manager spawned after the signal handling is in place."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+SCRIPT = """
+import json, multiprocessing as mp, sys, time
+from vapo_megatron.stop_signals import StopSignals
+
+if __name__ == "__main__":
+    stop = StopSignals().install()
+    manager = mp.get_context("spawn").Manager()  # started after install(), like megatron's writer
+    queue = manager.Queue()
+    print("ready", flush=True)
+    deadline = time.monotonic() + 20
+    while stop.signum == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # a helper killed by the signal is gone by now
+    try:
+        queue.put("still answering")
+        reply = queue.get(timeout=5)
+    except Exception as e:  # the manager died: BrokenPipeError / ConnectionRefusedError / EOFError
+        reply = type(e).__name__
+    print(json.dumps({"signum": stop.signum, "helper": reply}), flush=True)
+"""
+
+
+def test_sigusr1_to_the_whole_process_group_stops_the_trainer_and_spares_its_helpers(tmp_path):
+    script = tmp_path / "trainer_like.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(REPO)), start_new_session=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        os.killpg(proc.pid, signal.SIGUSR1)  # the trainer and every process it started
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result == {"signum": int(signal.SIGUSR1), "helper": "still answering"}

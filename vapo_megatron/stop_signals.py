@@ -1,0 +1,50 @@
+"""Stop requests from the launcher: SIGUSR1 and SIGTERM.
+
+SIGUSR1 comes from Slurm before a time limit (`--signal=USR1@T`) or by hand (`scancel
+--signal=USR1`); SIGTERM from preemption, scancel, or torchrun shutting its workers down. The
+trainer only records the signal here and acts on it at its next safe point (the end of a step):
+checkpoint, then exit with PREEMPTED_EXIT_CODE so that the launcher requeues (slurm/vapo_train.sbatch).
+
+Why SIGUSR1 is blocked, not just handled: Slurm delivers it to every process of the job step,
+the trainer's helper processes included: megatron's checkpoint writer (a multiprocessing Manager
+spawned at the first save), reward workers, SGLang's processes. A program started by exec gets
+the default action back for every handled signal, and the default action of SIGUSR1 is to
+terminate; the checkpoint writer then dies and the checkpoint the signal asks for fails
+(BrokenPipeError inside dist_checkpointing.save, seen on the local cluster of tests/test_slurm.py).
+A blocked signal stays blocked across fork and exec, so helpers started after `install()` never
+act on it, while a watcher thread of the trainer takes it with sigwait().
+
+SIGTERM keeps a plain handler: helpers should end on it, and Slurm follows it with SIGKILL after
+KillWait (GraceTime for preemption), so a checkpoint on SIGTERM is best effort.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+
+class StopSignals:
+    """`signum` is 0 until SIGUSR1 or SIGTERM arrives, then that signal's number."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+
+    def install(self) -> "StopSignals":
+        """Call first thing in the process, before other threads exist: a thread created
+        earlier does not block SIGUSR1, and the kernel may hand the signal to it (the handler
+        below still records it then)."""
+        # A handler also replaces a SIG_IGN inherited from the launcher (the sbatch script starts
+        # torchrun with SIGUSR1 ignored), which would discard the signal.
+        signal.signal(signal.SIGUSR1, self._record)
+        signal.signal(signal.SIGTERM, self._record)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        threading.Thread(target=self._watch_usr1, name="vapo-sigusr1", daemon=True).start()
+        return self
+
+    def _record(self, signum: int, frame) -> None:
+        self.signum = signum
+
+    def _watch_usr1(self) -> None:
+        while True:
+            self.signum = signal.sigwait({signal.SIGUSR1})

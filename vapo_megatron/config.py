@@ -155,6 +155,9 @@ class TrainerConfig:
     export_hf: bool = True
     deterministic: bool = False
     tensorboard: bool = True
+    # A NaN/Inf loss or gradient norm skips that optimizer step (docs/faults.md); this many skips
+    # in a row (per model; each mini-batch is one step) stop the run with an error.
+    max_consecutive_skips: int = 10
 
 
 @dataclass(frozen=True)
@@ -289,6 +292,7 @@ def validate(cfg: Config) -> None:
     _require(t.total_steps >= 0, f"trainer.total_steps={t.total_steps} must be >= 0")
     _require(t.save_every >= 1, f"trainer.save_every={t.save_every} must be >= 1")
     _require(t.eval_every >= 1, f"trainer.eval_every={t.eval_every} must be >= 1")
+    _require(t.max_consecutive_skips >= 1, f"trainer.max_consecutive_skips={t.max_consecutive_skips} must be >= 1")
     _require(cfg.parallel.tp >= 1 and cfg.parallel.pp >= 1, "parallel.tp and parallel.pp must be >= 1")
     _require(bool(cfg.model.hf_path), "model.hf_path must name a Hugging Face model directory")
     for key, paths in [("model.hf_path", [cfg.model.hf_path]), ("model.critic_hf_path", [cfg.model.critic_hf_path] if cfg.model.critic_hf_path else []),

@@ -185,7 +185,7 @@ def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg):
                 nll_coef=MU, temperature=TEMPERATURE,
             )
             actor_mod.train_mini_batch(chunks, micro, settings, counts, vocab_size=VOCAB)
-        applied, _ = optimizer_step(opt)
+        applied, _ = optimizer_step(opt, chunks, loss_finite=True)
         assert applied
         results[role] = {k: v.clone() for k, v in iter_hf_tensors([c.module for c in chunks], family, hf_cfg, critic=is_critic)}
     return results
@@ -268,7 +268,7 @@ def _repeat_step_grads(critic_dir):
     for _ in range(2):
         critic_mod.train_mini_batch(chunks, micro, clip_range=None)
         grads.append({n: p.main_grad.clone() for n, p in chunks[0].module.named_parameters()})
-        assert optimizer_step(opt)[0]
+        assert optimizer_step(opt, chunks, loss_finite=True)[0]
     return grads
 
 

@@ -158,6 +158,9 @@ class TrainerConfig:
     export_hf: bool = True
     deterministic: bool = False
     tensorboard: bool = True
+    # A NaN/Inf loss or gradient norm skips that optimizer step (docs/faults.md); this many skips
+    # in a row (per model; each mini-batch is one step) stop the run with an error.
+    max_consecutive_skips: int = 10
 
 
 @dataclass(frozen=True)
@@ -354,6 +357,7 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     require(t.total_steps >= 0, f"trainer.total_steps={t.total_steps} must be >= 0")
     require(t.save_every >= 1, f"trainer.save_every={t.save_every} must be >= 1")
     require(t.eval_every >= 1, f"trainer.eval_every={t.eval_every} must be >= 1")
+    require(t.max_consecutive_skips >= 1, f"trainer.max_consecutive_skips={t.max_consecutive_skips} must be >= 1")
     require(bool(t.run_dir), "trainer.run_dir must name a directory")
     require(cfg.parallel.tp >= 1, f"parallel.tp={cfg.parallel.tp} must be >= 1")
     require(cfg.parallel.pp >= 1, f"parallel.pp={cfg.parallel.pp} must be >= 1")

@@ -131,16 +131,50 @@ def reduce_metric_sums(outputs: list[dict]) -> dict[str, float]:
     return dict(zip(keys, vals.tolist()))
 
 
-def optimizer_step(optimizer) -> tuple[bool, float]:
-    """One step; returns (applied, grad_norm). A non-finite grad norm skips the update."""
-    applied, grad_norm, _ = optimizer.step()
+FP32_MAX = torch.finfo(torch.float32).max
+
+
+def grads_and_losses_finite(model_chunks: list, loss_finite: bool) -> bool:
+    """Collective over all ranks: True when no rank has a non-finite loss or gradient.
+
+    Reads the DDP gradient buffers, which every optimizer path (fp32, bf16, distributed) steps
+    from. A NaN/Inf anywhere makes that buffer's L2 norm non-finite; a norm whose square would
+    overflow float32 (||g|| > ~1.8e19) counts as non-finite too, since Megatron's own fp32 grad
+    norm would be Inf and its clipping would then zero the gradients *and still step* Adam. With
+    the distributed optimizer a buffer holds this rank's reduced shard plus unreduced local
+    gradients elsewhere; a non-finite reduced value comes from a non-finite local one on some
+    rank or shows up in its owner's shard, so the world-wide sum sees it either way.
+    """
+    sq = torch.zeros((), dtype=torch.float64)
+    for chunk in model_chunks:
+        for buf in chunk.buffers + chunk.expert_parallel_buffers:
+            sq += torch.linalg.vector_norm(buf.grad_data).double().square()
+    flags = torch.stack([sq, torch.tensor(0.0 if loss_finite else 1.0, dtype=torch.float64)])
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flags)  # every rank takes the same decision (the step is collective)
+    total_sq, bad_losses = flags.tolist()
+    return bad_losses == 0 and math.isfinite(total_sq) and total_sq < FP32_MAX
+
+
+def optimizer_step(optimizer, model_chunks: list, *, loss_finite: bool) -> tuple[bool, float]:
+    """One step; returns (applied, grad_norm).
+
+    A non-finite loss or gradient skips the step: parameters, Adam moments and step counts stay
+    exactly as they were, and grad_norm is NaN. Megatron's FP32 and bf16 optimizers do not skip
+    by themselves (only a loss-scaled fp16 optimizer checks for Inf, and this trainer has no fp16
+    mode), so the check runs here, before the optimizer touches anything.
+    """
+    if not grads_and_losses_finite(model_chunks, loss_finite):
+        applied, grad_norm = False, float("nan")
+    else:
+        applied, norm, _ = optimizer.step()
+        grad_norm = float(norm) if norm is not None else 0.0
     # Megatron's FP32/mixed-precision optimizers point param.grad at the DDP main_grad buffer for
     # the step. Left in place, the next backward accumulates into param.grad (= main_grad) and
     # DDP's hook then adds param.grad to main_grad again: the first micro-batch's gradient
     # counts twice. Megatron-LM clears param.grad every iteration for this reason; so do we.
     optimizer.zero_grad(set_to_none=True)
-    grad_norm = float(grad_norm) if grad_norm is not None else 0.0
-    return bool(applied) and math.isfinite(grad_norm), grad_norm
+    return bool(applied), grad_norm
 
 
 def broadcast_from_last_stage(tensors: Iterable[torch.Tensor]) -> None:

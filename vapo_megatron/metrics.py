@@ -31,7 +31,10 @@ class MetricsLogger:
         if not self.enabled or not os.path.exists(self.path):
             return
         with open(self.path) as f:
-            keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+            lines = f.readlines()
+        if lines and not lines[-1].endswith("\n"):
+            lines.pop()  # a record torn by a crash mid-write (its step is redone)
+        keep = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
             f.writelines(keep)

@@ -5,15 +5,17 @@ A checkpoint is run_dir/checkpoints/iter_NNNNNNN/ holding
     critic/  Megatron dist checkpoint: critic weights + optimizer state
     state.json          iteration counters and the prompt sampler's position
     rng/rank_R.safetensors   each rank's torch RNG state (uint8 tensor)
-It is written under a temporary name and renamed into place when complete; then the
+It is written under a temporary name, flushed, and renamed into place when complete; then the
 `latest` pointer file is replaced atomically. A crash at any point leaves the previous
-checkpoint as the latest. Dist checkpoints load at any TP/PP layout.
+checkpoint as the latest; a damaged one is detected on load and the previous one is used
+(docs/faults.md). Dist checkpoints load at any TP/PP layout.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,11 +24,12 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.api import CheckpointException
 
 import model_providers
 from model_providers.build import build_chunks
-from vapo_megatron import parallel
 from vapo_megatron import checkpoint_io  # also installs safe_checkpoint: no checkpoint pickle runs code
+from vapo_megatron import faults, parallel
 from vapo_megatron.checkpoint_io import model_sharded_state
 from vapo_megatron.config import Config, to_dict
 from vapo_megatron.convert import write_source_files
@@ -39,7 +42,7 @@ KEEP_CHECKPOINTS = 2
 
 
 class CheckpointCorrupt(RuntimeError):
-    pass
+    """A checkpoint that cannot be resumed from; the message names it."""
 
 
 @dataclass
@@ -126,6 +129,7 @@ def sync_weights(actor: TrainModel, engine, *, version: int, cfg: Config) -> Non
 
     stream(actor.modules, actor.family, actor.hf_cfg, engine, version=version,
            bucket_bytes=cfg.rollout.weight_sync_bucket_mb << 20)
+    faults.fault_point("weight_sync")  # test-only (faults.py): the engine is ahead of the checkpoint
 
 
 # ---- checkpoints -------------------------------------------------------------------------------
@@ -151,13 +155,48 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush a directory tree's files and directories to stable storage before it is renamed
+    into place: the rename is the commit, and must not reach the disk before the data does."""
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            _fsync(Path(dirpath) / f)
+        _fsync(Path(dirpath))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.parent / f".{path.name}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _remove_leftovers(root: Path) -> None:
+    """A crashed save leaves `.iter_N.tmp` (or `.old`/`.del`) behind; nothing reads them."""
+    for p in root.glob(".iter_*"):
+        shutil.rmtree(p, ignore_errors=True)
+
+
 def save_run_state(cfg: Config, state: RunState, actor: TrainModel, critic: TrainModel, ctx, *, final: bool = False) -> Path:
-    """Collective. Writes iter_N atomically, then moves `latest` to it; keeps the newest few."""
+    """Collective. Writes iter_N under a temporary name, flushes it, renames it into place, then
+    moves `latest` to it; keeps the newest few. A crash at any point leaves `latest` naming a
+    complete checkpoint (docs/faults.md)."""
     root = _ckpt_root(cfg)
     name = f"iter_{state.iteration:07d}"
     target, tmp = root / name, root / f".{name}.tmp"
     if parallel.is_rank0():
-        shutil.rmtree(tmp, ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
+        _remove_leftovers(root)
         (tmp / "rng").mkdir(parents=True)
     _barrier()
     for sub, model in (("actor", actor), ("critic", critic)):
@@ -169,22 +208,31 @@ def save_run_state(cfg: Config, state: RunState, actor: TrainModel, critic: Trai
             src = cfg.model.critic_hf_path if sub == "critic" and cfg.model.critic_hf_path else cfg.model.hf_path
             write_source_files(tmp / sub, model.hf_cfg, Path(src), family_name=model.family.name,
                                critic=sub == "critic", dtype=cfg.model.dtype)
+        if sub == "actor":
+            faults.fault_point("checkpoint")  # test-only (faults.py): a crash mid-write
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
-    save_file(rng, str(tmp / "rng" / f"rank_{dist.get_rank()}.safetensors"))
+    rng_file = tmp / "rng" / f"rank_{dist.get_rank()}.safetensors"
+    save_file(rng, str(rng_file))
+    _fsync(rng_file)  # each rank flushes what it wrote (megatron fsyncs its own .distcp files)
     _barrier()
     if parallel.is_rank0():
-        with open(tmp / "state.json", "w") as f:
-            json.dump({"state": state.to_json(), "config": to_dict(cfg), "complete": True}, f, indent=1)
-        if target.exists():
-            shutil.rmtree(target)
+        meta = {"state": state.to_json(), "world_size": dist.get_world_size(), "config": to_dict(cfg), "complete": True}
+        (tmp / "state.json").write_text(json.dumps(meta, indent=1))
+        _fsync_tree(tmp)
+        if target.exists():  # the same iteration again (after a fallback): move the old one aside first
+            target.rename(root / f".{name}.old")
         os.replace(tmp, target)
-        latest_tmp = root / ".latest.tmp"
-        latest_tmp.write_text(name + "\n")
-        os.replace(latest_tmp, root / "latest")
-        for old in sorted(p for p in root.glob("iter_*") if p.name != name)[:-(KEEP_CHECKPOINTS - 1) or None]:
-            shutil.rmtree(old, ignore_errors=True)
+        _fsync(root)
+        _write_atomic(root / "latest", name + "\n")
+        _fsync(root)
+        older = sorted(p for p in root.glob("iter_*") if p.name < name)
+        for old in older[: max(len(older) - (KEEP_CHECKPOINTS - 1), 0)]:
+            dead = root / f".{old.name}.del"
+            old.rename(dead)  # never a half-deleted iter_N
+            shutil.rmtree(dead, ignore_errors=True)
+        _remove_leftovers(root)
     _barrier()
     if final and cfg.trainer.export_hf:
         export_hf(cfg, actor, ctx)
@@ -196,46 +244,97 @@ def _candidates(root: Path) -> list[Path]:
     found = sorted((p for p in root.glob("iter_*") if p.is_dir()), reverse=True)
     latest = root / "latest"
     if latest.exists():
-        named = root / latest.read_text().strip()
-        found = [named] + [p for p in found if p != named]
+        named = latest.read_text(errors="replace").strip()
+        if re.fullmatch(r"iter_\d{7}", named):
+            found = [root / named] + [p for p in found if p.name != named]
+        elif parallel.is_rank0():
+            print(f"[vapo] {latest} is damaged (holds {named[:40]!r}, not iter_NNNNNNN); ignoring it", flush=True)
     return found
 
 
 def _check_complete(path: Path) -> dict:
+    """The cheap checks, the same on every rank: state.json parses and names this iteration,
+    both dist checkpoints have their metadata. Damage inside the tensor files shows at load."""
+    if not path.is_dir():
+        raise CheckpointCorrupt(f"{path} does not exist")
     try:
         meta = json.loads((path / "state.json").read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointCorrupt(f"{path}: state.json unreadable ({e})") from None
+        s = meta["state"]
+        fields = (s["iteration"], s["sft_steps_done"], s["sft_finished"], s["pretrain_steps_done"],
+                  s["pretrain_finished"], s["sampler"], meta["world_size"], meta["complete"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointCorrupt(f"{path / 'state.json'} is unreadable or incomplete ({type(e).__name__}: {e})") from None
+    if fields[-1] is not True:
+        raise CheckpointCorrupt(f"{path / 'state.json'}: not marked complete")
+    if f"iter_{s['iteration']:07d}" != path.name:
+        raise CheckpointCorrupt(f"{path / 'state.json'} records iteration {s['iteration']}, not that of {path.name}")
     for sub in ("actor", "critic"):
         if not dist_checkpointing.check_is_distributed_checkpoint(str(path / sub)):
-            raise CheckpointCorrupt(f"{path / sub}: not a complete Megatron dist checkpoint")
-    if not meta.get("complete"):
-        raise CheckpointCorrupt(f"{path}: not marked complete")
+            raise CheckpointCorrupt(f"{path / sub} is not a complete Megatron dist checkpoint (metadata.json missing or unreadable)")
     return meta
 
 
+def _one_line(e: BaseException) -> str:
+    """A short reason; torch DCP wraps each rank's error in a CheckpointException."""
+    if isinstance(e, CheckpointException) and e.failures:
+        e = next(iter(e.failures.values()))[0]
+    if isinstance(e, CheckpointCorrupt):
+        return str(e)
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[-1] if lines else ''}"
+
+
+def _load_into(path: Path, meta: dict, actor: TrainModel, critic: TrainModel) -> dict | None:
+    """Load weights and optimizer state of both models; returns this rank's RNG state (None when
+    the checkpoint was written by another world size: then the RNG is not restored)."""
+    for sub, model in (("actor", actor), ("critic", critic)):
+        sharded = _model_state(model, loading=True)
+        loaded = checkpoint_io.load(path / sub, sharded)  # a failure of any kind is a CheckpointError
+        for chunk, key in zip(model.modules, [k for k in loaded if k.startswith("model")]):
+            chunk.load_state_dict(loaded[key], strict=True)
+        model.optimizer.load_state_dict(loaded["optimizer"])
+        _drop_unstepped_state(model)
+    if meta["world_size"] != dist.get_world_size():
+        return None
+    rng_file = path / "rng" / f"rank_{dist.get_rank()}.safetensors"
+    if not rng_file.is_file():
+        raise CheckpointCorrupt(f"{rng_file} is missing")
+    return load_file(str(rng_file))
+
+
 def load_run_state(cfg: Config, actor: TrainModel, critic: TrainModel, ctx) -> RunState:
-    """Resume from the newest loadable checkpoint of run_dir, or start fresh."""
+    """Resume from the newest loadable checkpoint of run_dir, or start fresh when it has none.
+
+    A damaged checkpoint (unreadable state.json, missing metadata, a truncated or missing tensor
+    file, ...) is reported by name and the next older one is tried. Every rank takes the same
+    decision: a damaged shard may be read by one rank only. When checkpoints exist but none
+    loads, the run stops rather than silently starting over."""
     state = RunState(sampler=PromptSampler(ctx.train_records, cfg.rollout.prompts_per_step, cfg.data.seed))
     root = _ckpt_root(cfg)
-    for path in _candidates(root) if root.exists() else []:
+    candidates = _candidates(root) if root.exists() else []
+    failures = []
+    for path in candidates:
+        reason, meta, rng = "", None, None
         try:
             meta = _check_complete(path)
-            for sub, model in (("actor", actor), ("critic", critic)):
-                sharded = _model_state(model, loading=True)
-                loaded = checkpoint_io.load(path / sub, sharded)  # a failure of any kind is a CheckpointError
-                for chunk, key in zip(model.modules, [k for k in loaded if k.startswith("model")]):
-                    chunk.load_state_dict(loaded[key], strict=True)
-                model.optimizer.load_state_dict(loaded["optimizer"])
-                _drop_unstepped_state(model)
-            rng = load_file(str(path / "rng" / f"rank_{dist.get_rank()}.safetensors"))
-        except (CheckpointCorrupt, Exception) as e:  # noqa: BLE001 - any damage means: try older
+            rng = _load_into(path, meta, actor, critic)
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - any damage means: try an older one
+            reason = _one_line(e)
+        reasons = [""] * dist.get_world_size()
+        dist.all_gather_object(reasons, reason)
+        bad = [r for r in reasons if r]
+        if bad:
             if parallel.is_rank0():
-                print(f"[vapo] checkpoint {path} is damaged, falling back to an older one: {e}", flush=True)
+                print(f"[vapo] checkpoint {path} is damaged, falling back to an older one: {bad[0]}", flush=True)
+            failures.append(f"{path.name}: {bad[0]}")
             continue
-        torch.set_rng_state(rng["cpu"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state(rng["cuda"])
+        if rng is not None:
+            torch.set_rng_state(rng["cpu"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"])
+        elif parallel.is_rank0():
+            print(f"[vapo] {path} was written by {meta['world_size']} ranks, not {dist.get_world_size()}: "
+                  "random number generators are not restored (the run continues, not bitwise as before)", flush=True)
         s = meta["state"]
         state.iteration, state.sft_steps_done, state.sft_finished = s["iteration"], s["sft_steps_done"], s["sft_finished"]
         state.pretrain_steps_done, state.pretrain_finished = s["pretrain_steps_done"], s["pretrain_finished"]
@@ -243,6 +342,11 @@ def load_run_state(cfg: Config, actor: TrainModel, critic: TrainModel, ctx) -> R
         if parallel.is_rank0():
             print(f"[vapo] resumed from {path} at iteration {state.iteration}", flush=True)
         return state
+    if failures:
+        raise CheckpointCorrupt(
+            f"no checkpoint in {root} can be loaded ({'; '.join(failures)}); "
+            f"move {root} away to start the run afresh"
+        )
     return state
 
 

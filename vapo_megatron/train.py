@@ -21,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from vapo_megatron import parallel
+from vapo_megatron import faults, parallel
 from vapo_megatron.actor import PolicyLossSettings
 from vapo_megatron.advantages import compute_advantages, policy_lambdas
 from vapo_megatron.algorithms.losses import masked_moment_sums, whiten
@@ -32,6 +32,7 @@ from vapo_megatron.metrics import MetricsLogger
 from vapo_megatron.preflight import validate_startup
 from vapo_megatron.rollout_collect import RolloutContext, collect_rollouts, evaluate
 from vapo_megatron.run_state import (
+    CheckpointCorrupt,
     RunState,
     build_models,
     load_run_state,
@@ -41,6 +42,7 @@ from vapo_megatron.run_state import (
 )
 from vapo_megatron.stop_signals import StopSignals
 from vapo_megatron.updates import (
+    NonFiniteError,
     batch_padding_ratio,
     explained_variance,
     score_with_models,
@@ -49,6 +51,7 @@ from vapo_megatron.updates import (
 )
 
 PREEMPTED_EXIT_CODE = 3  # checkpoint written after SIGUSR1/SIGTERM; the launcher may requeue
+NON_FINITE_EXIT_CODE = 4  # trainer.max_consecutive_skips optimizer steps in a row had NaN/Inf
 
 
 class Trainer:
@@ -105,8 +108,10 @@ class Trainer:
         cfg, algo = self.cfg, self.cfg.algo
         phase = "value_pretrain" if self.state.iteration < algo.value_pretrain_steps and not self.state.pretrain_finished else "vapo"
         t0 = time.perf_counter()
+        faults.set_iteration(self.state.iteration)  # test-only fault injection (faults.py)
         prompts = self.state.sampler.next_batch()                                        # 1
         rollout = collect_rollouts(self.ctx, prompts, seed=self._rollout_seed())          # 2
+        faults.fault_point("rollout")
         batch, reward_logs = self.ctx.score(rollout)                                      # 3
         batch.old_logp, entropy, batch.values = score_with_models(                        # 4
             self.actor, self.critic, batch, temperature=cfg.rollout.temperature,
@@ -115,16 +120,21 @@ class Trainer:
         batch.advantages, batch.returns = compute_advantages(batch, algo, value_pretrain=phase == "value_pretrain")  # 5
         if algo.whiten_advantages:
             batch.advantages = self._whiten(batch)
+        if faults.poisoned("nan_loss"):  # test-only: NaN losses and gradients in both models
+            batch.advantages = torch.full_like(batch.advantages, float("nan"))
+            batch.returns = torch.full_like(batch.returns, float("nan"))
         ev = explained_variance(batch)
         critic_logs = update_critic(                                                      # 6
             self.critic, batch, clip_range=algo.value_clip, mini_batches=algo.mini_batches,
             epochs=algo.ppo_epochs, max_tokens=cfg.trainer.micro_batch_tokens, lr=cfg.critic_optim.lr,
+            max_consecutive_skips=cfg.trainer.max_consecutive_skips,
         )
         actor_logs: dict[str, float] = {}
         if phase == "vapo":
             actor_logs = update_actor(                                                    # 7
                 self.actor, batch, self._policy_settings(), mini_batches=algo.mini_batches,
                 epochs=algo.ppo_epochs, max_tokens=cfg.trainer.micro_batch_tokens, lr=cfg.actor_optim.lr,
+                max_consecutive_skips=cfg.trainer.max_consecutive_skips,
             )
             sync_weights(self.actor, self.ctx.engine, version=self.state.iteration + 1, cfg=cfg)  # 8
         else:
@@ -231,12 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopSignals().install()  # before any other thread or helper process exists
     try:
         trainer = Trainer(cfg, stop)
-    except (PromptDataError, ConfigError) as e:  # data files are read before any model is built
-        print(f"vapo-train: {'data' if isinstance(e, PromptDataError) else 'configuration'} error: {e}", file=sys.stderr)
+    except (PromptDataError, ConfigError, CheckpointCorrupt) as e:  # before any training step
+        kind = {PromptDataError: "data", ConfigError: "configuration", CheckpointCorrupt: "checkpoint"}[type(e)]
+        print(f"vapo-train: {kind} error: {e}", file=sys.stderr, flush=True)
         parallel.destroy()
         return 2
     try:
         code = trainer.run()
+    except NonFiniteError as e:  # raised on every rank at the same step (the decision is collective)
+        if parallel.is_rank0():
+            print(f"vapo-train: numerical error: {e}", file=sys.stderr, flush=True)
+        code = NON_FINITE_EXIT_CODE
     finally:
         trainer.close()
         parallel.destroy()

@@ -14,7 +14,7 @@ import torch
 
 from vapo_megatron import actor as actor_mod
 from vapo_megatron import critic as critic_mod
-from vapo_megatron import parallel
+from vapo_megatron import faults, parallel
 from vapo_megatron.algorithms.losses import explained_variance_from_sums, explained_variance_sums
 from vapo_megatron.batch import RolloutBatch
 from vapo_megatron.data.microbatch import padding_ratio, plan_micro_batches
@@ -31,6 +31,7 @@ class TrainModel:
     family: object
     hf_cfg: dict
     vocab_size: int  # real (unpadded) vocabulary
+    consecutive_skips: int = 0  # optimizer steps skipped in a row (non-finite loss or gradient)
 
     @property
     def modules(self) -> list:
@@ -85,8 +86,31 @@ def _finish(sums: dict[str, float], counts: GlobalCounts, prefix: str) -> dict[s
     return out
 
 
+class NonFiniteError(RuntimeError):
+    """Too many optimizer steps in a row were skipped for NaN/Inf losses or gradients."""
+
+
+def _step(model: TrainModel, sums: dict[str, float], role: str, max_consecutive_skips: int) -> tuple[bool, float]:
+    """One optimizer step that is skipped (and counted) when a loss or the gradient norm is not
+    finite; after `max_consecutive_skips` skips in a row the run stops (NonFiniteError)."""
+    loss_finite = all(math.isfinite(v) for k, v in sums.items() if k.endswith("loss_sum"))
+    applied, grad_norm = optimizer_step(model.optimizer, model.chunks, loss_finite=loss_finite)
+    model.consecutive_skips = 0 if applied else model.consecutive_skips + 1
+    if model.consecutive_skips >= max_consecutive_skips:
+        raise NonFiniteError(
+            f"{role}: {model.consecutive_skips} optimizer steps in a row were skipped because a loss or the gradient "
+            f"norm was NaN/Inf (trainer.max_consecutive_skips={max_consecutive_skips}). The parameters are those of "
+            "the last good step and the checkpoints are untouched; lower the learning rate or check the data and "
+            "rewards, then resume from the latest checkpoint."
+        )
+    if not applied and parallel.is_rank0():
+        print(f"[vapo] {role}: optimizer step skipped (non-finite loss or gradient norm), "
+              f"{model.consecutive_skips} in a row", flush=True)
+    return applied, grad_norm
+
+
 def update_critic(critic: TrainModel, batch: RolloutBatch, *, clip_range: float | None, mini_batches: int,
-                  epochs: int, max_tokens: int, lr: float) -> dict[str, float]:
+                  epochs: int, max_tokens: int, lr: float, max_consecutive_skips: int) -> dict[str, float]:
     """Step 6: clipped value loss against `batch.returns`, token-level over each mini-batch."""
     set_lr(critic.optimizer, lr)
     logs: dict[str, list[float]] = {}
@@ -96,7 +120,8 @@ def update_critic(critic: TrainModel, batch: RolloutBatch, *, clip_range: float 
             counts = global_counts(part, parallel.dp_group())
             _, micro = micro_batches(part, max_tokens)
             sums = reduce_metric_sums(critic_mod.train_mini_batch(critic.chunks, micro, clip_range=clip_range))
-            applied, grad_norm = optimizer_step(critic.optimizer)
+            applied, grad_norm = _step(critic, sums, "critic", max_consecutive_skips)
+            faults.fault_point("critic_update")  # test-only (faults.py): a crash mid-update
             step_logs = _finish(sums, counts, "critic")
             step_logs["critic/grad_norm"] = grad_norm
             step_logs["critic/skipped_steps"] = 0.0 if applied else 1.0
@@ -107,7 +132,8 @@ def update_critic(critic: TrainModel, batch: RolloutBatch, *, clip_range: float 
 
 
 def update_actor(actor: TrainModel, batch: RolloutBatch, settings: actor_mod.PolicyLossSettings, *,
-                 mini_batches: int, epochs: int, max_tokens: int, lr: float) -> dict[str, float]:
+                 mini_batches: int, epochs: int, max_tokens: int, lr: float,
+                 max_consecutive_skips: int) -> dict[str, float]:
     """Step 7: PPO (clip-higher, token-level) + mu * positive-example NLL."""
     set_lr(actor.optimizer, lr)
     logs: dict[str, list[float]] = {}
@@ -118,7 +144,8 @@ def update_actor(actor: TrainModel, batch: RolloutBatch, settings: actor_mod.Pol
             _, micro = micro_batches(part, max_tokens)
             outs = actor_mod.train_mini_batch(actor.chunks, micro, settings, counts, vocab_size=actor.vocab_size)
             sums = reduce_metric_sums(outs)
-            applied, grad_norm = optimizer_step(actor.optimizer)
+            applied, grad_norm = _step(actor, sums, "actor", max_consecutive_skips)
+            faults.fault_point("actor_update")  # test-only (faults.py): a crash mid-update
             step_logs = _finish(sums, counts, "actor")
             if settings.loss_agg == "sample":
                 step_logs["actor/pg_loss"] = sums["actor/pg_loss_sum"] / max(counts.tokens, 1)

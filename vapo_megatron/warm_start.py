@@ -56,7 +56,8 @@ def sft_steps(cfg, actor: TrainModel, ctx, *, start: int) -> Iterator[tuple[int,
     for step in range(start, s.steps):
         batch = _sft_batch(ctx.dp_share(sampler.next_batch()), ctx.tokenizer, ctx.stop_token_ids[0])
         logs = update_actor(model, batch, settings, mini_batches=1, epochs=1,
-                            max_tokens=cfg.trainer.micro_batch_tokens, lr=s.lr)
+                            max_tokens=cfg.trainer.micro_batch_tokens, lr=s.lr,
+                            max_consecutive_skips=cfg.trainer.max_consecutive_skips)
         out = {"sft/nll_loss": logs["actor/nll_loss"], "sft/grad_norm": logs["actor/grad_norm"], "sft/step": step + 1}
         done = step + 1 == s.steps
         if s.target_accuracy is not None and (step + 1) % s.eval_every == 0:

@@ -1,0 +1,62 @@
+"""TEST-ONLY fault injection: the crash-consistency and numerics tests kill or poison a real run
+at named points. Without the environment variable VAPO_FAULT every function here is a no-op
+(one dictionary lookup), so production runs are unaffected.
+
+    VAPO_FAULT="point@N[,point@N...]"
+
+fires `point` while the trainer works on iteration N (0-based: the step that the metrics log as
+step N+1; a checkpoint point fires while writing the checkpoint saved right after that step).
+Every rank fires at the same point, as a whole-job crash would.
+
+Kill points (the process SIGKILLs itself: no handler, no cleanup, no flush):
+    rollout          after the rollout engine returned its samples
+    critic_update    after the first critic optimizer step of the iteration
+    actor_update     after the first actor optimizer step of the iteration
+    weight_sync      after the new actor weights were streamed into the rollout engine
+    checkpoint       after the actor's dist checkpoint is written, before the critic's
+Poison points (queried with `poisoned`):
+    nan_loss         the iteration's advantages and returns are NaN, so the actor and critic
+                     losses and gradients are NaN (train.py)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+KILL_POINTS = ("rollout", "critic_update", "actor_update", "weight_sync", "checkpoint")
+POISON_POINTS = ("nan_loss",)
+
+_iteration = -1  # published by the trainer (set_iteration); -1 before the first RL step
+
+
+def set_iteration(iteration: int) -> None:
+    """The trainer publishes the iteration it is working on (its fault points read it)."""
+    global _iteration
+    _iteration = iteration
+
+
+def _armed(point: str) -> bool:
+    spec = os.environ.get("VAPO_FAULT", "")
+    if not spec:
+        return False
+    for item in spec.split(","):
+        name, sep, when = item.strip().partition("@")
+        if not sep or not when.isdigit() or name not in KILL_POINTS + POISON_POINTS:
+            raise ValueError(f"VAPO_FAULT={spec!r}: {item!r} is not point@iteration with point one of "
+                             f"{', '.join(KILL_POINTS + POISON_POINTS)}")
+        if name == point and int(when) == _iteration:
+            return True
+    return False
+
+
+def fault_point(point: str) -> None:
+    """SIGKILL this process if VAPO_FAULT names `point` at the current iteration."""
+    if _armed(point):
+        print(f"[vapo] VAPO_FAULT: killing rank {os.environ.get('RANK', '0')} at {point}@{_iteration}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def poisoned(point: str) -> bool:
+    """Whether VAPO_FAULT asks to poison `point` at the current iteration."""
+    return _armed(point)

@@ -17,6 +17,7 @@ restrictions on megatron/torch DCP's unpickling (see vapo_megatron/safe_checkpoi
 from __future__ import annotations
 
 import pickle
+import queue
 import re
 import shutil
 from pathlib import Path
@@ -34,6 +35,23 @@ safe_checkpoint.install()  # before any load: no checkpoint file may run code
 
 class CheckpointError(ValueError):
     """A directory that is not a usable checkpoint; the message names it."""
+
+
+def write_dist_checkpoint(sharded_state: dict, ckpt_dir: str | Path) -> None:
+    """Collective: megatron's synchronous dist checkpoint save into `ckpt_dir` (no renaming).
+
+    Megatron's torch_dist writer hands the write results of its writer threads back through a
+    queue that it creates at the first save from a multiprocessing Manager: a spawned process
+    that imports this program again (seconds of CPU and ~750 MB per rank), even though a
+    synchronous save never lets the results leave this process. That process also outlives a
+    rank killed by SIGKILL (an OOM kill, a node agent), orphaned. Every save here is synchronous,
+    so megatron gets an in-process queue instead; asynchronous saves would need the Manager.
+    """
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:  # megatron's lazily created module-level queue
+        filesystem_async._results_queue = queue.Queue()
+    dist_checkpointing.save(sharded_state, str(ckpt_dir))
 
 
 def model_sharded_state(model_chunks: list) -> dict:
@@ -63,7 +81,7 @@ def save(ckpt_dir: str | Path, sharded_state: dict, *, write_extra: Callable[[Pa
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     _barrier()
-    dist_checkpointing.save(sharded_state, str(tmp))
+    write_dist_checkpoint(sharded_state, tmp)
     if _rank0() and write_extra is not None:
         write_extra(tmp)
     _barrier()

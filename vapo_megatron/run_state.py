@@ -202,7 +202,7 @@ def save_run_state(cfg: Config, state: RunState, actor: TrainModel, critic: Trai
     for sub, model in (("actor", actor), ("critic", critic)):
         (tmp / sub).mkdir(exist_ok=True)
         _barrier()
-        dist_checkpointing.save(_model_state(model, loading=False), str(tmp / sub))
+        checkpoint_io.write_dist_checkpoint(_model_state(model, loading=False), tmp / sub)
         _drop_unstepped_state(model)
         if parallel.is_rank0():  # hf/ + vapo.json: `vapo-convert mcore-to-hf --ckpt .../actor` works on it
             src = cfg.model.critic_hf_path if sub == "critic" and cfg.model.critic_hf_path else cfg.model.hf_path

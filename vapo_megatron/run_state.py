@@ -18,7 +18,9 @@ import os
 import re
 import shutil
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -39,6 +41,7 @@ from vapo_megatron.megatron_step import build_optimizer, wrap_ddp
 from vapo_megatron.updates import TrainModel
 
 KEEP_CHECKPOINTS = 2
+T = TypeVar("T")
 
 
 class CheckpointCorrupt(RuntimeError):
@@ -284,16 +287,35 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[-1] if lines else ''}"
 
 
-def _load_into(path: Path, meta: dict, actor: TrainModel, critic: TrainModel) -> dict | None:
-    """Load weights and optimizer state of both models; returns this rank's RNG state (None when
-    the checkpoint was written by another world size: then the RNG is not restored)."""
-    for sub, model in (("actor", actor), ("critic", critic)):
-        sharded = _model_state(model, loading=True)
-        loaded = checkpoint_io.load(path / sub, sharded)  # a failure of any kind is a CheckpointError
-        for chunk, key in zip(model.modules, [k for k in loaded if k.startswith("model")]):
-            chunk.load_state_dict(loaded[key], strict=True)
-        model.optimizer.load_state_dict(loaded["optimizer"])
-        _drop_unstepped_state(model)
+def _torch_optimizer_states(state) -> list[dict]:
+    """The torch optimizer state dicts ({"state", "param_groups"}) inside a loaded megatron
+    optimizer state: one for a plain optimizer, one per part of a ChainedOptimizer, nested
+    under "optimizer" for the mixed-precision one."""
+    if not isinstance(state, dict):
+        return []
+    if "state" in state and "param_groups" in state:
+        return [state]
+    return [s for v in state.values() for s in _torch_optimizer_states(v)]
+
+
+def _load_model(ckpt: Path, model: TrainModel) -> None:
+    """Weights and optimizer state of one model from its dist checkpoint."""
+    loaded = checkpoint_io.load(ckpt, _model_state(model, loading=True))  # any failure is a CheckpointError
+    for chunk, key in zip(model.modules, [k for k in loaded if k.startswith("model")]):
+        chunk.load_state_dict(loaded[key], strict=True)
+    for opt_state in _torch_optimizer_states(loaded["optimizer"]):
+        if opt_state["state"] and "common_step" not in opt_state["state"]:
+            # Saved before this optimizer's first step: zero moments and no step count (megatron
+            # stores the step only once it is non-zero), which torch's Adam refuses to load. It
+            # was a fresh optimizer; it loads as one.
+            opt_state["state"] = {}
+    model.optimizer.load_state_dict(loaded["optimizer"])
+    _drop_unstepped_state(model)
+
+
+def _rng_state(path: Path, meta: dict) -> dict | None:
+    """This rank's RNG state; None when the checkpoint was written by another world size (then
+    the RNG is not restored)."""
     if meta["world_size"] != dist.get_world_size():
         return None
     rng_file = path / "rng" / f"rank_{dist.get_rank()}.safetensors"
@@ -302,31 +324,46 @@ def _load_into(path: Path, meta: dict, actor: TrainModel, critic: TrainModel) ->
     return load_file(str(rng_file))
 
 
+def _on_every_rank(step: Callable[[], T]) -> T:
+    """Collective: run one step of a resume on every rank and agree on its outcome before any
+    rank goes on. When it failed on some rank, it raises CheckpointCorrupt on all, with the
+    first failing rank's reason. Megatron reads each rank's shards without collectives, so a
+    damaged file fails only on the ranks that read it; a rank that went on alone would meet the
+    others' collectives of the next load (or of the fallback) out of step."""
+    result, reason = None, ""
+    try:
+        result = step()
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - any damage means: try an older one
+        reason = _one_line(e)
+    reasons = [""] * dist.get_world_size()
+    dist.all_gather_object(reasons, reason)
+    bad = next((r for r in reasons if r), "")
+    if bad:
+        raise CheckpointCorrupt(bad)
+    return result
+
+
 def load_run_state(cfg: Config, actor: TrainModel, critic: TrainModel, ctx) -> RunState:
     """Resume from the newest loadable checkpoint of run_dir, or start fresh when it has none.
 
     A damaged checkpoint (unreadable state.json, missing metadata, a truncated or missing tensor
     file, ...) is reported by name and the next older one is tried. Every rank takes the same
-    decision: a damaged shard may be read by one rank only. When checkpoints exist but none
-    loads, the run stops rather than silently starting over."""
+    decision after each step of the load: a damaged shard may be read by one rank only. When
+    checkpoints exist but none loads, the run stops rather than silently starting over."""
     state = RunState(sampler=PromptSampler(ctx.train_records, cfg.rollout.prompts_per_step, cfg.data.seed))
     root = _ckpt_root(cfg)
     candidates = _candidates(root) if root.exists() else []
     failures = []
     for path in candidates:
-        reason, meta, rng = "", None, None
         try:
-            meta = _check_complete(path)
-            rng = _load_into(path, meta, actor, critic)
-        except (Exception, CheckpointException) as e:  # noqa: BLE001 - any damage means: try an older one
-            reason = _one_line(e)
-        reasons = [""] * dist.get_world_size()
-        dist.all_gather_object(reasons, reason)
-        bad = [r for r in reasons if r]
-        if bad:
+            meta = _on_every_rank(partial(_check_complete, path))
+            for sub, model in (("actor", actor), ("critic", critic)):
+                _on_every_rank(partial(_load_model, path / sub, model))
+            rng = _on_every_rank(partial(_rng_state, path, meta))
+        except CheckpointCorrupt as e:
             if parallel.is_rank0():
-                print(f"[vapo] checkpoint {path} is damaged, falling back to an older one: {bad[0]}", flush=True)
-            failures.append(f"{path.name}: {bad[0]}")
+                print(f"[vapo] checkpoint {path} is damaged, falling back to an older one: {e}", flush=True)
+            failures.append(f"{path.name}: {e}")
             continue
         if rng is not None:
             torch.set_rng_state(rng["cpu"])

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+
+from train_runs import checkpoint_tensors, hf_weights, records
 
 REPO = Path(__file__).resolve().parent.parent
 SLURM_LOCAL = REPO / "scripts" / "slurm_local.sh"
@@ -102,32 +103,6 @@ def short_demo(data: Path) -> list[str]:
         "rollout.prompts_per_step=8", "rollout.n_samples=4", "data.eval_max_prompts=4", "trainer.save_every=5",
         "trainer.eval_every=100", "trainer.tensorboard=false", f"trainer.total_steps={VAPO_STEPS}",
     ]
-
-
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def checkpoint_tensors(ckpt: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a Megatron dist checkpoint (torch_dist format: weights and optimizer state),
-    read with torch.distributed.checkpoint in this process, without a process group."""
-    from torch.distributed.checkpoint import FileSystemReader, load
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    reader = FileSystemReader(str(ckpt))
-    meta = reader.read_metadata().state_dict_metadata
-    out = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items() if isinstance(m, TensorStorageMetadata)}
-    load(out, storage_reader=reader, no_dist=True)
-    return out
-
-
-def hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
-    index = json.loads((hf_dir / "model.safetensors.index.json").read_text())
-    out = {}
-    for shard in sorted(set(index["weight_map"].values())):
-        out.update(load_file(str(hf_dir / shard)))
-    assert out.keys() == index["weight_map"].keys()
-    return out
 
 
 @pytest.fixture(scope="module")

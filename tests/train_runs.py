@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,21 +82,30 @@ def launch(config: str | Path, overrides: list[str], *, env: dict[str, str] | No
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     reaping = _set_subreaper(True)
     before = _children() if reaping else {}
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
-    finally:
-        leftovers = {}
-        if reaping:
-            time.sleep(0.2)  # a dying worker's helpers are re-parented as it exits
-            leftovers = {pid: cmdline for pid, cmdline in _children().items() if pid not in before}
-            for pid in leftovers:  # our own orphans: end them and collect their exit status
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                except (ProcessLookupError, ChildProcessError):
-                    pass
-            _set_subreaper(False)
-    return Launch(proc.returncode, proc.stdout, proc.stderr, [f"{pid}: {c}" for pid, c in leftovers.items()])
+    # Output goes to files, not pipes: a process the run leaves behind would hold a pipe open and
+    # keep subprocess waiting for its end.
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        try:
+            returncode = subprocess.run(cmd, cwd=ROOT, env=full_env, stdout=out, stderr=err, timeout=timeout).returncode
+        finally:
+            leftovers = _end_orphans(before) if reaping else []
+        out.seek(0)
+        err.seek(0)
+        return Launch(returncode, out.read(), err.read(), leftovers)
+
+
+def _end_orphans(before: dict[int, str]) -> list[str]:
+    """Kill and reap the processes re-parented to us during a launch; returns them."""
+    time.sleep(0.2)  # a dying worker's helpers are re-parented as it exits
+    leftovers = {pid: cmdline for pid, cmdline in _children().items() if pid not in before}
+    for pid in leftovers:  # our own orphans: end them and collect their exit status
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    _set_subreaper(False)
+    return [f"{pid}: {c}" for pid, c in leftovers.items()]
 
 
 def train(config: str | Path, *overrides: str, env: dict[str, str] | None = None) -> Launch:

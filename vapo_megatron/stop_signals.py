@@ -6,11 +6,13 @@ trainer only records the signal here and acts on it at its next safe point (the 
 checkpoint, then exit with PREEMPTED_EXIT_CODE so that the launcher requeues (slurm/vapo_train.sbatch).
 
 Why SIGUSR1 is blocked, not just handled: Slurm delivers it to every process of the job step,
-the trainer's helper processes included: megatron's checkpoint writer (a multiprocessing Manager
-spawned at the first save), reward workers, SGLang's processes. A program started by exec gets
-the default action back for every handled signal, and the default action of SIGUSR1 is to
-terminate; the checkpoint writer then dies and the checkpoint the signal asks for fails
-(BrokenPipeError inside dist_checkpointing.save, seen on the local cluster of tests/test_slurm.py).
+the trainer's helper processes included: reward workers, SGLang's processes, and megatron's
+checkpoint writer when it has one (a multiprocessing Manager spawned at the first save; since
+checkpoint_io.write_dist_checkpoint gives megatron an in-process queue, it has none). A program
+started by exec gets the default action back for every handled signal, and the default action of
+SIGUSR1 is to terminate; such a checkpoint writer then died and the checkpoint the signal asked
+for failed (BrokenPipeError inside dist_checkpointing.save, seen on the local cluster of
+tests/test_slurm.py).
 A blocked signal stays blocked across fork and exec, so helpers started after `install()` never
 act on it, while a watcher thread of the trainer takes it with sigwait().
 

@@ -147,15 +147,18 @@ def test_killed_at_every_point_and_damaged_checkpoints_resume_to_the_same_run(re
     _assert_consistent(root)
     assert _latest(root) == "iter_0000003"
 
-    # 5. The newest checkpoint damaged: one rank's shard file of the actor cut in half. Only the rank
-    #    that reads it fails; all ranks fall back to iter_2, redo iteration 2 (writing iter_3 anew)
-    #    and iteration 3, and are killed while writing iter_4: after the actor, before the critic.
-    shard = max((root / "iter_0000003" / "actor").glob("*.distcp"), key=lambda p: p.stat().st_size)
-    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    # 5. The newest checkpoint damaged: rank 1's shard file of the actor cut in half (its TP shards;
+    #    the replicated tensors are in rank 0's file). Only rank 1 fails to load it; all ranks fall
+    #    back to iter_2, redo iteration 2 (writing iter_3 anew) and iteration 3, and are killed
+    #    while writing iter_4: after the actor, before the critic.
+    shard = root / "iter_0000003" / "actor" / "__1_0.distcp"  # torch DCP's name: __{rank}_{file}.distcp
+    full = shard.stat().st_size
+    shard.write_bytes(shard.read_bytes()[: full // 2])
     run = _faulty(demo_data, run_dir, "checkpoint@3")
     damaged = (f"[vapo] checkpoint {root / 'iter_0000003'} is damaged, falling back to an older one: "
                f"CheckpointError: {root / 'iter_0000003' / 'actor'}: cannot load: ")
     assert damaged in run.stdout, run.output[-3000:]
+    assert f"; {shard} is truncated ({full // 2} bytes, the metadata needs {full})" in run.stdout, run.output[-3000:]
     assert _resumed_from(run, root, "iter_0000002"), run.output[-3000:]
     _assert_killed(run, "checkpoint", 3)
     _assert_consistent(root)

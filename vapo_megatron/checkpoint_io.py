@@ -113,7 +113,30 @@ def load(ckpt_dir: str | Path, sharded_state: dict) -> dict:
     try:
         return dist_checkpointing.load(sharded_state, str(path))
     except (Exception, CheckpointException) as e:
-        raise CheckpointError(f"{path}: {_describe_failure(e)}") from e
+        raise CheckpointError(f"{path}: {_describe_failure(e)}{_short_files(path)}") from e
+
+
+def _short_files(path: Path) -> str:
+    """'; FILE is truncated (...)' for each storage file that is missing or shorter than the
+    checkpoint's own metadata says (a write cut off by a crash or a full disk): torch DCP's read
+    error (an EOFError from deep inside torch.load) does not name the file."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        storage = FileSystemReader(str(path)).read_metadata().storage_data  # restricted unpickling
+        needed: dict[str, int] = {}
+        for info in storage.values():  # MetadataIndex -> _StorageInfo(relative_path, offset, length)
+            needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    except Exception:  # noqa: BLE001 - no usable metadata: the error itself says so
+        return ""
+    found = []
+    for name, size in sorted(needed.items()):
+        file = path / name
+        if not file.is_file():
+            found.append(f"{file} is missing")
+        elif file.stat().st_size < size:
+            found.append(f"{file} is truncated ({file.stat().st_size} bytes, the metadata needs {size})")
+    return "".join(f"; {f}" for f in found)
 
 
 def _describe_failure(e: BaseException) -> str:
@@ -131,7 +154,7 @@ def _describe_failure(e: BaseException) -> str:
         return (f"refused to load (possibly crafted to run code): a pickled item needs {found.group(1)}, "
                 "which is not on torch's weights-only allow-list")
     lines = msg.strip().splitlines()
-    return f"cannot load: {type(e).__name__}: {lines[-1] if lines else ''}"
+    return f"cannot load: {type(e).__name__}" + (f": {lines[-1]}" if lines else "")
 
 
 def save_model(ckpt_dir: str | Path, model_chunks: list, *, write_extra: Callable[[Path], None] | None = None) -> Path:

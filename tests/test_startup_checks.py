@@ -209,6 +209,9 @@ def test_cli_trains_through_fuzzed_data_and_refuses_a_crafted_checkpoint(demo, t
     # refused on resume (no code runs), and the run falls back to the good one and goes on.
     ckpts = run_dir / "checkpoints"
     shutil.copytree(ckpts / "iter_0000001", ckpts / "iter_0000002")
+    meta = json.loads((ckpts / "iter_0000002" / "state.json").read_text())
+    meta["state"]["iteration"] = 2  # complete and consistent, so that the load reaches the pickle
+    (ckpts / "iter_0000002" / "state.json").write_text(json.dumps(meta))
     marker = tmp_path / "pwned"
     (ckpts / "iter_0000002" / "actor" / ".metadata").write_bytes(pickle.dumps(Payload(str(marker))))
     (ckpts / "latest").write_text("iter_0000002\n")

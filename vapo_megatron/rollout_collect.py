@@ -54,6 +54,13 @@ def _build_engine(cfg: Config) -> RolloutEngine | None:
     return SGLangHTTPEngine(cfg.rollout.sglang_urls[parallel.dp_rank() % len(cfg.rollout.sglang_urls)])
 
 
+def _load_metrics(split: str, stats) -> dict[str, float]:
+    """data/<split>_prompts, data/<split>_skipped and one data/<split>_skipped/<reason> each."""
+    out = {f"data/{split}_prompts": float(stats.loaded), f"data/{split}_skipped": float(sum(stats.skipped.values()))}
+    out |= {f"data/{split}_skipped/{reason}": float(n) for reason, n in sorted(stats.skipped.items())}
+    return out
+
+
 @dataclass
 class RolloutContext:
     cfg: Config
@@ -67,6 +74,9 @@ class RolloutContext:
     # Warm-start examples (sft.files), read here with the other data so that a bad file stops
     # the run before any model is built; empty when sft.steps == 0.
     sft_records: list[PromptRecord] = field(default_factory=list)
+    # What loading kept and skipped, per split and reason (data/train_skipped/too_long, ...):
+    # logged once at the start of a run so that skipped prompts are visible in the metrics.
+    data_stats: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def build(cls, cfg: Config) -> "RolloutContext":
@@ -76,22 +86,26 @@ class RolloutContext:
             raise ConfigError(f"model.hf_path: the tokenizer has {len(tokenizer)} tokens, more than "
                               f"vocab_size={hf_cfg['vocab_size']} in {hf_cfg['_source']}")
         d = cfg.data
-        train, _ = load_prompts(list(d.train_files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
-                                apply_chat_template=d.apply_chat_template, schema=d.schema)
+        data_stats: dict[str, float] = {}
+        train, stats = load_prompts(list(d.train_files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
+                                    apply_chat_template=d.apply_chat_template, schema=d.schema)
+        data_stats |= _load_metrics("train", stats)
         evals: list[PromptRecord] = []
         if d.eval_files:
-            evals, _ = load_prompts(list(d.eval_files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
-                                    apply_chat_template=d.apply_chat_template, schema=d.schema)
+            evals, stats = load_prompts(list(d.eval_files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
+                                        apply_chat_template=d.apply_chat_template, schema=d.schema)
+            data_stats |= _load_metrics("eval", stats)
             evals = evals[: d.eval_max_prompts]
         sft: list[PromptRecord] = []
         if cfg.sft.steps > 0:
-            sft, _ = load_prompts(list(cfg.sft.files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
-                                  apply_chat_template=d.apply_chat_template, schema="simple")
+            sft, stats = load_prompts(list(cfg.sft.files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
+                                      apply_chat_template=d.apply_chat_template, schema="simple")
+            data_stats |= _load_metrics("sft", stats)
         reward_fn = build_reward_fn(cfg.reward.fn, correct_score=cfg.reward.correct_score,
                                     incorrect_score=cfg.reward.incorrect_score, timeout_s=cfg.reward.timeout_s)
         # EOS first: it is also what an empty response is given (see score()).
         stops = tuple(dict.fromkeys(t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None))
-        return cls(cfg, hf_cfg, tokenizer, train, evals, reward_fn, _build_engine(cfg), stops, sft)
+        return cls(cfg, hf_cfg, tokenizer, train, evals, reward_fn, _build_engine(cfg), stops, sft, data_stats)
 
     def dp_share(self, records: list) -> list:
         """This DP rank's contiguous share (whole prompt groups stay on one rank)."""

@@ -70,6 +70,10 @@ class Trainer:
             enabled=parallel.is_rank0(), tensorboard=cfg.trainer.tensorboard,
         )
         self.logger.truncate_after(self.state.iteration)
+        if self.state.iteration == 0 and self.state.sft_steps_done == 0:  # a fresh run: once
+            self.logger.log(0, "data", self.ctx.data_stats)
+        if parallel.is_rank0():
+            print("[vapo] data: " + ", ".join(f"{k.removeprefix('data/')}={v:g}" for k, v in self.ctx.data_stats.items()), flush=True)
 
     @property
     def total_iterations(self) -> int:

@@ -142,6 +142,8 @@ def init_distributed(
 def destroy() -> None:
     from megatron.core import parallel_state
 
+    global _ENGINE_GROUP
+    _ENGINE_GROUP = None
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():
@@ -210,3 +212,31 @@ def is_last_stage() -> bool:
 
 def is_rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
+
+
+# ---- rollout engine groups ------------------------------------------------------------------
+
+_ENGINE_GROUP = None
+
+
+def init_engine_groups(size: int):
+    """Collective. Splits every TP group into consecutive blocks of `size` ranks, one colocated
+    rollout engine each (SGLang TP = size, engine TP rank i on the GPU of block rank i), and
+    returns this rank's block. `size` must divide TP: a TP group's ranks are consecutive global
+    ranks on one node (megatron's default rank order), so every block's GPUs are consecutive
+    local devices of one node, as sglang.Engine(base_gpu_id=..., tp_size=size) expects."""
+    global _ENGINE_GROUP
+    if tp_size() % size:
+        raise ValueError(f"rollout.sglang_tp={size} must divide parallel.tp={tp_size()} (engines live inside TP groups)")
+    tp_groups = [None] * dist.get_world_size()
+    dist.all_gather_object(tp_groups, dist.get_process_group_ranks(tp_group()))
+    blocks = sorted({tuple(g[i : i + size]) for g in tp_groups for i in range(0, len(g), size)})
+    _ENGINE_GROUP, _ = dist.new_subgroups_by_enumeration([list(b) for b in blocks])
+    return _ENGINE_GROUP
+
+
+def engine_group():
+    """This rank's engine group (after init_engine_groups)."""
+    if _ENGINE_GROUP is None:
+        raise RuntimeError("init_engine_groups() has not run")
+    return _ENGINE_GROUP

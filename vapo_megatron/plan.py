@@ -325,7 +325,7 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
     lines += [
         f"  (each includes the --reserve-gib {plan.reserve_bytes / GIB:.1f} GiB; limit {plan.gpu_bytes / GIB:.1f} GiB)",
         "",
-        f"SGLang: {plan.world_size // r.sglang_tp} engines of TP={r.sglang_tp}; share {r.sglang_mem_fraction} x GPU = "
+        f"SGLang: {plan.world_size // r.sglang_tp} engine(s) of TP={r.sglang_tp}; share {r.sglang_mem_fraction} x GPU = "
         f"{plan.engine_share / GIB:.1f} GiB per GPU: weights {plan.engine_weights / GIB:.1f} GiB (bf16 actor / {r.sglang_tp}), "
         f"KV cache {max(plan.kv_cache, 0) / GIB:.1f} GiB = {plan.kv_tokens:,} tokens per engine "
         f"({plan.kv_tokens // plan.sequence_tokens} full sequences of {plan.sequence_tokens:,} tokens at once)",

@@ -78,13 +78,14 @@ def _cli_and_shards():
         base + ["--nodes", "1", "--gpus-per-node", "8"],
         base + ["--nodes", "1", "--gpus-per-node", "8", "parallel.pp=1"],
         ["--config", CONFIG_32B, "--nodes", "8", "--gpus-per-node", "8"],  # no --preset, no model files
+        base + ["--nodes", "8", "--gpus-per-node", "8", "rollout.sglang_mem_fraction=0.75"],
     ])
     return runs, _shards(QWEN25_32B, 64, 8, 4, None)
 
 
 def test_vapo_plan_32b():
     ((runs, shards),) = run_ranks(1, _cli_and_shards)
-    (rc8, out8, err8), (rc1, out1, err1), (rc_pp1, out_pp1, _), (rc_nomodel, _, err_nomodel) = runs
+    (rc8, out8, err8), (rc1, out1, err1), (rc_pp1, out_pp1, _), (rc_nomodel, _, err_nomodel), (rc_kv, out_kv, _) = runs
 
     # 8 nodes x 8 GPUs: fits, and says so with both phases' peaks.
     assert rc8 == 0, out8 + err8
@@ -103,6 +104,12 @@ def test_vapo_plan_32b():
     assert "training does not fit on rank tp=0 pp=0: needs" in out_pp1
     assert "GiB over); largest parts: actor optimizer state" in out_pp1
     assert "rollout does not fit on rank tp=0 pp=0" in out_pp1
+
+    # 8 x 8, but the engine's share leaves too little beside the resident actor and critic state
+    # (24 GiB per GPU) during rollout; training alone still fits.
+    assert rc_kv == 1
+    assert "rollout does not fit on rank" in out_kv and "training does not fit" not in out_kv
+    assert "SGLang engine (rollout.sglang_mem_fraction x GPU) 60.0 GiB" in out_kv
 
     # Without the model files and without --preset: a clear error, not a guess.
     assert rc_nomodel == 2 and "model.hf_path=/path/to/Qwen2.5-32B has no config.json" in err_nomodel

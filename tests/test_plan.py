@@ -123,6 +123,9 @@ def test_vapo_plan_32b():
     assert sum(s.critic_unique for s in shards) == naive_count(QWEN25_32B, vocab=vocab, critic=True)
     # Unpadded: the published size, ~32.8B with embeddings.
     assert 32.7e9 < naive_count(QWEN25_32B, vocab=152064, critic=False) < 32.8e9
+    # Activations are held for pp - pp_rank micro-batches under 1F1B (megatron's schedule, asked by
+    # vapo-plan; the textbook count here).
+    assert all(s.inflight_microbatches == 4 - s.pp_rank for s in shards)
     # Per-rank memory counts: TP-replicated tensors (2 RMSNorms per layer, final norm, value head)
     # sit on every TP rank.
     h, per_stage = 5120, 16

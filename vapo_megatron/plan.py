@@ -15,8 +15,9 @@ value head included. Bytes are then counted per rank (docs/slurm.md, "Sizing"):
   optimizer    Adam: n * 12 with bf16 params (fp32 master copy + 2 fp32 moments), n * 8 with fp32
                params (moments only); divided by DP with the distributed optimizer
   activations  of the model being trained, for one micro-batch of T = trainer.micro_batch_tokens
-               tokens, times the micro-batches a pipeline stage holds at once (layer_activation_bytes,
-               activation_bytes below); with and without full recomputation
+               tokens, times the micro-batches a pipeline stage holds at once (megatron's own schedule
+               arithmetic, peak_inflight_microbatches; layer_activation_bytes, activation_bytes
+               below); with and without full recomputation
 
 The model config comes from model.hf_path/config.json when that file exists; otherwise --preset
 NAME (model_providers.presets) must be given, and it is always said which one was used.
@@ -64,6 +65,23 @@ class ShardSize:
     # positions: the model's parameter count (with megatron's padded vocabulary).
     actor_unique: int
     critic_unique: int
+    # Micro-batches (model-chunk micro-batches with VPP) whose activations this pipeline rank holds
+    # at its peak: megatron's own warm-up count for the training schedule + the one in 1F1B.
+    inflight_microbatches: int
+
+
+def peak_inflight_microbatches(pp: int, vpp: int | None, *, num_microbatches: int = 1024) -> int:
+    """For the rank megatron's parallel state is initialized as: how many (chunk) micro-batches its
+    training schedule keeps activations for at once, from megatron's own schedule arithmetic
+    (get_pp_rank_microbatches: 1F1B warms up pp - rank - 1 micro-batches, the interleaved schedule
+    (pp - rank - 1) * 2 + (vpp - 1) * pp chunk micro-batches), + 1 for the micro-batch in 1F1B.
+    `num_microbatches`: a mini-batch has many (it is split by token budget), so no cap applies."""
+    if pp == 1:
+        return 1
+    from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches
+
+    _, _, warmup, _ = get_pp_rank_microbatches(num_microbatches, vpp or 1, pp, forward_only=False)
+    return warmup + 1
 
 
 def global_rank(tp_rank: int, pp_rank: int, *, tp: int, dp: int) -> int:
@@ -89,6 +107,7 @@ def shard_sizes(actor_hf: dict, critic_hf: dict, *, world_size: int, tp: int, pp
                 if where != (tp_rank, pp_rank, 0):
                     raise RuntimeError(f"megatron placed rank {global_rank(tp_rank, pp_rank, tp=tp, dp=dp)} at "
                                        f"(tp, pp, dp)={where}, expected {(tp_rank, pp_rank, 0)}")
+                inflight = peak_inflight_microbatches(pp, vpp)
                 counts, unique = [], []
                 for hf_cfg, critic in ((actor_hf, False), (critic_hf, True)):
                     with torch.device("meta"):
@@ -100,7 +119,7 @@ def shard_sizes(actor_hf: dict, critic_hf: dict, *, world_size: int, tp: int, pp
                     del chunks, params
             finally:
                 parallel.destroy()
-            out.append(ShardSize(tp_rank, pp_rank, counts[0], counts[1], unique[0], unique[1]))
+            out.append(ShardSize(tp_rank, pp_rank, counts[0], counts[1], unique[0], unique[1], inflight))
     return out
 
 
@@ -133,26 +152,16 @@ def layer_activation_bytes(hf_cfg: dict, *, tokens: int, tp: int, dtype_bytes: i
     return dtype_bytes * tokens * per_token
 
 
-def inflight_layers(num_layers: int, *, pp: int, pp_rank: int, vpp: int | None) -> int:
-    """Layers whose activations one pipeline rank holds at its peak under megatron's schedules
-    (enough micro-batches assumed): 1F1B keeps pp - pp_rank micro-batches of its num_layers/pp
-    layers; the interleaved schedule keeps (pp - pp_rank - 1) * 2 + (vpp - 1) * pp + 1 chunk
-    micro-batches (its warm-up count + 1) of num_layers/(pp*vpp) layers each."""
-    if vpp is None:
-        return (pp - pp_rank) * (num_layers // pp)
-    chunks = (pp - pp_rank - 1) * 2 + (vpp - 1) * pp + 1
-    return chunks * (num_layers // (pp * vpp))
-
-
-def activation_bytes(hf_cfg: dict, *, tokens: int, tp: int, pp: int, pp_rank: int, vpp: int | None, dtype_bytes: int,
-                     recompute: bool, logits_vocab: int) -> int:
+def activation_bytes(hf_cfg: dict, *, tokens: int, tp: int, pp: int, vpp: int | None, inflight_microbatches: int,
+                     dtype_bytes: int, recompute: bool, logits_vocab: int) -> int:
     """Peak activations of one model on one rank. recompute (full, uniform, one layer per group):
     each layer keeps only its input [T, h], and the layer being back-propagated is recomputed in
     full. logits_vocab: the padded vocabulary on the last stage of the actor (0 elsewhere and for
     the critic, whose value head is [T, 1]): vocab-parallel logits [T, V/TP] and their gradient,
     for the one micro-batch the last stage holds (the log-prob kernel's float32 work buffers are
     chunked, vocab_parallel.py)."""
-    n_layers = inflight_layers(hf_cfg["num_hidden_layers"], pp=pp, pp_rank=pp_rank, vpp=vpp)
+    # Layers with stored activations: in-flight (chunk) micro-batches x layers per (virtual) stage.
+    n_layers = inflight_microbatches * (hf_cfg["num_hidden_layers"] // (pp * (vpp or 1)))
     full_layer = layer_activation_bytes(hf_cfg, tokens=tokens, tp=tp, dtype_bytes=dtype_bytes)
     if recompute:
         layers = n_layers * dtype_bytes * tokens * hf_cfg["hidden_size"] + full_layer
@@ -232,7 +241,7 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
             p, g, o = state_bytes(n, dtype_bytes=dtype_bytes, dp=dp, distributed_optimizer=optim.distributed_optimizer)
             last = s.pp_rank == pp - 1
             vocab = 0 if is_critic or not last else _padded_vocab(hf_cfg, tp)
-            act = {rc: activation_bytes(hf_cfg, tokens=T, tp=tp, pp=pp, pp_rank=s.pp_rank, vpp=vpp,
+            act = {rc: activation_bytes(hf_cfg, tokens=T, tp=tp, pp=pp, vpp=vpp, inflight_microbatches=s.inflight_microbatches,
                                         dtype_bytes=dtype_bytes, recompute=rc, logits_vocab=vocab) for rc in (True, False)}
             parts.update({f"{name} count": n, f"{name} parameters": p, f"{name} gradients": g, f"{name} optimizer state": o,
                           f"{name} activations": act[recompute], f"{name} activations, recompute": act[True],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def _shards(hf_cfg: dict, world: int, tp: int, pp: int, vpp):
     return shard_sizes(hf_cfg, hf_cfg, world_size=world, tp=tp, pp=pp, vpp=vpp, params_dtype=torch.bfloat16)
 
 
-def _cli_and_shards():
+def _cli_and_shards(tiny_dir: str):
     base = ["--config", CONFIG_32B, "--preset", "qwen2.5-32b"]
     runs = _run_cli([
         base + ["--nodes", "8", "--gpus-per-node", "8"],
@@ -79,13 +80,20 @@ def _cli_and_shards():
         base + ["--nodes", "1", "--gpus-per-node", "8", "parallel.pp=1"],
         ["--config", CONFIG_32B, "--nodes", "8", "--gpus-per-node", "8"],  # no --preset, no model files
         base + ["--nodes", "8", "--gpus-per-node", "8", "rollout.sglang_mem_fraction=0.75"],
+        # The CPU demo config, its model read from model.hf_path/config.json (embedded engine).
+        ["--config", str(REPO / "configs" / "demo_cpu.yaml"), "--nodes", "1", "--gpus-per-node", "2",
+         "--gpu-memory-gib", "8", "--reserve-gib", "1", f"model.hf_path={tiny_dir}"],
     ])
     return runs, _shards(QWEN25_32B, 64, 8, 4, None)
 
 
-def test_vapo_plan_32b():
-    ((runs, shards),) = run_ranks(1, _cli_and_shards)
-    (rc8, out8, err8), (rc1, out1, err1), (rc_pp1, out_pp1, _), (rc_nomodel, _, err_nomodel), (rc_kv, out_kv, _) = runs
+def test_vapo_plan_32b(tmp_path):
+    from model_providers.presets import preset
+
+    (tmp_path / "config.json").write_text(json.dumps(preset("tiny-qwen2")))
+    ((runs, shards),) = run_ranks(1, _cli_and_shards, str(tmp_path))
+    (rc8, out8, err8), (rc1, out1, err1), (rc_pp1, out_pp1, _), (rc_nomodel, _, err_nomodel), (rc_kv, out_kv, _), \
+        (rc_tiny, out_tiny, err_tiny) = runs
 
     # 8 nodes x 8 GPUs: fits, and says so with both phases' peaks.
     assert rc8 == 0, out8 + err8
@@ -114,6 +122,12 @@ def test_vapo_plan_32b():
     # Without the model files and without --preset: a clear error, not a guess.
     assert rc_nomodel == 2 and "model.hf_path=/path/to/Qwen2.5-32B has no config.json" in err_nomodel
     assert "--preset NAME" in err_nomodel
+
+    # A model directory's config.json is read when there is no --preset; no SGLang to size.
+    assert rc_tiny == 0, out_tiny + err_tiny
+    assert f"model: {tmp_path / 'config.json'}" in out_tiny
+    assert "TP=2 PP=1 VPP=- DP=1; params float32" in out_tiny
+    assert "rollout.engine=embedded: no SGLang engine on these GPUs" in out_tiny
 
     # Parameter counts of megatron's own shards against the naive formula (padded vocabulary).
     vocab = megatron_padded_vocab(QWEN25_32B["vocab_size"], 8)

@@ -225,8 +225,9 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     gpu = int(gpu_memory_gib * GIB)
     reserve = int(reserve_gib * GIB)
     r = cfg.rollout
-    engine_share = int(r.sglang_mem_fraction * gpu)
-    engine_weights = sum(s.actor_unique for s in shards) * 2 // r.sglang_tp  # bf16, split over the engine's TP
+    colocated = r.engine == "sglang"  # embedded: a CPU/test engine; sglang_http: servers elsewhere
+    engine_share = int(r.sglang_mem_fraction * gpu) if colocated else 0
+    engine_weights = sum(s.actor_unique for s in shards) * 2 // r.sglang_tp if colocated else 0  # bf16 / engine TP
     kv_cache = engine_share - engine_weights
     kv_tokens = max(0, kv_cache) // kv_bytes_per_token(actor_hf, sglang_tp=r.sglang_tp)
     sequence = cfg.data.max_prompt_tokens + r.max_new_tokens
@@ -256,7 +257,9 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
         need = getattr(worst, phase)
         if need > gpu:
             problems.append(_overflow_message(phase, worst, need, gpu, reserve, engine_share, recompute))
-    if kv_cache <= 0:
+    if not colocated:
+        pass
+    elif kv_cache <= 0:
         problems.append(f"rollout: the SGLang engine's share rollout.sglang_mem_fraction={r.sglang_mem_fraction} x "
                         f"{gpu / GIB:.1f} GiB = {engine_share / GIB:.1f} GiB does not hold its weights "
                         f"({engine_weights / GIB:.1f} GiB per GPU at rollout.sglang_tp={r.sglang_tp}): no room for a KV "
@@ -331,13 +334,18 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
         same = len({(m.training, m.rollout) for m in stage}) == 1
         label = f"pp={pr} (tp ranks 0-{tp - 1}{' identical' if same else ' differ'})"
         lines.append(f"  {label:<50}{_g(tr):>8}  {_g(ro):>8}")
+    if r.engine == "sglang":
+        engine_line = (
+            f"SGLang: {plan.world_size // r.sglang_tp} engine(s) of TP={r.sglang_tp}; share {r.sglang_mem_fraction} x GPU = "
+            f"{plan.engine_share / GIB:.1f} GiB per GPU: weights {plan.engine_weights / GIB:.1f} GiB (bf16 actor / "
+            f"{r.sglang_tp}), KV cache {max(plan.kv_cache, 0) / GIB:.1f} GiB = {plan.kv_tokens:,} tokens per engine "
+            f"({plan.kv_tokens // plan.sequence_tokens} full sequences of {plan.sequence_tokens:,} tokens at once)")
+    else:
+        engine_line = f"rollout.engine={r.engine}: no SGLang engine on these GPUs, none sized (rollout = resident state)"
     lines += [
         f"  (each includes the --reserve-gib {plan.reserve_bytes / GIB:.1f} GiB; limit {plan.gpu_bytes / GIB:.1f} GiB)",
         "",
-        f"SGLang: {plan.world_size // r.sglang_tp} engine(s) of TP={r.sglang_tp}; share {r.sglang_mem_fraction} x GPU = "
-        f"{plan.engine_share / GIB:.1f} GiB per GPU: weights {plan.engine_weights / GIB:.1f} GiB (bf16 actor / {r.sglang_tp}), "
-        f"KV cache {max(plan.kv_cache, 0) / GIB:.1f} GiB = {plan.kv_tokens:,} tokens per engine "
-        f"({plan.kv_tokens // plan.sequence_tokens} full sequences of {plan.sequence_tokens:,} tokens at once)",
+        engine_line,
         "assumptions: actor and critic parameters, gradients and optimizer state stay on every GPU in both phases "
         "(the trainer offloads nothing); during training the engine has released weights, KV cache and CUDA graphs; "
         "during rollout no activations are held; one engine TP rank per GPU; flash attention, no sequence parallelism.",
@@ -402,10 +410,10 @@ def main(argv: list[str] | None = None) -> int:
 
         problems += layout_problems(cfg, world, actor_hf)
         r = cfg.rollout
-        if world % r.sglang_tp or r.sglang_tp > args.gpus_per_node:
+        if r.engine == "sglang" and (world % r.sglang_tp or r.sglang_tp > args.gpus_per_node):
             problems.append(f"rollout.sglang_tp={r.sglang_tp} must divide the {world} GPUs and fit in one node of "
                             f"{args.gpus_per_node} GPUs (a colocated engine uses its node's GPUs)")
-        if actor_hf["num_attention_heads"] % r.sglang_tp:
+        if r.engine == "sglang" and actor_hf["num_attention_heads"] % r.sglang_tp:
             problems.append(f"rollout.sglang_tp={r.sglang_tp} does not divide num_attention_heads="
                             f"{actor_hf['num_attention_heads']} ({actor_hf['_source']})")
         if problems:

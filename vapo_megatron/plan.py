@@ -214,8 +214,8 @@ def _padded_vocab(hf_cfg: dict, tp: int) -> int:
     return padded_vocab_size(hf_cfg, tp)
 
 
-def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, gpus_per_node: int,
-              gpu_memory_gib: float, reserve_gib: float) -> Plan:
+def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, gpu_memory_gib: float,
+              reserve_gib: float) -> Plan:
     """Size `cfg` for `world_size` GPUs; `problems` lists what does not fit (empty: it fits)."""
     tp, pp, vpp = cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp
     dp = world_size // (tp * pp)
@@ -257,14 +257,12 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
         need = getattr(worst, phase)
         if need > gpu:
             problems.append(_overflow_message(phase, worst, need, gpu, reserve, engine_share, recompute))
-    if not colocated:
-        pass
-    elif kv_cache <= 0:
+    if colocated and kv_cache <= 0:
         problems.append(f"rollout: the SGLang engine's share rollout.sglang_mem_fraction={r.sglang_mem_fraction} x "
                         f"{gpu / GIB:.1f} GiB = {engine_share / GIB:.1f} GiB does not hold its weights "
                         f"({engine_weights / GIB:.1f} GiB per GPU at rollout.sglang_tp={r.sglang_tp}): no room for a KV "
                         f"cache (short by {-kv_cache / GIB:.1f} GiB); raise sglang_mem_fraction or sglang_tp")
-    elif kv_tokens < sequence:
+    elif colocated and kv_tokens < sequence:
         problems.append(f"rollout: the SGLang KV cache holds {kv_tokens} tokens per engine, less than one full "
                         f"sequence of data.max_prompt_tokens + rollout.max_new_tokens = {sequence}; raise "
                         f"rollout.sglang_mem_fraction or rollout.sglang_tp")
@@ -421,8 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"vapo-plan: invalid configuration for {args.nodes} x {args.gpus_per_node} GPUs: {e}", file=sys.stderr)
         return 2
-    plan = make_plan(cfg, actor_hf, critic_hf, world_size=world, gpus_per_node=args.gpus_per_node,
-                     gpu_memory_gib=args.gpu_memory_gib, reserve_gib=args.reserve_gib)
+    plan = make_plan(cfg, actor_hf, critic_hf, world_size=world, gpu_memory_gib=args.gpu_memory_gib,
+                     reserve_gib=args.reserve_gib)
     print(f"config: {args.config}" + (f" with {' '.join(args.overrides)}" if args.overrides else ""))
     print(format_plan(plan, cfg, model_source=source, nodes=args.nodes, gpus_per_node=args.gpus_per_node))
     return 1 if plan.problems else 0

@@ -18,7 +18,7 @@ import torch
 
 from dist_utils import run_ranks
 from test_convert import _forward
-from test_rollout_sglang import sglang_rank_view
+from test_rollout_sglang import FakeSGLangEngineForTests, sglang_rank_view
 from test_weight_sync import _random_update
 from tiny_hf import save_tiny
 
@@ -26,37 +26,23 @@ PROMPTS = [[5, 9, 13], [7, 7], [21, 3, 8, 1], [11], [30, 2]]  # 5 prompts: share
 N, SEED = 2, 11
 
 
-class FakeSGLangEngineForTests:
-    """TEST DOUBLE for a colocated sglang.Engine (GPU only). Each update deserializes every
-    engine TP rank's payload with SGLang's classes, checks the ranks agree, and loads the
-    tensors into a transformers model; generate refuses to run on released weights."""
+class FakeColocatedSGLangEngineForTests(FakeSGLangEngineForTests):
+    """TEST DOUBLE for a colocated sglang.Engine (GPU only), built from an SGLangEngineConfig.
+    Each update deserializes every engine TP rank's payload with SGLang's classes, checks the
+    ranks agree, and loads the tensors into a transformers model; it tracks released memory and
+    generate refuses to run on released weights."""
 
     def __init__(self, hf_dir: Path, cfg):
         from transformers import AutoConfig, AutoModelForCausalLM
 
         torch.manual_seed(1000)  # a fresh initialization: only the sync can make it right
-        self.cfg = cfg
-        self.model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf_dir)).eval()
-        self.params = dict(self.model.named_parameters())
-        self.calls: list = []
+        super().__init__(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf_dir)).eval(), cfg.tp_size)
         self.released: set[str] = set()
 
-    def begin_weight_update(self):
-        self.calls.append("begin")
-        return True, "ok"
-
-    def end_weight_update(self):
-        self.calls.append("end")
-        return True, "ok"
-
-    def flush_cache(self):
-        self.calls.append("flush")
-        return True, "ok"
-
     def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
-        assert load_format == "flattened_bucket" and len(named_tensors) == self.cfg.tp_size
+        assert load_format == "flattened_bucket" and len(named_tensors) == self.tp_size
         assert "weights" not in self.released
-        views = [dict(sglang_rank_view(named_tensors, r)) for r in range(self.cfg.tp_size)]
+        views = [dict(sglang_rank_view(named_tensors, r)) for r in range(self.tp_size)]
         with torch.no_grad():
             for name, t in views[0].items():
                 for other in views[1:]:
@@ -66,11 +52,11 @@ class FakeSGLangEngineForTests:
         return True, "Success"
 
     def release_memory_occupation(self, tags=None):
-        self.calls.append(("release", tuple(tags)))
+        super().release_memory_occupation(tags)
         self.released |= set(tags)
 
     def resume_memory_occupation(self, tags=None):
-        self.calls.append(("resume", tuple(tags)))
+        super().resume_memory_occupation(tags)
         self.released -= set(tags)
 
     def generate(self, *, input_ids, sampling_params, return_logprob):
@@ -114,7 +100,7 @@ def _colocated_run(hf_dir: Path):
     out = {"greedy": greedy}
     for sglang_tp in (1, 2):
         engine = SGLangEngine.colocated(model_path=str(hf_dir), tp_size=sglang_tp, mem_fraction=0.5, dtype="float32",
-                                        seed=0, start=lambda c: FakeSGLangEngineForTests(hf_dir, c))
+                                        seed=0, start=lambda c: FakeColocatedSGLangEngineForTests(hf_dir, c))
         sync_weights(chunks, family_for(hf_cfg), hf_cfg, engine, version=7, bucket_bytes=16_000)
         ctx = types.SimpleNamespace(engine=engine, generators=generating_ranks(engine))  # the two fields used
         outputs = _generate_and_share(ctx, prompts, SamplingParams(n=N, temperature=1.0, max_new_tokens=2, seed=SEED))

@@ -154,8 +154,10 @@ cmd_start() {
     start_munge
     if [[ -z $(live_pid "$STATE_DIR/slurmctld.pid") ]]; then
         write_conf
-        # -i: ignore state left over from an earlier run of this state dir.
-        slurmctld -i || die "slurmctld failed to start, see $STATE_DIR/slurmctld.log"
+        # -c: a fresh controller. State saved by an earlier run of this state dir is dropped: a job
+        # that was running when that cluster was stopped would otherwise be restored as running and
+        # keep the node allocated (seen when one test run stopped the cluster under another's job).
+        slurmctld -c || die "slurmctld failed to start, see $STATE_DIR/slurmctld.log"
     fi
     if [[ -z $(live_pid "$STATE_DIR/slurmd.pid") ]]; then
         slurmd -N "$NODE" || die "slurmd failed to start, see $STATE_DIR/slurmd.log"
@@ -181,7 +183,21 @@ stop_pidfile() {
 }
 
 cmd_stop() {
-    # slurmd first: it ends the job steps it runs (with a live slurmctld to report to).
+    # Cancel this cluster's jobs first: slurmd exits without ending the job steps it started, whose
+    # slurmstepd and tasks would otherwise outlive the cluster.
+    if [[ -n $(live_pid "$STATE_DIR/slurmctld.pid") ]]; then
+        local jobs
+        jobs=$(squeue -h -o '%A' 2>/dev/null || true)
+        if [[ -n $jobs ]]; then
+            # shellcheck disable=SC2086
+            scancel $jobs 2>/dev/null || true
+            for _ in $(seq 100); do
+                [[ -z $(squeue -h -t running,completing -o '%A' 2>/dev/null || true) ]] && break
+                sleep 0.1
+            done
+        fi
+    fi
+    # slurmd next: it ends the job steps it runs (with a live slurmctld to report to).
     stop_pidfile slurmd "$STATE_DIR/slurmd.pid"
     stop_pidfile slurmctld "$STATE_DIR/slurmctld.pid"
     stop_pidfile munged "$STATE_DIR/munged.pid"  # only if this script started it

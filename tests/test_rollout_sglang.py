@@ -187,13 +187,14 @@ def server():
 def test_http_client_sends_sglang_requests(server):
     _, state = hf_state()
     eng = SGLangEngine(HttpEngine(f"http://127.0.0.1:{server.server_address[1]}"))
+    eng.release_memory()  # as after start-up; the wrapper then resumes only what was released
     eng.resume_memory(("weights",))
     stats = eng.update_weights(state.items(), version=9, bucket_bytes=20000)
     eng.resume_memory(("kv_cache", "cuda_graph"))
     outs = eng.generate([[1, 2, 3]], SamplingParams(n=2, temperature=0.5, max_new_tokens=1, seed=4, stop_token_ids=(2,)))
     eng.release_memory()
     paths = [p for p, _ in server.requests]
-    assert paths == (["/resume_memory_occupation", "/begin_weight_update"] + ["/update_weights_from_tensor"] * stats.buckets
+    assert paths == (["/release_memory_occupation", "/resume_memory_occupation", "/begin_weight_update"] + ["/update_weights_from_tensor"] * stats.buckets
                      + ["/end_weight_update", "/flush_cache", "/update_weight_version", "/resume_memory_occupation",
                         "/generate", "/release_memory_occupation"])
     got = server.loaded

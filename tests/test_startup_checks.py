@@ -203,14 +203,17 @@ def test_cli_trains_through_fuzzed_data_and_refuses_a_crafted_checkpoint(demo, t
     for k in range(len(SIMPLE_BAD_ROWS)):
         assert f"skipping {fuzzed}:{2 * k + 2}:" in proc.stderr, 2 * k + 2
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    assert [r["phase"] for r in records] == ["vapo"]
+    assert [r["phase"] for r in records] == ["data", "vapo"]
+    # The skips are counted in the metrics too, not only in the log.
+    assert records[0]["data/train_skipped"] == len(SIMPLE_BAD_ROWS)
+    assert records[0]["data/train_prompts"] == len(good)
 
     # Part 6 through the trainer: a newer checkpoint whose actor index is a crafted pickle is
     # refused on resume (no code runs), and the run falls back to the good one and goes on.
     ckpts = run_dir / "checkpoints"
     shutil.copytree(ckpts / "iter_0000001", ckpts / "iter_0000002")
     meta = json.loads((ckpts / "iter_0000002" / "state.json").read_text())
-    meta["state"]["iteration"] = 2  # complete and consistent, so that the load reaches the pickle
+    meta["state"]["iteration"] = 2  # a consistent newer checkpoint, apart from the planted pickle
     (ckpts / "iter_0000002" / "state.json").write_text(json.dumps(meta))
     marker = tmp_path / "pwned"
     (ckpts / "iter_0000002" / "actor" / ".metadata").write_bytes(pickle.dumps(Payload(str(marker))))

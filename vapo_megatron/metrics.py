@@ -57,7 +57,7 @@ class MetricsLogger:
         if self.bar is not None and phase == "sft":  # the bar counts RL iterations only
             self.bar.set_description(f"sft step {tb_step}", refresh=False)
             self.bar.set_postfix({k.split("/")[-1]: f"{v:.3f}" for k, v in metrics.items() if k in ("sft/nll_loss", "sft/train_accuracy")})
-        elif self.bar is not None and phase != "eval":
+        elif self.bar is not None and phase not in ("eval", "data"):
             self.bar.set_description("vapo", refresh=False)
             self.bar.update(1)
             shown = {k: metrics[k] for k in ("reward/mean", "critic/explained_variance", "eval/accuracy") if k in metrics}

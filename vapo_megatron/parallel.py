@@ -139,9 +139,35 @@ def init_distributed(
     return layout
 
 
+def init_fake(world_size: int, rank: int, tp: int, pp: int, vpp: int | None = None) -> Layout:
+    """Megatron's parallel state for one rank of a `world_size` launch, inside this one process,
+    with torch's fake process group (collectives do nothing): vapo-plan builds each rank's shard on
+    the meta device this way, with no GPU and no peers. Call `destroy()` before the next rank."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    layout = validate_layout(world_size, tp, pp, vpp)
+    if dist.is_initialized() or parallel_state.model_parallel_is_initialized():
+        raise RuntimeError("init_fake: torch.distributed is already initialized in this process; call destroy() first")
+    if not torch.cuda.is_available():
+        cpu_compat.activate()  # megatron's RNG tracker and RoPE ask for CUDA
+    dist.init_process_group(backend="fake", store=FakeStore(), rank=rank, world_size=world_size)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        create_gloo_process_groups=False,  # the fake backend has no gloo counterpart
+    )
+    model_parallel_cuda_manual_seed(0)
+    return layout
+
+
 def destroy() -> None:
     from megatron.core import parallel_state
 
+    global _ENGINE_GROUP
+    _ENGINE_GROUP = None
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():
@@ -210,3 +236,31 @@ def is_last_stage() -> bool:
 
 def is_rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
+
+
+# ---- rollout engine groups ------------------------------------------------------------------
+
+_ENGINE_GROUP = None
+
+
+def init_engine_groups(size: int):
+    """Collective. Splits every TP group into consecutive blocks of `size` ranks, one colocated
+    rollout engine each (SGLang TP = size, engine TP rank i on the GPU of block rank i), and
+    returns this rank's block. `size` must divide TP: a TP group's ranks are consecutive global
+    ranks on one node (megatron's default rank order), so every block's GPUs are consecutive
+    local devices of one node, as sglang.Engine(base_gpu_id=..., tp_size=size) expects."""
+    global _ENGINE_GROUP
+    if tp_size() % size:
+        raise ValueError(f"rollout.sglang_tp={size} must divide parallel.tp={tp_size()} (engines live inside TP groups)")
+    tp_groups = [None] * dist.get_world_size()
+    dist.all_gather_object(tp_groups, dist.get_process_group_ranks(tp_group()))
+    blocks = sorted({tuple(g[i : i + size]) for g in tp_groups for i in range(0, len(g), size)})
+    _ENGINE_GROUP, _ = dist.new_subgroups_by_enumeration([list(b) for b in blocks])
+    return _ENGINE_GROUP
+
+
+def engine_group():
+    """This rank's engine group (after init_engine_groups)."""
+    if _ENGINE_GROUP is None:
+        raise RuntimeError("init_engine_groups() has not run")
+    return _ENGINE_GROUP

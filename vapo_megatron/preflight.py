@@ -154,6 +154,21 @@ def _hardware(cfg: Config, cuda: bool, out: list[str]) -> None:
             out.append(f"{key}.distributed_optimizer=true needs CUDA GPUs (NCCL) and none is visible; allowed here: false")
 
 
+def layout_problems(cfg: Config, world_size: int, hf_cfg: dict | None, *, key: str = "model.hf_path") -> list[str]:
+    """The checks of the parallel layout alone: TP*PP against the world size, batch sizes against
+    DP, and (given an HF config dict with `_source`) heads and layers against TP/PP. vapo-plan
+    uses this for a launch it sizes but does not run."""
+    out: list[str] = []
+    dp = _layout_vs_world(cfg, world_size, out) if world_size >= 1 else None
+    if world_size < 1:
+        out.append(f"world size {world_size} must be >= 1")
+    if dp is not None:
+        _batches_vs_dp(cfg, dp, out)
+    if hf_cfg is not None:
+        _model_vs_layout(key, hf_cfg, cfg, out)
+    return out
+
+
 def startup_problems(cfg: Config, world_size: int, *, cuda: bool) -> list[str]:
     """Every problem of `cfg` for a launch of `world_size` ranks (see the module docstring)."""
     out = config_problems(cfg)
@@ -195,4 +210,4 @@ def validate_startup(cfg: Config, world_size: int, *, cuda: bool | None = None) 
         raise problems_error(problems)
 
 
-__all__ = ["ConfigError", "startup_problems", "validate_startup"]
+__all__ = ["ConfigError", "layout_problems", "startup_problems", "validate_startup"]

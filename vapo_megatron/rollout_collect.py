@@ -1,15 +1,18 @@
-"""Steps 1-3 of the loop: prompts of this DP rank, rollout on its engine, rewards.
+"""Steps 1-3 of the loop: prompts of this DP rank, rollout on its engines, rewards.
 
-Engine placement: one engine per model replica (DP rank), held by the replica's first rank
-(TP rank 0, PP stage 0). It samples this DP rank's share of the prompts; the token ids are then
-broadcast to the other ranks of the replica (the model-parallel group), which all need the
-batch. Sampling seeds are a pure function of (trainer seed, iteration, DP rank), so a resumed
-run draws the same rollouts.
+Engine placement. The embedded engine and an SGLang HTTP server: one engine per model replica
+(DP rank), held by the replica's first rank (TP rank 0, PP stage 0). Colocated SGLang: one
+engine per block of rollout.sglang_tp ranks of every TP group, so a replica (TP x PP ranks)
+has TP*PP/sglang_tp engines (parallel.init_engine_groups). Either way the replica's prompts
+are split evenly over its generating ranks, and the token ids are then shared with every rank
+of the replica (the model-parallel group), which all need the batch. Sampling seeds are a pure
+function of (trainer seed, iteration, DP rank, prompt and sample index), whatever the split,
+so a resumed run draws the same rollouts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -33,25 +36,44 @@ class Rollout:
     n: int
 
 
-def _holds_engine() -> bool:
-    return parallel.tp_rank() == 0 and parallel.pp_rank() == 0
-
-
 def _build_engine(cfg: Config) -> RolloutEngine | None:
-    if not _holds_engine():
+    """Collective (colocated SGLang starts its engines together). None on ranks with no engine."""
+    r = cfg.rollout
+    if r.engine == "sglang":
+        from vapo_megatron.rollout.sglang_engine import SGLangEngine
+
+        return SGLangEngine.colocated(model_path=cfg.model.hf_path, tp_size=r.sglang_tp, mem_fraction=r.sglang_mem_fraction,
+                                      dtype=cfg.model.dtype, seed=cfg.trainer.seed)
+    if not (parallel.tp_rank() == 0 and parallel.pp_rank() == 0):
         return None
-    if cfg.rollout.engine == "embedded":
+    if r.engine == "embedded":
         from vapo_megatron.rollout.embedded import EmbeddedEngine
 
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
         return EmbeddedEngine.from_pretrained(cfg.model.hf_path, dtype=dtype, device=str(parallel.device()))
-    if cfg.rollout.engine == "sglang":
-        from vapo_megatron.rollout.sglang_engine import SGLangEngine
+    from vapo_megatron.rollout.sglang_engine import SGLangEngine
+    from vapo_megatron.rollout.sglang_http import HttpEngine
 
-        return SGLangEngine.colocated(cfg)
-    from vapo_megatron.rollout.sglang_http import SGLangHTTPEngine
+    return SGLangEngine(HttpEngine(r.sglang_urls[parallel.dp_rank() % len(r.sglang_urls)]))
 
-    return SGLangHTTPEngine(cfg.rollout.sglang_urls[parallel.dp_rank() % len(cfg.rollout.sglang_urls)])
+
+def generating_ranks(engine: RolloutEngine | None) -> list[int]:
+    """Collective over the model-parallel group: the global ranks of this replica that
+    generate, in group order (the order their prompt shares are assigned in)."""
+    mp_group = parallel.model_parallel_group()
+    flags = [False] * dist.get_world_size(mp_group)
+    dist.all_gather_object(flags, engine is not None and engine.generates, group=mp_group)
+    ranks = [r for r, f in zip(dist.get_process_group_ranks(mp_group), flags) if f]
+    if not ranks:
+        raise RuntimeError("no rank of this model replica holds a rollout engine")
+    return ranks
+
+
+def _load_metrics(split: str, stats) -> dict[str, float]:
+    """data/<split>_prompts, data/<split>_skipped and one data/<split>_skipped/<reason> each."""
+    out = {f"data/{split}_prompts": float(stats.loaded), f"data/{split}_skipped": float(sum(stats.skipped.values()))}
+    out |= {f"data/{split}_skipped/{reason}": float(n) for reason, n in sorted(stats.skipped.items())}
+    return out
 
 
 @dataclass
@@ -67,6 +89,11 @@ class RolloutContext:
     # Warm-start examples (sft.files), read here with the other data so that a bad file stops
     # the run before any model is built; empty when sft.steps == 0.
     sft_records: list[PromptRecord] = field(default_factory=list)
+    # Global ranks of this model replica that generate (generating_ranks), in share order.
+    generators: list[int] = field(default_factory=list)
+    # What loading kept and skipped, per split and reason (data/train_skipped/too_long, ...):
+    # logged once at the start of a run so that skipped prompts are visible in the metrics.
+    data_stats: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def build(cls, cfg: Config) -> "RolloutContext":
@@ -76,22 +103,27 @@ class RolloutContext:
             raise ConfigError(f"model.hf_path: the tokenizer has {len(tokenizer)} tokens, more than "
                               f"vocab_size={hf_cfg['vocab_size']} in {hf_cfg['_source']}")
         d = cfg.data
-        train, _ = load_prompts(list(d.train_files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
-                                apply_chat_template=d.apply_chat_template, schema=d.schema)
+        data_stats: dict[str, float] = {}
+        train, stats = load_prompts(list(d.train_files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
+                                    apply_chat_template=d.apply_chat_template, schema=d.schema)
+        data_stats |= _load_metrics("train", stats)
         evals: list[PromptRecord] = []
         if d.eval_files:
-            evals, _ = load_prompts(list(d.eval_files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
-                                    apply_chat_template=d.apply_chat_template, schema=d.schema)
+            evals, stats = load_prompts(list(d.eval_files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
+                                        apply_chat_template=d.apply_chat_template, schema=d.schema)
+            data_stats |= _load_metrics("eval", stats)
             evals = evals[: d.eval_max_prompts]
         sft: list[PromptRecord] = []
         if cfg.sft.steps > 0:
-            sft, _ = load_prompts(list(cfg.sft.files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
-                                  apply_chat_template=d.apply_chat_template, schema="simple")
+            sft, stats = load_prompts(list(cfg.sft.files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
+                                      apply_chat_template=d.apply_chat_template, schema="simple")
+            data_stats |= _load_metrics("sft", stats)
         reward_fn = build_reward_fn(cfg.reward.fn, correct_score=cfg.reward.correct_score,
                                     incorrect_score=cfg.reward.incorrect_score, timeout_s=cfg.reward.timeout_s)
         # EOS first: it is also what an empty response is given (see score()).
         stops = tuple(dict.fromkeys(t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None))
-        return cls(cfg, hf_cfg, tokenizer, train, evals, reward_fn, _build_engine(cfg), stops, sft)
+        engine = _build_engine(cfg)
+        return cls(cfg, hf_cfg, tokenizer, train, evals, reward_fn, engine, stops, sft, generating_ranks(engine), data_stats)
 
     def dp_share(self, records: list) -> list:
         """This DP rank's contiguous share (whole prompt groups stay on one rank)."""
@@ -149,17 +181,33 @@ class RolloutContext:
 
 
 def _generate_and_share(ctx: RolloutContext, prompts: list[PromptRecord], params: SamplingParams) -> list[RolloutOutput]:
-    outputs = None
-    if ctx.engine is not None:
-        ctx.engine.resume_memory()
-        outputs = ctx.engine.generate([p.prompt_ids for p in prompts], params)
-        ctx.engine.release_memory()
+    """Each generating rank of the replica samples its contiguous share of `prompts`; every
+    rank of the replica gets all outputs, grouped by prompt. Seeds are offset by the share's
+    start, so the samples do not depend on how many engines there are."""
+    per = -(-len(prompts) // len(ctx.generators))
+    mine: list[RolloutOutput] = []
+    if ctx.engine is not None and ctx.engine.generates:
+        start = ctx.generators.index(dist.get_rank()) * per
+        share = prompts[start : start + per]
+        if share:
+            ctx.engine.resume_memory(("kv_cache", "cuda_graph"))
+            outs = ctx.engine.generate([p.prompt_ids for p in share], replace(params, seed=params.seed + start * params.n))
+            ctx.engine.release_memory(("kv_cache", "cuda_graph"))
+            mine = [replace(o, prompt_index=o.prompt_index + start) for o in outs]
     mp_group = parallel.model_parallel_group()
-    if dist.get_world_size(mp_group) > 1:
-        holder = [outputs]
-        dist.broadcast_object_list(holder, src=dist.get_global_rank(mp_group, 0), group=mp_group)
-        outputs = holder[0]
-    return outputs
+    if dist.get_world_size(mp_group) == 1:
+        return mine
+    gathered: list = [None] * dist.get_world_size(mp_group)
+    dist.all_gather_object(gathered, mine, group=mp_group)
+    by_rank = dict(zip(dist.get_process_group_ranks(mp_group), gathered))
+    return [o for r in ctx.generators for o in by_rank[r]]
+
+
+def release_engine_weights(ctx: RolloutContext) -> None:
+    """Before the updates: the engine's weights make room for training; the weight sync that
+    ends the step loads them again (SGLang; the embedded engine keeps its weights)."""
+    if ctx.engine is not None:
+        ctx.engine.release_memory(("weights",))
 
 
 def collect_rollouts(ctx: RolloutContext, global_prompts: list[PromptRecord], *, seed: int) -> Rollout:

@@ -281,7 +281,7 @@ def _one_line(e: BaseException) -> str:
     """A short reason; torch DCP wraps each rank's error in a CheckpointException."""
     if isinstance(e, CheckpointException) and e.failures:
         e = next(iter(e.failures.values()))[0]
-    if isinstance(e, CheckpointCorrupt):
+    if isinstance(e, (CheckpointCorrupt, checkpoint_io.CheckpointError)):  # already one line naming the file
         return str(e)
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[-1] if lines else ''}"

@@ -30,7 +30,7 @@ from vapo_megatron.config import Config, ConfigError, load_config
 from vapo_megatron.data.prompts import PromptDataError
 from vapo_megatron.metrics import MetricsLogger
 from vapo_megatron.preflight import validate_startup
-from vapo_megatron.rollout_collect import RolloutContext, collect_rollouts, evaluate
+from vapo_megatron.rollout_collect import RolloutContext, collect_rollouts, evaluate, release_engine_weights
 from vapo_megatron.run_state import (
     CheckpointCorrupt,
     RunState,
@@ -70,6 +70,10 @@ class Trainer:
             enabled=parallel.is_rank0(), tensorboard=cfg.trainer.tensorboard,
         )
         self.logger.truncate_after(self.state.iteration)
+        if self.state.iteration == 0 and self.state.sft_steps_done == 0:  # a fresh run: once
+            self.logger.log(0, "data", self.ctx.data_stats)
+        if parallel.is_rank0():
+            print("[vapo] data: " + ", ".join(f"{k.removeprefix('data/')}={v:g}" for k, v in self.ctx.data_stats.items()), flush=True)
 
     @property
     def total_iterations(self) -> int:
@@ -111,6 +115,7 @@ class Trainer:
         faults.set_iteration(self.state.iteration)  # test-only fault injection (faults.py)
         prompts = self.state.sampler.next_batch()                                        # 1
         rollout = collect_rollouts(self.ctx, prompts, seed=self._rollout_seed())          # 2
+        release_engine_weights(self.ctx)  # colocated SGLang: its GPU memory goes to training until step 8
         faults.fault_point("rollout")
         batch, reward_logs = self.ctx.score(rollout)                                      # 3
         batch.old_logp, entropy, batch.values = score_with_models(                        # 4
@@ -136,12 +141,13 @@ class Trainer:
                 epochs=algo.ppo_epochs, max_tokens=cfg.trainer.micro_batch_tokens, lr=cfg.actor_optim.lr,
                 max_consecutive_skips=cfg.trainer.max_consecutive_skips,
             )
-            sync_weights(self.actor, self.ctx.engine, version=self.state.iteration + 1, cfg=cfg)  # 8
         else:
             self.state.pretrain_steps_done += 1
             threshold = algo.value_pretrain_ev_threshold
             if threshold is not None and ev >= threshold:
                 self.state.pretrain_finished = True
+        # 8: also while value pretraining (actor unchanged): the engine released its weights.
+        sync_weights(self.actor, self.ctx.engine, version=self.state.iteration + 1, cfg=cfg)   # 8
         dt = time.perf_counter() - t0
         tokens = self._global_sum(float(batch.seq_lens.sum()))
         logs = {

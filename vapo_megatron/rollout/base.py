@@ -79,6 +79,9 @@ class WeightUpdateStats:
     names: list[str] = field(default_factory=list)
 
 
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # SGLang's names for what an engine can release
+
+
 class RolloutEngine(abc.ABC):
     """Sampling plus in-place weight loading. Weight updates stream bounded buckets; an engine
     never needs the whole state dict at once."""
@@ -108,12 +111,20 @@ class RolloutEngine(abc.ABC):
         """Close the session; drop caches computed with old weights; record the version."""
 
     @abc.abstractmethod
-    def release_memory(self) -> None:
-        """Free what the engine holds on the accelerator while the trainer runs."""
+    def release_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
+        """Free what the engine holds on the accelerator while the trainer runs: any of
+        "weights", "kv_cache", "cuda_graph". Released weights must be loaded again (a weight
+        update) before the next generate."""
 
     @abc.abstractmethod
-    def resume_memory(self) -> None:
+    def resume_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
         """Take back what release_memory freed."""
+
+    @property
+    def generates(self) -> bool:
+        """Whether generate runs on this rank (an engine spread over several ranks generates on
+        the one that owns it; the others only take part in weight updates)."""
+        return True
 
     @property
     @abc.abstractmethod

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from vapo_megatron.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from vapo_megatron.rollout.base import MEMORY_TAGS, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -121,12 +121,12 @@ class EmbeddedEngine(RolloutEngine):
                 raise RuntimeError(f"weight update left {len(missing)} parameters unset, e.g. {missing[:5]}")
         self._version = version
 
-    def release_memory(self) -> None:
+    def release_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
         # Nothing to give back on the CPU; on one GPU the trainer and this model share memory
         # and the model is small next to the trainer's state, so it stays resident.
         pass
 
-    def resume_memory(self) -> None:
+    def resume_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
         pass
 
     # ---- sampling ---------------------------------------------------------------------------

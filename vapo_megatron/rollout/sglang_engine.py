@@ -29,10 +29,8 @@ from typing import Any, Protocol, Sequence
 import torch
 import torch.distributed as dist
 
-from vapo_megatron.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from vapo_megatron.rollout.base import MEMORY_TAGS, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket
-
-MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 
 
 # ---- payloads ----------------------------------------------------------------------------------
@@ -175,7 +173,9 @@ class SGLangEngineConfig:
 
 
 def start_engine(cfg: SGLangEngineConfig):
-    """A colocated sglang.Engine (GPU only)."""
+    """A colocated sglang.Engine (GPU only). enable_memory_saver lets the trainer release the
+    engine's weights, KV cache and CUDA graphs while it trains; skip_tokenizer_init because the
+    trainer sends token ids and reads token ids."""
     import sglang
 
     return sglang.Engine(
@@ -187,7 +187,11 @@ def start_engine(cfg: SGLangEngineConfig):
 
 class SGLangEngine(RolloutEngine):
     """One member of an engine group. `engine` is the Engine (or HTTP client) on the group's
-    rank 0 and None elsewhere; `group` is the engine group (None: a group of one)."""
+    rank 0 and None elsewhere; `group` is the engine group (None: a group of one).
+
+    Memory: the wrapper tracks what the engine holds, so release/resume are idempotent, and
+    remembers when the weights were released: their contents are gone (the memory saver frees
+    them), so generate refuses to run until a weight update has loaded them again."""
 
     def __init__(self, engine: EngineLike | None, *, group=None) -> None:
         self.group = group
@@ -198,6 +202,34 @@ class SGLangEngine(RolloutEngine):
             raise ValueError("rank 0 of an engine group must hold the SGLang engine")
         self.engine = engine if self.owner else None
         self._version = -1
+        self._resident = set(MEMORY_TAGS)  # a started engine holds everything
+        self._weights_lost = False
+
+    @classmethod
+    def colocated(cls, *, model_path: str, tp_size: int, mem_fraction: float, dtype: str, seed: int,
+                  start=start_engine) -> "SGLangEngine":
+        """Collective over the world. One engine per block of `tp_size` consecutive ranks of a
+        TP group (parallel.init_engine_groups); the block's first rank starts it on its own GPU
+        and the next tp_size - 1 ones. Everything the engine holds is released at once, so the
+        trainer's models can be built; the first weight sync loads the weights.
+        `start` builds the engine from an SGLangEngineConfig (start_engine; tests pass a double)."""
+        from vapo_megatron import parallel
+
+        group = parallel.init_engine_groups(tp_size)
+        engine = None
+        if dist.get_rank(group) == 0:
+            engine = start(SGLangEngineConfig(
+                model_path=model_path, tp_size=tp_size, base_gpu_id=torch.cuda.current_device() if torch.cuda.is_available() else 0,
+                mem_fraction_static=mem_fraction, dtype=dtype, random_seed=seed,
+            ))
+        dist.barrier()  # every engine is up before any rank builds its models
+        wrapper = cls(engine, group=group)
+        wrapper.release_memory()
+        return wrapper
+
+    @property
+    def generates(self) -> bool:
+        return self.owner
 
     @property
     def weight_version(self) -> int:
@@ -206,6 +238,8 @@ class SGLangEngine(RolloutEngine):
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[RolloutOutput]:
         if not self.owner:
             raise RuntimeError("generate runs on the engine group's rank 0 (the Engine owner)")
+        if self._weights_lost:
+            raise RuntimeError("the engine's weights were released and not loaded again: run a weight update first")
         ids, sps, owners = expand_requests(prompt_ids, params)
         outs = self.engine.generate(input_ids=ids, sampling_params=sps, return_logprob=True)
         if isinstance(outs, dict):
@@ -215,6 +249,7 @@ class SGLangEngine(RolloutEngine):
         return [parse_output(o, i, self._version) for o, i in zip(outs, owners)]
 
     def begin_weight_update(self) -> None:
+        self.resume_memory(("weights",))  # the update writes into them
         if self.owner:
             check(self.engine.begin_weight_update(), "begin_weight_update")
 
@@ -249,14 +284,24 @@ class SGLangEngine(RolloutEngine):
             if set_version is not None:
                 set_version(str(version))
         self._version = version
+        self._weights_lost = False
 
     def release_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
         """Before training: free weights, KV cache and CUDA graphs (the engine must be idle)."""
+        tags = [t for t in tags if t in self._resident]
+        if not tags:
+            return
         if self.owner:
-            check(self.engine.release_memory_occupation(tags=list(tags)), "release_memory_occupation")
+            check(self.engine.release_memory_occupation(tags=tags), "release_memory_occupation")
+        self._resident -= set(tags)
+        self._weights_lost |= "weights" in tags
 
     def resume_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
-        """After training. To keep the update's peak low, resume ("weights",) before the
-        update and ("kv_cache", "cuda_graph") after it."""
+        """After training. A weight update resumes ("weights",) by itself; generation needs
+        ("kv_cache", "cuda_graph") as well, taken after the update to keep its peak low."""
+        tags = [t for t in tags if t not in self._resident]
+        if not tags:
+            return
         if self.owner:
-            check(self.engine.resume_memory_occupation(tags=list(tags)), "resume_memory_occupation")
+            check(self.engine.resume_memory_occupation(tags=tags), "resume_memory_occupation")
+        self._resident |= set(tags)

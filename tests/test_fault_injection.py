@@ -74,6 +74,11 @@ def _assert_killed(run: Launch, point: str, iteration: int) -> None:
     assert not run.leftovers, f"processes of the killed run still alive: {run.leftovers}"
 
 
+def _train_steps(run_dir: Path) -> list[int]:
+    """Steps of the training iterations in metrics.jsonl (a fresh run also logs its data at step 0)."""
+    return [r["step"] for r in records(run_dir) if r["phase"] in ("value_pretrain", "vapo")]
+
+
 def _latest(root: Path) -> str:
     return (root / "latest").read_text().strip()
 
@@ -111,8 +116,8 @@ def _assert_same_run(want: Path, have: Path) -> None:
     def _comparable(r: dict) -> dict:  # timings differ; NaN != NaN, so compare the JSON text
         return json.dumps({k: v for k, v in r.items() if not k.startswith("perf/")}, sort_keys=True)
 
+    assert _train_steps(have) == list(range(1, 2 + VAPO_STEPS)), "a step is missing or logged twice"
     a, b = records(want), records(have)
-    assert [r["step"] for r in b] == list(range(1, 2 + VAPO_STEPS)), "a step is missing or logged twice"
     assert [_comparable(r) for r in a] == [_comparable(r) for r in b]
 
 
@@ -124,7 +129,7 @@ def test_killed_at_every_point_and_damaged_checkpoints_resume_to_the_same_run(re
     run = _faulty(demo_data, run_dir, "rollout@1")
     _assert_killed(run, "rollout", 1)
     _assert_consistent(root)
-    assert _latest(root) == "iter_0000001" and [r["step"] for r in records(run_dir)] == [1]
+    assert _latest(root) == "iter_0000001" and _train_steps(run_dir) == [1]
 
     # 2. Killed after the first critic step of iteration 2 (resumes at 1: the actor has never stepped).
     run = _faulty(demo_data, run_dir, "critic_update@2")
@@ -156,7 +161,7 @@ def test_killed_at_every_point_and_damaged_checkpoints_resume_to_the_same_run(re
     shard.write_bytes(shard.read_bytes()[: full // 2])
     run = _faulty(demo_data, run_dir, "checkpoint@3")
     damaged = (f"[vapo] checkpoint {root / 'iter_0000003'} is damaged, falling back to an older one: "
-               f"CheckpointError: {root / 'iter_0000003' / 'actor'}: cannot load: ")
+               f"{root / 'iter_0000003' / 'actor'}: cannot load: ")
     assert damaged in run.stdout, run.output[-3000:]
     assert f"; {shard} is truncated ({full // 2} bytes, the metadata needs {full})" in run.stdout, run.output[-3000:]
     assert _resumed_from(run, root, "iter_0000002"), run.output[-3000:]
@@ -199,8 +204,8 @@ def test_nan_losses_are_skipped_and_counted_then_stop_the_run(reference, demo_da
         for n in (1, 2, 3, 4):
             assert f"[vapo] {role}: optimizer step skipped (non-finite loss or gradient norm), {n} in a row\n" in run.stdout
     # Iteration 5 (step 6) is logged with its skips; iteration 6 stopped before its log and checkpoint.
-    recs = {r["step"]: r for r in records(run_dir)}
-    assert sorted(recs) == list(range(1, 2 + VAPO_STEPS + 1))
+    assert _train_steps(run_dir) == list(range(1, 2 + VAPO_STEPS + 1))
+    recs = {r["step"]: r for r in records(run_dir) if r["phase"] in ("value_pretrain", "vapo")}
     assert (recs[6]["critic/skipped_steps"], recs[6]["actor/skipped_steps"]) == (4.0, 4.0)
     assert recs[6]["critic/grad_norm"] is None and recs[6]["actor/grad_norm"] is None  # NaN, written as null
     assert all(recs[s]["critic/skipped_steps"] == 0.0 for s in range(1, 6))

@@ -76,7 +76,7 @@ def score_with_models(actor: TrainModel, critic: TrainModel, batch: RolloutBatch
     return old_logp, entropy, values
 
 
-def _finish(sums: dict[str, float], counts: GlobalCounts, prefix: str) -> dict[str, float]:
+def _finish(sums: dict[str, float], counts: GlobalCounts) -> dict[str, float]:
     """Turn metric sums into means over the right global count."""
     out = {}
     for key, value in sums.items():
@@ -112,45 +112,40 @@ def _step(model: TrainModel, sums: dict[str, float], role: str, max_consecutive_
 def update_critic(critic: TrainModel, batch: RolloutBatch, *, clip_range: float | None, mini_batches: int,
                   epochs: int, max_tokens: int, lr: float, max_consecutive_skips: int) -> dict[str, float]:
     """Step 6: clipped value loss against `batch.returns`, token-level over each mini-batch."""
-    set_lr(critic.optimizer, lr)
-    logs: dict[str, list[float]] = {}
-    for _ in range(epochs):
-        for rows in mini_batch_rows(batch, mini_batches):
-            part = batch.select(rows)
-            counts = global_counts(part, parallel.dp_group())
-            _, micro = micro_batches(part, max_tokens)
-            sums = reduce_metric_sums(critic_mod.train_mini_batch(critic.chunks, micro, clip_range=clip_range))
-            applied, grad_norm = _step(critic, sums, "critic", max_consecutive_skips)
-            faults.fault_point("critic_update")  # test-only (faults.py): a crash mid-update
-            step_logs = _finish(sums, counts, "critic")
-            step_logs["critic/grad_norm"] = grad_norm
-            step_logs["critic/skipped_steps"] = 0.0 if applied else 1.0
-            for k, v in step_logs.items():
-                logs.setdefault(k, []).append(v)
-    out = {k: (sum(v) if k.endswith("skipped_steps") else sum(v) / len(v)) for k, v in logs.items()}
-    return out
+    return _optimize(critic, "critic", batch, lambda micro, counts: critic_mod.train_mini_batch(critic.chunks, micro, clip_range=clip_range),
+                     mini_batches=mini_batches, epochs=epochs, max_tokens=max_tokens, lr=lr,
+                     max_consecutive_skips=max_consecutive_skips)
 
 
 def update_actor(actor: TrainModel, batch: RolloutBatch, settings: actor_mod.PolicyLossSettings, *,
                  mini_batches: int, epochs: int, max_tokens: int, lr: float,
                  max_consecutive_skips: int) -> dict[str, float]:
     """Step 7: PPO (clip-higher, token-level) + mu * positive-example NLL."""
-    set_lr(actor.optimizer, lr)
+    return _optimize(actor, "actor", batch,
+                     lambda micro, counts: actor_mod.train_mini_batch(actor.chunks, micro, settings, counts, vocab_size=actor.vocab_size),
+                     mini_batches=mini_batches, epochs=epochs, max_tokens=max_tokens, lr=lr,
+                     max_consecutive_skips=max_consecutive_skips)
+
+
+def _optimize(model: TrainModel, role: str, batch: RolloutBatch, train_mini_batch, *, mini_batches: int, epochs: int,
+              max_tokens: int, lr: float, max_consecutive_skips: int) -> dict[str, float]:
+    """The loop shared by steps 6 and 7: one optimizer step per mini-batch and epoch, with the
+    global counts of that mini-batch (docs/normalization.md). `train_mini_batch(micro, counts)`
+    runs forward/backward and returns the metric sums. Logs are means over the steps, except
+    `<role>/skipped_steps`, which counts them."""
+    set_lr(model.optimizer, lr)
     logs: dict[str, list[float]] = {}
     for _ in range(epochs):
         for rows in mini_batch_rows(batch, mini_batches):
             part = batch.select(rows)
             counts = global_counts(part, parallel.dp_group())
             _, micro = micro_batches(part, max_tokens)
-            outs = actor_mod.train_mini_batch(actor.chunks, micro, settings, counts, vocab_size=actor.vocab_size)
-            sums = reduce_metric_sums(outs)
-            applied, grad_norm = _step(actor, sums, "actor", max_consecutive_skips)
-            faults.fault_point("actor_update")  # test-only (faults.py): a crash mid-update
-            step_logs = _finish(sums, counts, "actor")
-            if settings.loss_agg == "sample":
-                step_logs["actor/pg_loss"] = sums["actor/pg_loss_sum"] / max(counts.tokens, 1)
-            step_logs["actor/grad_norm"] = grad_norm
-            step_logs["actor/skipped_steps"] = 0.0 if applied else 1.0
+            sums = reduce_metric_sums(train_mini_batch(micro, counts))
+            applied, grad_norm = _step(model, sums, role, max_consecutive_skips)
+            faults.fault_point(f"{role}_update")  # test-only (faults.py): a crash mid-update
+            step_logs = _finish(sums, counts)
+            step_logs[f"{role}/grad_norm"] = grad_norm
+            step_logs[f"{role}/skipped_steps"] = 0.0 if applied else 1.0
             for k, v in step_logs.items():
                 logs.setdefault(k, []).append(v)
     return {k: (sum(v) if k.endswith("skipped_steps") else sum(v) / len(v)) for k, v in logs.items()}

@@ -155,7 +155,7 @@ def _model_state(model: TrainModel, *, loading: bool) -> dict:
 
 def _barrier() -> None:
     if dist.is_initialized():
-        dist.barrier()
+        parallel.barrier()
 
 
 def _fsync(path: Path) -> None:
@@ -336,7 +336,7 @@ def _on_every_rank(step: Callable[[], T]) -> T:
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - any damage means: try an older one
         reason = _one_line(e)
     reasons = [""] * dist.get_world_size()
-    dist.all_gather_object(reasons, reason)
+    parallel.all_gather_object(reasons, reason)
     bad = next((r for r in reasons if r), "")
     if bad:
         raise CheckpointCorrupt(bad)

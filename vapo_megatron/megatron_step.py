@@ -95,6 +95,8 @@ def forward_backward(
     # Micro-batches differ in shape (token-budget batching): let the pipeline send shapes.
     tcfg.variable_seq_lengths = True
     longest = max(int(mb.tokens.shape[1]) for mb in micro_batches)
+    if tcfg.sequence_parallel:  # actor._forward_step pads each micro-batch to a multiple of TP
+        longest = -(-longest // parallel.tp_size()) * parallel.tp_size()
     widest = max(int(mb.tokens.shape[0]) for mb in micro_batches)
     if len(model_chunks) > 1:
         data = [iter(micro_batches) for _ in model_chunks]

@@ -83,7 +83,8 @@ def build_models(cfg: Config, hf_cfg: dict) -> tuple[TrainModel, TrainModel]:
 
 def _build(cfg: Config, hf_dir: str, hf_cfg: dict, *, critic: bool) -> TrainModel:
     family = model_providers.family_for(hf_cfg)
-    chunks = build_chunks(hf_cfg, params_dtype=param_dtype(cfg), critic=critic, recompute=cfg.model.recompute_activations)
+    chunks = build_chunks(hf_cfg, params_dtype=param_dtype(cfg), critic=critic, recompute=cfg.model.recompute_activations,
+                          sequence_parallel=cfg.parallel.sequence_parallel)
     load_hf_weights(chunks, family, hf_cfg, hf_dir, critic=critic)
     optim = cfg.critic_optim if critic else cfg.actor_optim
     chunks = wrap_ddp(chunks, distributed_optimizer=optim.distributed_optimizer)

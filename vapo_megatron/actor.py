@@ -54,10 +54,20 @@ def token_logprobs(logits_shard: torch.Tensor, targets: torch.Tensor, *, tempera
 def _forward_step(loss_fn, data_iterator, model):
     mb: RolloutBatch = next(data_iterator)
     device = parallel.device()
-    tokens = mb.tokens.to(device)
+    tokens = mb.tokens.to(device)  # [b, S]
+    width = tokens.shape[1]
+    if model.config.sequence_parallel and width % parallel.tp_size():
+        # Sequence parallelism splits the sequence over TP: S must be a multiple of TP. Extra
+        # right padding changes no earlier position (causal attention); the loss sees [b, S] again.
+        tokens = torch.nn.functional.pad(tokens, (0, -width % parallel.tp_size()))
     position_ids = torch.arange(tokens.shape[1], device=device).unsqueeze(0).expand_as(tokens)
     output = model(tokens, position_ids, None)
-    return output, partial(loss_fn, mb)
+    return output, partial(_unpadded, loss_fn, mb, width)
+
+
+def _unpadded(loss_fn, mb: RolloutBatch, width: int, output: torch.Tensor):
+    # The last stage's output is [b, S(+pad), ...]: logits (actor) or values (critic).
+    return loss_fn(mb, output[:, :width])
 
 
 def _logprob_loss(mb: RolloutBatch, logits: torch.Tensor, *, temperature: float, vocab_size: int):

@@ -44,6 +44,10 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     vpp: int | None = None
+    # Megatron's sequence parallelism: the [T, h] activations around norms, dropout and residuals
+    # are split over TP along the sequence (activation memory of those / TP). Needs TP > 1; at
+    # tp=1 there is nothing to split and it is off, as in Megatron-LM.
+    sequence_parallel: bool = False
 
 
 @dataclass(frozen=True)

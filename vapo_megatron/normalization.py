@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from vapo_megatron import parallel
 from vapo_megatron.batch import RolloutBatch
 
 
@@ -32,6 +33,6 @@ def global_counts(batch: RolloutBatch, dp_group=None) -> GlobalCounts:
         dtype=torch.float64,
     )
     if dp_group is not None and dist.get_world_size(dp_group) > 1:
-        dist.all_reduce(local, group=dp_group)
+        parallel.all_reduce(local, group=dp_group)
     n, n_pos, m = (int(round(v)) for v in local.tolist())
     return GlobalCounts(tokens=n, pos_tokens=n_pos, responses=m)

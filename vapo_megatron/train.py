@@ -208,24 +208,24 @@ class Trainer:
     def _whiten(self, batch):
         sums = masked_moment_sums(batch.advantages, batch.mask).double()
         if parallel.dp_size() > 1:
-            dist.all_reduce(sums, group=parallel.dp_group())
+            parallel.all_reduce(sums, group=parallel.dp_group())
         return whiten(batch.advantages, batch.mask, sums)
 
     def _global_sum(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64)
         if parallel.dp_size() > 1:
-            dist.all_reduce(t, group=parallel.dp_group())
+            parallel.all_reduce(t, group=parallel.dp_group())
         return float(t)
 
     def _global_mean(self, x: torch.Tensor, mask: torch.Tensor) -> float:
         t = torch.tensor([float((x * mask).sum()), float(mask.sum())], dtype=torch.float64)
         if parallel.dp_size() > 1:
-            dist.all_reduce(t, group=parallel.dp_group())
+            parallel.all_reduce(t, group=parallel.dp_group())
         return float(t[0] / t[1].clamp(min=1))
 
     def _should_stop(self) -> bool:
         flag = torch.tensor([self.stop.signum], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
+        parallel.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
         return bool(flag.item())
 
     def close(self) -> None:

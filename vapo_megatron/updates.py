@@ -157,7 +157,7 @@ def explained_variance(batch: RolloutBatch) -> float:
     keys = sorted(sums)
     vec = torch.tensor([float(sums[k]) for k in keys], dtype=torch.float64)
     if parallel.dp_size() > 1:
-        torch.distributed.all_reduce(vec, group=parallel.dp_group())
+        parallel.all_reduce(vec, group=parallel.dp_group())
     ev = explained_variance_from_sums(dict(zip(keys, vec)))
     return float(ev) if math.isfinite(float(ev)) else float("nan")
 

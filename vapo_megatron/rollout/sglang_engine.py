@@ -29,6 +29,7 @@ from typing import Any, Protocol, Sequence
 import torch
 import torch.distributed as dist
 
+from vapo_megatron import parallel
 from vapo_megatron.rollout.base import MEMORY_TAGS, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket
 
@@ -213,8 +214,6 @@ class SGLangEngine(RolloutEngine):
         and the next tp_size - 1 ones. Everything the engine holds is released at once, so the
         trainer's models can be built; the first weight sync loads the weights.
         `start` builds the engine from an SGLangEngineConfig (start_engine; tests pass a double)."""
-        from vapo_megatron import parallel
-
         group = parallel.init_engine_groups(tp_size)
         engine = None
         if dist.get_rank(group) == 0:
@@ -222,7 +221,7 @@ class SGLangEngine(RolloutEngine):
                 model_path=model_path, tp_size=tp_size, base_gpu_id=torch.cuda.current_device() if torch.cuda.is_available() else 0,
                 mem_fraction_static=mem_fraction, dtype=dtype, random_seed=seed,
             ))
-        dist.barrier()  # every engine is up before any rank builds its models
+        parallel.barrier()  # every engine is up before any rank builds its models
         wrapper = cls(engine, group=group)
         wrapper.release_memory()
         return wrapper
@@ -260,7 +259,7 @@ class SGLangEngine(RolloutEngine):
         else:
             # Handles in group-rank order = engine TP rank order (rank i sits on GPU base + i).
             payloads = [None] * self.group_size if self.owner else None
-            dist.gather_object(payload, payloads, dst=dist.get_global_rank(self.group, 0), group=self.group)
+            parallel.gather_object(payload, payloads, dst=dist.get_global_rank(self.group, 0), group=self.group)
         error = None
         if self.owner:
             try:
@@ -271,7 +270,7 @@ class SGLangEngine(RolloutEngine):
         if self.group_size > 1:
             # Members must keep their buffers untouched until every engine rank has loaded.
             box = [error]
-            dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
+            parallel.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
             error = box[0]
         if error:
             raise RuntimeError(error)

@@ -33,10 +33,11 @@ class PolicyLossSettings:
     loss_agg: str          # "token" | "sample"
     nll_coef: float        # mu
     temperature: float     # the rollout's: log-probs are log_softmax(logits / T), as SGLang's
+    chunk_tokens: int      # trainer.logprob_chunk_tokens (vocab_parallel's float32 buffer)
 
 
 def token_logprobs(logits_shard: torch.Tensor, targets: torch.Tensor, *, temperature: float,
-                   vocab_size: int, with_entropy: bool):
+                   vocab_size: int, with_entropy: bool, chunk_tokens: int):
     """[b, S, V_pad/TP] vocab-parallel logits -> log-probs [b, S] (and entropy [b, S]).
 
     Megatron pads the vocabulary to a multiple of 128*TP; the padded columns are not part of
@@ -48,6 +49,7 @@ def token_logprobs(logits_shard: torch.Tensor, targets: torch.Tensor, *, tempera
     return vocab_parallel_logprobs_entropy(
         logits_shard, targets, tp_group=parallel.tp_group(), vocab_start=vocab_start,
         temperature=temperature, with_entropy=with_entropy, num_valid=vocab_size - vocab_start,
+        chunk_tokens=chunk_tokens,
     )
 
 
@@ -60,10 +62,10 @@ def _forward_step(loss_fn, data_iterator, model):
     return output, partial(loss_fn, mb)
 
 
-def _logprob_loss(mb: RolloutBatch, logits: torch.Tensor, *, temperature: float, vocab_size: int):
+def _logprob_loss(mb: RolloutBatch, logits: torch.Tensor, *, temperature: float, vocab_size: int, chunk_tokens: int):
     logp, entropy = token_logprobs(
         logits, shifted_targets(mb.tokens).to(logits.device), temperature=temperature,
-        vocab_size=vocab_size, with_entropy=True,
+        vocab_size=vocab_size, with_entropy=True, chunk_tokens=chunk_tokens,
     )
     zero = logits.new_zeros(())
     return zero, torch.tensor(1, dtype=torch.int), {"logp": logp.detach().float().cpu(), "entropy": entropy.float().cpu()}
@@ -71,12 +73,13 @@ def _logprob_loss(mb: RolloutBatch, logits: torch.Tensor, *, temperature: float,
 
 @torch.no_grad()
 def compute_logprobs(model_chunks: list, micro_batches: list[RolloutBatch], *, temperature: float,
-                     vocab_size: int) -> list[dict] | None:
+                     vocab_size: int, chunk_tokens: int) -> list[dict] | None:
     """Per micro-batch {"logp": [b, S], "entropy": [b, S]} on the last stage (None elsewhere)."""
     for chunk in model_chunks:
         chunk.eval()
     outputs = forward_backward(
-        model_chunks, partial(_forward_step, partial(_logprob_loss, temperature=temperature, vocab_size=vocab_size)),
+        model_chunks, partial(_forward_step, partial(_logprob_loss, temperature=temperature, vocab_size=vocab_size,
+                                                         chunk_tokens=chunk_tokens)),
         micro_batches, forward_only=True,
     )
     return outputs if parallel.is_last_stage() else None
@@ -87,7 +90,7 @@ def _policy_loss(mb: RolloutBatch, logits: torch.Tensor, *, settings: PolicyLoss
     device = logits.device
     logp, entropy = token_logprobs(
         logits, shifted_targets(mb.tokens).to(device), temperature=settings.temperature,
-        vocab_size=vocab_size, with_entropy=True,
+        vocab_size=vocab_size, with_entropy=True, chunk_tokens=settings.chunk_tokens,
     )
     mask = mb.mask.to(device)
     old_logp, adv = mb.old_logp.to(device), mb.advantages.to(device)

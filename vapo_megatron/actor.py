@@ -7,7 +7,7 @@ megatron_step.py explains why each micro-batch returns
     loss_sum = pg_sum + mu * (N / N_pos) * nll_sum,     num_tokens = its response tokens,
 so that after finalize_model_grads divides by N the gradient is exactly grad L.
 With the sample-level ablation, pg_sum is the sum over responses of per-response means and is
-scaled by N / M (M = responses in the global mini-batch) the same way.
+scaled by N / M (M = responses with at least one token in the global mini-batch) the same way.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def _policy_loss(mb: RolloutBatch, logits: torch.Tensor, *, settings: PolicyLoss
         pg_sum, metrics = policy_loss_sum(logp, old_logp, adv, mask, **clip)
     else:
         pg_sum, metrics = sample_level_policy_loss_sum(logp, old_logp, adv, mask, **clip)
-        pg_sum = pg_sum * (counts.tokens / counts.responses)
+        pg_sum = pg_sum * (counts.tokens / counts.responses) if counts.responses else pg_sum * 0.0  # M = 0: N = 0
     loss = pg_sum
     nll_sum = nll_loss_sum(logp, mask, mb.correct.to(device))
     if settings.nll_coef > 0 and counts.pos_tokens > 0:

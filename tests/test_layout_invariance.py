@@ -173,7 +173,7 @@ def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp=False):
             micro = [b.select(r) for r in _micro_split(list(range(b.size)), n_micro)]
             critic_mod.train_mini_batch(chunks, micro, clip_range=VALUE_CLIP)
         else:
-            outs = actor_mod.compute_logprobs(chunks, micro, temperature=TEMPERATURE, vocab_size=VOCAB)
+            outs = actor_mod.compute_logprobs(chunks, micro, temperature=TEMPERATURE, vocab_size=VOCAB, chunk_tokens=7)
             full = torch.zeros_like(b.advantages)
             if outs is not None:
                 for rows, out in zip(_micro_split(list(range(b.size)), n_micro), outs):
@@ -183,7 +183,7 @@ def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp=False):
             micro = [b.select(r) for r in _micro_split(list(range(b.size)), n_micro)]
             settings = actor_mod.PolicyLossSettings(
                 eps_low=EPS_LOW, eps_high=EPS_HIGH, dual_clip_c=None, loss_agg=loss_agg,
-                nll_coef=MU, temperature=TEMPERATURE,
+                nll_coef=MU, temperature=TEMPERATURE, chunk_tokens=7,
             )
             actor_mod.train_mini_batch(chunks, micro, settings, counts, vocab_size=VOCAB)
         applied, _ = optimizer_step(opt, chunks, loss_finite=True)

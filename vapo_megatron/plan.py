@@ -154,14 +154,20 @@ def layer_activation_bytes(hf_cfg: dict, *, tokens: int, tp: int, dtype_bytes: i
     return dtype_bytes * tokens * per_token
 
 
+def logprob_buffer_bytes(tokens: int, vocab_shard: int, chunk_tokens: int) -> int:
+    """vocab_parallel's float32 work buffer: [min(chunk_tokens, tokens), vocab_shard]."""
+    return 4 * min(chunk_tokens, tokens) * vocab_shard
+
+
 def activation_bytes(hf_cfg: dict, *, tokens: int, tp: int, pp: int, vpp: int | None, inflight_microbatches: int,
-                     dtype_bytes: int, recompute: bool, logits_vocab: int, sequence_parallel: bool = False) -> int:
+                     dtype_bytes: int, recompute: bool, logits_vocab: int, chunk_tokens: int,
+                     sequence_parallel: bool = False) -> int:
     """Peak activations of one model on one rank. recompute (full, uniform, one layer per group):
     each layer keeps only its input [T, h] ([T/TP, h] with sequence parallelism), and the layer
     being back-propagated is recomputed in full. logits_vocab: the padded vocabulary on the last stage of the actor (0 elsewhere and for
     the critic, whose value head is [T, 1]): vocab-parallel logits [T, V/TP] and their gradient,
-    for the one micro-batch the last stage holds (the log-prob kernel's float32 work buffers are
-    chunked, vocab_parallel.py)."""
+    for the one micro-batch the last stage holds, plus the log-prob kernel's one float32 work
+    buffer [min(chunk_tokens, T), V/TP] (vocab_parallel.py; trainer.logprob_chunk_tokens)."""
     # Layers with stored activations: in-flight (chunk) micro-batches x layers per (virtual) stage.
     n_layers = inflight_microbatches * (hf_cfg["num_hidden_layers"] // (pp * (vpp or 1)))
     full_layer = layer_activation_bytes(hf_cfg, tokens=tokens, tp=tp, dtype_bytes=dtype_bytes,
@@ -171,7 +177,7 @@ def activation_bytes(hf_cfg: dict, *, tokens: int, tp: int, pp: int, vpp: int | 
         layers = n_layers * dtype_bytes * kept + full_layer
     else:
         layers = n_layers * full_layer
-    logits = 2 * dtype_bytes * tokens * (logits_vocab // tp)
+    logits = 2 * dtype_bytes * tokens * (logits_vocab // tp) + logprob_buffer_bytes(tokens, logits_vocab // tp, chunk_tokens)
     return layers + logits
 
 
@@ -248,8 +254,8 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
             last = s.pp_rank == pp - 1
             vocab = 0 if is_critic or not last else _padded_vocab(hf_cfg, tp)
             act = {rc: activation_bytes(hf_cfg, tokens=T, tp=tp, pp=pp, vpp=vpp, inflight_microbatches=s.inflight_microbatches,
-                                        dtype_bytes=dtype_bytes, recompute=rc, logits_vocab=vocab, sequence_parallel=sp)
-                   for rc in (True, False)}
+                                        dtype_bytes=dtype_bytes, recompute=rc, logits_vocab=vocab, sequence_parallel=sp,
+                                        chunk_tokens=cfg.trainer.logprob_chunk_tokens) for rc in (True, False)}
             parts.update({f"{name} count": n, f"{name} parameters": p, f"{name} gradients": g, f"{name} optimizer state": o,
                           f"{name} activations": act[recompute], f"{name} activations, recompute": act[True],
                           f"{name} activations, no recompute": act[False]})

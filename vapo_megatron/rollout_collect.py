@@ -43,7 +43,8 @@ def _build_engine(cfg: Config) -> RolloutEngine | None:
         from vapo_megatron.rollout.sglang_engine import SGLangEngine
 
         return SGLangEngine.colocated(model_path=cfg.model.hf_path, tp_size=r.sglang_tp, mem_fraction=r.sglang_mem_fraction,
-                                      dtype=cfg.model.dtype, seed=cfg.trainer.seed)
+                                      dtype=cfg.model.dtype, seed=cfg.trainer.seed,
+                                      deterministic=cfg.trainer.deterministic)
     if not (parallel.tp_rank() == 0 and parallel.pp_rank() == 0):
         return None
     if r.engine == "embedded":

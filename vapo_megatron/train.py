@@ -120,7 +120,7 @@ class Trainer:
         batch, reward_logs = self.ctx.score(rollout)                                      # 3
         batch.old_logp, entropy, batch.values = score_with_models(                        # 4
             self.actor, self.critic, batch, temperature=cfg.rollout.temperature,
-            max_tokens=cfg.trainer.micro_batch_tokens,
+            max_tokens=cfg.trainer.micro_batch_tokens, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
         )
         batch.advantages, batch.returns = compute_advantages(batch, algo, value_pretrain=phase == "value_pretrain")  # 5
         if algo.whiten_advantages:
@@ -192,6 +192,7 @@ class Trainer:
         return PolicyLossSettings(
             eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c, loss_agg=a.loss_agg,
             nll_coef=a.nll_coef, temperature=self.cfg.rollout.temperature,
+            chunk_tokens=self.cfg.trainer.logprob_chunk_tokens,
         )
 
     def _rollout_seed(self) -> int:

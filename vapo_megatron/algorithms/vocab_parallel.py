@@ -142,7 +142,7 @@ def vocab_parallel_logprobs_entropy(
     tp_group,
     vocab_start: int,
     temperature: float = 1.0,
-    chunk_tokens: int = 4096,
+    chunk_tokens: int = 1024,
     with_entropy: bool = True,
     num_valid: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
@@ -158,8 +158,8 @@ def vocab_parallel_logprobs_entropy(
 
     Memory: backward keeps a reference to the logits themselves (no copy) and the per-token
     logsumexp [N]. Forward and backward each use one float32 [chunk_tokens, V/TP] buffer at a
-    time (plus, in backward, the gradient itself, in the logits' dtype); lower chunk_tokens for
-    large vocabulary shards (4096 x 32768 is 512 MiB).
+    time (plus, in backward, the gradient itself, in the logits' dtype): chunk_tokens x V/TP x 4
+    bytes (trainer.logprob_chunk_tokens, counted by vapo-plan; 4096 x 152k is 2.5 GB).
     """
     if logits_shard.shape[:-1] != targets.shape:
         raise ValueError(

@@ -15,6 +15,8 @@ import math
 from typing import Iterator
 
 import torch
+from megatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace
+from megatron.core.dist_checkpointing.mapping import ShardedTensor
 from torch import Tensor
 
 from model_providers.family import Family
@@ -65,10 +67,34 @@ def groups(items: list[Item], max_bytes: int) -> list[list[Item]]:
     return out
 
 
-def _with_memory(sharded):
-    """A copy of a (meta) ShardedTensor or ShardedTensorFactory whose data is an empty CPU
-    tensor for the load to fill."""
-    return dataclasses.replace(sharded, data=torch.empty(sharded.data.shape, dtype=sharded.data.dtype))
+def _as_chunk(sh: ShardedTensor) -> ShardedTensor:
+    """The same slice of the same checkpoint tensor, asked for as a plain chunk (offsets and
+    sizes, the form megatron uses for tensors without layer axes) rather than as a cell of a
+    regular grid with prepended layer axes. megatron turns a grid cell into a torch ShardedTensor
+    that must account for the whole grid, placing the cells it does not hold on "another" rank;
+    in a single process that is the same rank, so a request for some of the layers is refused.
+    The data becomes a view [1, ..., *local] of the same memory."""
+    n = sh.prepend_axis_num
+    if n == 0 and sh.axis_fragmentations is None:
+        return sh
+    return dataclasses.replace(sh, data=sh.data.view((1,) * n + tuple(sh.data.shape)),
+                               local_shape=(1,) * n + tuple(sh.local_shape), prepend_axis_num=0,
+                               axis_fragmentations=None)
+
+
+def _request(sharded, buffer: Tensor):
+    """A load request for one parameter that fills `buffer` (an empty CPU tensor of the
+    parameter's local shape) in place. `sharded`: the parameter's (meta) ShardedTensor or
+    ShardedTensorFactory (megatron's SwiGLU fc1, saved as gate and up halves)."""
+    if isinstance(sharded, ShardedTensor):
+        return _as_chunk(dataclasses.replace(sharded, data=buffer))
+    build = sharded.build_fn
+
+    def build_fn(*args):
+        return dict_list_map_inplace(lambda x: _as_chunk(x) if isinstance(x, ShardedTensor) else x, build(*args))
+
+    # The halves are views of `buffer`, filled in place: the merge has nothing left to do.
+    return dataclasses.replace(sharded, data=buffer, build_fn=build_fn, merge_fn=lambda _loaded: buffer)
 
 
 def iter_checkpoint_hf_groups(ckpt, model_chunks: list, family: Family, hf_cfg: dict, *, critic: bool,
@@ -81,14 +107,15 @@ def iter_checkpoint_hf_groups(ckpt, model_chunks: list, family: Family, hf_cfg: 
 
     sharded = checkpoint_io.model_sharded_state(model_chunks)
     for group in groups(exported_items(model_chunks, family, hf_cfg, critic=critic), max_bytes):
+        buffers = [torch.empty(item.param.shape, dtype=item.param.dtype) for item in group]
         request: dict[str, dict] = {}
-        for item in group:
-            request.setdefault(item.chunk_key, {})[item.local_name] = _with_memory(sharded[item.chunk_key][item.local_name])
-        loaded = checkpoint_io.load(ckpt, request, part=True)
+        for item, buffer in zip(group, buffers):
+            request.setdefault(item.chunk_key, {})[item.local_name] = _request(sharded[item.chunk_key][item.local_name], buffer)
+        checkpoint_io.load(ckpt, request, part=True)  # fills the buffers
         del request
         out = []
         for item in group:
-            local = loaded[item.chunk_key].pop(item.local_name)  # drop each slice once converted
+            local = buffers.pop(0)  # drop each slice once converted
             full = gather_tp(item.param, item.row.layout, data=local)
             out.extend((name, t.contiguous()) for name, t in mcore_to_hf(item.row, full, hf_cfg, item.layer))
             del local, full

@@ -170,6 +170,7 @@ class SGLangEngineConfig:
     mem_fraction_static: float
     dtype: str = "bfloat16"
     random_seed: int = 0
+    load_format: str = "auto"  # "dummy": no weights read from model_path (the first sync loads them)
 
 
 def start_engine(cfg: SGLangEngineConfig):
@@ -181,7 +182,7 @@ def start_engine(cfg: SGLangEngineConfig):
     return sglang.Engine(
         model_path=cfg.model_path, tp_size=cfg.tp_size, base_gpu_id=cfg.base_gpu_id,
         mem_fraction_static=cfg.mem_fraction_static, enable_memory_saver=True, dtype=cfg.dtype,
-        random_seed=cfg.random_seed, skip_tokenizer_init=True,
+        random_seed=cfg.random_seed, skip_tokenizer_init=True, load_format=cfg.load_format,
     )
 
 
@@ -207,7 +208,7 @@ class SGLangEngine(RolloutEngine):
 
     @classmethod
     def colocated(cls, *, model_path: str, tp_size: int, mem_fraction: float, dtype: str, seed: int,
-                  start=start_engine) -> "SGLangEngine":
+                  load_format: str = "auto", start=start_engine) -> "SGLangEngine":
         """Collective over the world. One engine per block of `tp_size` consecutive ranks of a
         TP group (parallel.init_engine_groups); the block's first rank starts it on its own GPU
         and the next tp_size - 1 ones. Everything the engine holds is released at once, so the
@@ -220,7 +221,7 @@ class SGLangEngine(RolloutEngine):
         if dist.get_rank(group) == 0:
             engine = start(SGLangEngineConfig(
                 model_path=model_path, tp_size=tp_size, base_gpu_id=torch.cuda.current_device() if torch.cuda.is_available() else 0,
-                mem_fraction_static=mem_fraction, dtype=dtype, random_seed=seed,
+                mem_fraction_static=mem_fraction, dtype=dtype, random_seed=seed, load_format=load_format,
             ))
         dist.barrier()  # every engine is up before any rank builds its models
         wrapper = cls(engine, group=group)

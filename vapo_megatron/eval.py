@@ -50,6 +50,14 @@ def resolve_model(path: str) -> ModelSource:
         for need in ("metadata.json", "vapo.json", "hf/config.json"):
             if not (p / need).is_file():
                 raise EvalInputError(f"--model {p}: unreadable checkpoint: {p / need} is missing")
+        from vapo_megatron.checkpoint_io import CheckpointError, require_checkpoint
+
+        try:
+            require_checkpoint(p)
+        except CheckpointError as e:
+            raise EvalInputError(f"--model {p}: unreadable checkpoint: {e}") from None
+        except ValueError as e:  # megatron's check parses metadata.json and lets a JSON error through
+            raise EvalInputError(f"--model {p}: unreadable checkpoint: {p / 'metadata.json'}: {type(e).__name__}: {e}") from None
         try:
             critic = json.loads((p / "vapo.json").read_text())["critic"]
         except (OSError, ValueError, KeyError, TypeError) as e:
@@ -176,12 +184,12 @@ def run(a: argparse.Namespace, ks: list[int]) -> dict | None:
 
     model = resolve_model(a.model)
     cfg = build_config(a, model)
-    parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, seed=a.seed)
     hf_cfg = model_providers.load_hf_config(cfg.model.hf_path)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.hf_path)
     records, stats = load_prompts(list(a.data), tokenizer, max_prompt_tokens=a.max_prompt_tokens,
                                   apply_chat_template=not a.no_chat_template, schema=a.schema)
     records = records[: a.max_prompts] if a.max_prompts else records
+    parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, seed=a.seed)  # after the cheap checks
     reward_fn = build_reward_fn(a.reward, correct_score=a.correct_score, incorrect_score=a.incorrect_score, timeout_s=a.reward_timeout)
     engine = _build_engine(cfg, with_weights=model.checkpoint is None)
     if model.checkpoint is not None:

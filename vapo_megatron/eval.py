@@ -93,6 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--engine", choices=("embedded", "sglang"), default="embedded", help="embedded (CPU/one GPU) or colocated SGLang")
     p.add_argument("--sglang-tp", type=int, default=1)
     p.add_argument("--sglang-mem-fraction", type=float, default=0.8)
+    p.add_argument("--deterministic", action="store_true", help="SGLang deterministic inference: only then does SGLang "
+                   "honour the per-sample seeds (slower); the embedded engine always does")
     p.add_argument("--tp", type=int, default=1, help="Megatron TP for loading a checkpoint (ranks = tp * pp * dp)")
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="default: bfloat16 on GPU, float32 on CPU")
@@ -131,7 +133,8 @@ def build_config(a: argparse.Namespace, model: ModelSource):
     """The trainer's Config for the pieces it shares with vapo-eval (engine, sampling, reward)."""
     import torch
 
-    from vapo_megatron.config import Config, DataConfig, ModelConfig, ParallelConfig, RewardConfig, RolloutConfig
+    from vapo_megatron.config import (Config, DataConfig, ModelConfig, ParallelConfig, RewardConfig, RolloutConfig,
+                                      TrainerConfig)
 
     dtype = a.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
     return Config(
@@ -144,6 +147,7 @@ def build_config(a: argparse.Namespace, model: ModelSource):
                         max_prompt_tokens=a.max_prompt_tokens),
         reward=RewardConfig(fn=a.reward, correct_score=a.correct_score, incorrect_score=a.incorrect_score,
                             timeout_s=a.reward_timeout),
+        trainer=TrainerConfig(seed=a.seed, deterministic=a.deterministic),
     )
 
 

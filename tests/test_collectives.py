@@ -82,7 +82,7 @@ def test_training_run_uses_only_the_helpers(tmp_path):
         f"data.train_files=[{data}/train.jsonl]", f"data.eval_files=[{data}/eval.jsonl]",
         f"sft.files=[{data}/sft.jsonl]", "sft.steps=1", "sft.batch_size=8", "sft.eval_prompts=8",
         "algo.value_pretrain_steps=1", "trainer.total_steps=1", "algo.mini_batches=2",
-        "rollout.prompts_per_step=4", "rollout.n_samples=2", "data.eval_max_prompts=8",
+        "rollout.prompts_per_step=4", "rollout.n_samples=2", "eval.max_prompts=8",
         "trainer.tensorboard=false", "parallel.tp=2", "parallel.sequence_parallel=true",
     ], nproc=4, module="tests.collective_audit", env={"VAPO_AUDIT_DIR": str(audit)})
     assert run.returncode == 0, f"vapo-train failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"

@@ -100,8 +100,8 @@ def short_demo(data: Path) -> list[str]:
     return [
         f"model.hf_path={data}/model", f"data.train_files=[{data}/train.jsonl]", f"data.eval_files=[{data}/eval.jsonl]",
         f"sft.files=[{data}/sft.jsonl]", "sft.steps=2", "sft.batch_size=8", "algo.value_pretrain_steps=1",
-        "rollout.prompts_per_step=8", "rollout.n_samples=4", "data.eval_max_prompts=4", "trainer.save_every=5",
-        "trainer.eval_every=100", "trainer.tensorboard=false", f"trainer.total_steps={VAPO_STEPS}",
+        "rollout.prompts_per_step=8", "rollout.n_samples=4", "eval.max_prompts=4", "trainer.save_every=5",
+        "eval.every=100", "trainer.tensorboard=false", f"trainer.total_steps={VAPO_STEPS}",
     ]
 
 

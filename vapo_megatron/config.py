@@ -121,7 +121,6 @@ class DataConfig:
     schema: Literal["auto", "simple", "dapo"] = "auto"
     apply_chat_template: bool = True
     max_prompt_tokens: int = 2048
-    eval_max_prompts: int = 512
     seed: int = 1234
 
 
@@ -151,6 +150,19 @@ class SFTConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation on data.eval_files: before RL, every `every` RL steps, and at the end.
+    Greedy accuracy (eval/accuracy) and K sampled responses per prompt (eval/avg@K, eval/pass@k,
+    eval/maj@K; the paper reports AIME avg@32 at the training temperature). vapo-eval computes
+    the same figures for a saved model (docs/evaluation.md)."""
+
+    every: int = 10
+    max_prompts: int = 512  # the first this many eval prompts
+    n_samples: int = 1
+    temperature: float | None = None  # null: rollout.temperature
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     run_dir: str = "runs/default"
     total_steps: int = 100
@@ -160,7 +172,6 @@ class TrainerConfig:
     # [chunk, padded vocab / TP] (1024 x 152k = 0.6 GB at TP=1); vapo-plan counts it.
     logprob_chunk_tokens: int = 1024
     save_every: int = 50
-    eval_every: int = 10
     seed: int = 1234
     export_hf: bool = True
     deterministic: bool = False
@@ -181,10 +192,13 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
 # ---- loading -----------------------------------------------------------------------------
+
+MOVED_KEYS = {"trainer.eval_every": "eval.every", "data.eval_max_prompts": "eval.max_prompts"}
 
 def _from_dict(cls, data: dict, path: str, errors: list[str]):
     """Build dataclass `cls` from a plain dict. Unknown keys and wrong types are appended to
@@ -195,7 +209,10 @@ def _from_dict(cls, data: dict, path: str, errors: list[str]):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     where = f"{path}." if path else ""
     for name in sorted(set(data) - set(fields)):
-        errors.append(f"unknown config key {where}{name} (allowed: {', '.join(sorted(fields))})")
+        if f"{where}{name}" in MOVED_KEYS:
+            errors.append(f"config key {where}{name} is now {MOVED_KEYS[f'{where}{name}']}")
+        else:
+            errors.append(f"unknown config key {where}{name} (allowed: {', '.join(sorted(fields))})")
     kwargs = {}
     hints = {f.name: f.type for f in dataclasses.fields(cls)}
     defaults = cls()
@@ -360,14 +377,15 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     require(0 < r.sglang_mem_fraction < 1, f"rollout.sglang_mem_fraction={r.sglang_mem_fraction} must be in (0, 1)")
     require(r.engine != "sglang_http" or len(r.sglang_urls) > 0, "rollout.engine=sglang_http needs rollout.sglang_urls")
     require(d.max_prompt_tokens >= 1, f"data.max_prompt_tokens={d.max_prompt_tokens} must be >= 1")
-    require(d.eval_max_prompts >= 1, f"data.eval_max_prompts={d.eval_max_prompts} must be >= 1")
+    for key, value in [("eval.every", cfg.eval.every), ("eval.max_prompts", cfg.eval.max_prompts), ("eval.n_samples", cfg.eval.n_samples)]:
+        require(value >= 1, f"{key}={value} must be >= 1")
+    require(cfg.eval.temperature is None or cfg.eval.temperature > 0, f"eval.temperature={cfg.eval.temperature} must be > 0 (or null)")
     require(t.micro_batch_tokens >= d.max_prompt_tokens + r.max_new_tokens,
             f"trainer.micro_batch_tokens={t.micro_batch_tokens} must hold one full sequence: "
             f"data.max_prompt_tokens + rollout.max_new_tokens = {d.max_prompt_tokens + r.max_new_tokens}")
     require(t.logprob_chunk_tokens >= 1, f"trainer.logprob_chunk_tokens={t.logprob_chunk_tokens} must be >= 1")
     require(t.total_steps >= 0, f"trainer.total_steps={t.total_steps} must be >= 0")
     require(t.save_every >= 1, f"trainer.save_every={t.save_every} must be >= 1")
-    require(t.eval_every >= 1, f"trainer.eval_every={t.eval_every} must be >= 1")
     require(t.max_consecutive_skips >= 1, f"trainer.max_consecutive_skips={t.max_consecutive_skips} must be >= 1")
     require(bool(t.run_dir), "trainer.run_dir must name a directory")
     require(cfg.parallel.tp >= 1, f"parallel.tp={cfg.parallel.tp} must be >= 1")

@@ -24,6 +24,7 @@ from vapo_megatron.batch import RolloutBatch, pack_sequences
 from vapo_megatron.config import Config, ConfigError
 from vapo_megatron.data.prompts import PromptRecord, load_prompts
 from vapo_megatron.rewards import build_reward_fn, score_batch
+from vapo_megatron.rewards.answers import AnswerKey
 from vapo_megatron.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 
 
@@ -36,21 +37,27 @@ class Rollout:
     n: int
 
 
-def _build_engine(cfg: Config) -> RolloutEngine | None:
-    """Collective (colocated SGLang starts its engines together). None on ranks with no engine."""
+def _build_engine(cfg: Config, *, with_weights: bool = True) -> RolloutEngine | None:
+    """Collective (colocated SGLang starts its engines together). None on ranks with no engine.
+    with_weights=False: model.hf_path holds only config and tokenizer (a trainer checkpoint's
+    hf/); the engine starts with placeholder weights, which the first weight sync replaces."""
     r = cfg.rollout
     if r.engine == "sglang":
         from vapo_megatron.rollout.sglang_engine import SGLangEngine
 
         return SGLangEngine.colocated(model_path=cfg.model.hf_path, tp_size=r.sglang_tp, mem_fraction=r.sglang_mem_fraction,
                                       dtype=cfg.model.dtype, seed=cfg.trainer.seed,
-                                      deterministic=cfg.trainer.deterministic)
+                                      deterministic=cfg.trainer.deterministic, load_format="auto" if with_weights else "dummy")
     if not (parallel.tp_rank() == 0 and parallel.pp_rank() == 0):
         return None
     if r.engine == "embedded":
+        from transformers import AutoConfig
+
         from vapo_megatron.rollout.embedded import EmbeddedEngine
 
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+        if not with_weights:
+            return EmbeddedEngine.from_hf_config(AutoConfig.from_pretrained(cfg.model.hf_path), dtype=dtype, device=str(parallel.device()))
         return EmbeddedEngine.from_pretrained(cfg.model.hf_path, dtype=dtype, device=str(parallel.device()))
     from vapo_megatron.rollout.sglang_engine import SGLangEngine
     from vapo_megatron.rollout.sglang_http import HttpEngine
@@ -95,6 +102,8 @@ class RolloutContext:
     # What loading kept and skipped, per split and reason (data/train_skipped/too_long, ...):
     # logged once at the start of a run so that skipped prompts are visible in the metrics.
     data_stats: dict[str, float] = field(default_factory=dict)
+    # Answer extraction and equivalence for maj@K (sampled_eval.py); its pool starts at first use.
+    answers: AnswerKey | None = None
 
     @classmethod
     def build(cls, cfg: Config) -> "RolloutContext":
@@ -113,7 +122,7 @@ class RolloutContext:
             evals, stats = load_prompts(list(d.eval_files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
                                         apply_chat_template=d.apply_chat_template, schema=d.schema)
             data_stats |= _load_metrics("eval", stats)
-            evals = evals[: d.eval_max_prompts]
+            evals = evals[: cfg.eval.max_prompts]
         sft: list[PromptRecord] = []
         if cfg.sft.steps > 0:
             sft, stats = load_prompts(list(cfg.sft.files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
@@ -124,7 +133,8 @@ class RolloutContext:
         # EOS first: it is also what an empty response is given (see score()).
         stops = tuple(dict.fromkeys(t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None))
         engine = _build_engine(cfg)
-        return cls(cfg, hf_cfg, tokenizer, train, evals, reward_fn, engine, stops, sft, generating_ranks(engine), data_stats)
+        answers = AnswerKey(cfg.reward.fn, timeout_s=cfg.reward.timeout_s)
+        return cls(cfg, hf_cfg, tokenizer, train, evals, reward_fn, engine, stops, sft, generating_ranks(engine), data_stats, answers)
 
     def dp_share(self, records: list) -> list:
         """This DP rank's contiguous share (whole prompt groups stay on one rank)."""
@@ -177,6 +187,8 @@ class RolloutContext:
         return batch, logs
 
     def close(self) -> None:
+        if self.answers is not None:
+            self.answers.close()
         if self.engine is not None and hasattr(self.engine, "shutdown"):
             self.engine.shutdown()
 

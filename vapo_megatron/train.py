@@ -31,6 +31,7 @@ from vapo_megatron.data.prompts import PromptDataError
 from vapo_megatron.metrics import MetricsLogger
 from vapo_megatron.preflight import validate_startup
 from vapo_megatron.rollout_collect import RolloutContext, collect_rollouts, evaluate, release_engine_weights
+from vapo_megatron.sampled_eval import sample_eval
 from vapo_megatron.run_state import (
     CheckpointCorrupt,
     RunState,
@@ -93,7 +94,7 @@ class Trainer:
             self.train_step()
             self.state.iteration += 1
             it = self.state.iteration
-            if self.ctx.eval_records and it > cfg.algo.value_pretrain_steps and (it - cfg.algo.value_pretrain_steps) % cfg.trainer.eval_every == 0 and it < self.total_iterations:
+            if self.ctx.eval_records and it > cfg.algo.value_pretrain_steps and (it - cfg.algo.value_pretrain_steps) % cfg.eval.every == 0 and it < self.total_iterations:
                 self.log_eval("periodic")
             if self._should_stop():
                 save_run_state(cfg, self.state, self.actor, self.critic, self.ctx)
@@ -180,10 +181,18 @@ class Trainer:
             start_critic_from_policy(self.actor, self.critic)
 
     def log_eval(self, when: str) -> None:
+        """Greedy accuracy and the sampled figures (eval/avg@K, eval/pass@k, eval/maj@K). The
+        sampled eval always uses the same seed: checkpoints are compared on the same draws."""
         acc = evaluate(self.ctx)
-        self.logger.log(self.state.iteration, "eval", {"eval/accuracy": acc, f"eval/accuracy_{when}": acc})
+        e = self.cfg.eval
+        sampled = sample_eval(self.ctx, self.ctx.eval_records, n=e.n_samples, seed=self.cfg.trainer.seed,
+                              temperature=self.cfg.rollout.temperature if e.temperature is None else e.temperature)
+        figures = {f"eval/{k}": v for k, v in sampled.summary.items()} if sampled is not None else {}  # rank 0 only
+        self.logger.log(self.state.iteration, "eval", {"eval/accuracy": acc, f"eval/accuracy_{when}": acc, **figures})
         if parallel.is_rank0():
-            print(f"[vapo] eval ({when}) at iteration {self.state.iteration}: accuracy {acc:.3f}", flush=True)
+            K = e.n_samples
+            print(f"[vapo] eval ({when}) at iteration {self.state.iteration}: accuracy {acc:.3f}, avg@{K} "
+                  f"{figures[f'eval/avg@{K}']:.3f}, pass@{K} {figures[f'eval/pass@{K}']:.3f}, maj@{K} {figures[f'eval/maj@{K}']:.3f}", flush=True)
 
     # ---- helpers ---------------------------------------------------------------------------
 

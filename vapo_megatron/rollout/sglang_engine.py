@@ -208,6 +208,7 @@ class SGLangEngineConfig:
     dtype: str = "bfloat16"
     random_seed: int = 0
     deterministic: bool = False
+    load_format: str = "auto"  # "dummy": no weights read from model_path (the first sync loads them)
 
 
 def engine_kwargs(cfg: SGLangEngineConfig) -> dict:
@@ -222,7 +223,7 @@ def engine_kwargs(cfg: SGLangEngineConfig) -> dict:
         model_path=cfg.model_path, tp_size=cfg.tp_size, base_gpu_id=cfg.base_gpu_id,
         mem_fraction_static=cfg.mem_fraction_static, enable_memory_saver=True, dtype=cfg.dtype,
         random_seed=cfg.random_seed, skip_tokenizer_init=True,
-        enable_deterministic_inference=cfg.deterministic,
+        enable_deterministic_inference=cfg.deterministic, load_format=cfg.load_format,
     )
 
 
@@ -256,7 +257,7 @@ class SGLangEngine(RolloutEngine):
 
     @classmethod
     def colocated(cls, *, model_path: str, tp_size: int, mem_fraction: float, dtype: str, seed: int,
-                  deterministic: bool = False, start=start_engine) -> "SGLangEngine":
+                  deterministic: bool = False, load_format: str = "auto", start=start_engine) -> "SGLangEngine":
         """Collective over the world. One engine per block of `tp_size` consecutive ranks of a
         TP group (parallel.init_engine_groups); the block's first rank starts it on its own GPU
         and the next tp_size - 1 ones. Everything the engine holds is released at once, so the
@@ -269,6 +270,7 @@ class SGLangEngine(RolloutEngine):
             engine = start(SGLangEngineConfig(
                 model_path=model_path, tp_size=tp_size, base_gpu_id=base_gpu_id if base_gpu_id is not None else 0,
                 mem_fraction_static=mem_fraction, dtype=dtype, random_seed=seed, deterministic=deterministic,
+                load_format=load_format,
             ))
         parallel.barrier()  # every engine is up before any rank builds its models
         wrapper = cls(engine, group=group, base_gpu_id=base_gpu_id)

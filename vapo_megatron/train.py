@@ -21,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from vapo_megatron import faults, parallel
+from vapo_megatron import faults, parallel, run_config
 from vapo_megatron.actor import PolicyLossSettings
 from vapo_megatron.advantages import compute_advantages, policy_lambdas
 from vapo_megatron.algorithms.losses import masked_moment_sums, whiten
@@ -91,6 +91,9 @@ class Trainer:
         sync_weights(self.actor, self.ctx.engine, version=self.state.iteration, cfg=cfg)
         if self.state.iteration == 0 and self.ctx.eval_records:
             self.log_eval("before_vapo")
+        if self.state.iteration >= self.total_iterations and parallel.is_rank0():
+            print(f"[vapo] the run in {cfg.trainer.run_dir} has finished all {self.total_iterations} iterations: "
+                  "nothing to train", flush=True)
         self.timer.start()
         while self.state.iteration < self.total_iterations:
             self.train_step()
@@ -252,9 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     try:  # every setting checked, against the launch and the files, before anything is built
         cfg = load_config(args.config, args.overrides, check=False)
         validate_startup(cfg, world_size=parallel.launcher_env()[1])
+        run_config.check_resume(cfg, announce=parallel.launcher_env()[0] == 0)  # vs. run_dir/config.yaml
     except ConfigError as e:
         print(f"vapo-train: configuration error: {e}", file=sys.stderr)
         return 2
+    if parallel.launcher_env()[0] == 0:
+        run_config.save(cfg)
     stop = StopSignals().install()  # before any other thread or helper process exists
     try:
         trainer = Trainer(cfg, stop)

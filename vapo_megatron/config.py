@@ -179,6 +179,9 @@ class TrainerConfig:
     # A NaN/Inf loss or gradient norm skips that optimizer step (docs/faults.md); this many skips
     # in a row (per model; each mini-batch is one step) stop the run with an error.
     max_consecutive_skips: int = 10
+    # Resume even though settings outside run_config.MAY_CHANGE_ON_RESUME differ from the run's
+    # saved run_dir/config.yaml (the differences are logged); otherwise such a resume exits 2.
+    allow_config_change: bool = False
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ at named points. Without the environment variable VAPO_FAULT every function here
 
 fires `point` while the trainer works on iteration N (0-based: the step that the metrics log as
 step N+1; a checkpoint point fires while writing the checkpoint saved right after that step).
-Every rank fires at the same point, as a whole-job crash would.
+Every rank fires at the same point, as a whole-job crash would (after a barrier: fault_point).
 
 Kill points (the process SIGKILLs itself: no handler, no cleanup, no flush):
     rollout          after the rollout engine returned its samples
@@ -51,10 +51,23 @@ def _armed(point: str) -> bool:
 
 
 def fault_point(point: str) -> None:
-    """SIGKILL this process if VAPO_FAULT names `point` at the current iteration."""
+    """SIGKILL this process if VAPO_FAULT names `point` at the current iteration.
+
+    Every rank announces its kill, then waits at a barrier until all ranks have announced, then
+    kills itself. Without the barrier the first rank to die could take down a peer that was still
+    a few instructions behind: the peer, still reading the last collective's data, saw the
+    connection reset (or hung on it until torchrun's SIGKILL 30 s later) and never reached its own
+    announcement; on a loaded machine that lag is long enough to matter. The barrier's own failure,
+    when a faster peer is already gone, is ignored: the kill follows regardless."""
     if _armed(point):
         print(f"[vapo] VAPO_FAULT: killing rank {os.environ.get('RANK', '0')} at {point}@{_iteration}", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                dist.barrier()
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def poisoned(point: str) -> bool:

@@ -98,6 +98,7 @@ def test_vapo_plan_32b(tmp_path):
     # 8 nodes x 8 GPUs: fits, and says so with both phases' peaks.
     assert rc8 == 0, out8 + err8
     assert "TP=8 PP=4 VPP=- DP=2" in out8
+    assert "sequence parallel: on" in out8  # the 32B config's default
     assert "fits: training peak" in out8 and "DOES NOT FIT" not in out8
     assert "32 distinct (tp_rank, pp_rank) positions" in out8
 
@@ -196,6 +197,25 @@ def test_meta_shards_match_a_real_tp2_model():
         s = by_pos[(tp_rank, pp_rank)]
         assert s.actor_params == sum(math.prod(x) for x in shapes[False].values())
         assert s.critic_params == sum(math.prod(x) for x in shapes[True].values())
+
+
+def test_sequence_parallel_splits_the_replicated_activations_over_tp():
+    """The activation formula of docs/slurm.md written out: sequence parallelism divides the four
+    replicated [T, h] tensors of a layer, and the input each layer keeps under full recompute, by TP."""
+    from vapo_megatron.plan import activation_bytes, layer_activation_bytes
+
+    hf = QWEN25_32B
+    h, f, a, g = hf["hidden_size"], hf["intermediate_size"], hf["num_attention_heads"], hf["num_key_value_heads"]
+    d, T, t, b = h // a, 22528, 8, 2
+    sharded = ((a + 2 * g) * d + a * d + 3 * f) // t
+    for sp, replicated in ((False, 4 * h), (True, 4 * h // t)):
+        layer = b * T * (replicated + sharded)
+        assert layer_activation_bytes(hf, tokens=T, tp=t, dtype_bytes=b, sequence_parallel=sp) == layer
+        kept = b * T * h // (t if sp else 1)
+        common = dict(tokens=T, tp=t, pp=4, vpp=None, inflight_microbatches=4, dtype_bytes=b, logits_vocab=0,
+                      sequence_parallel=sp)
+        assert activation_bytes(hf, recompute=True, **common) == 4 * 16 * kept + layer
+        assert activation_bytes(hf, recompute=False, **common) == 4 * 16 * layer
 
 
 def test_reserve_items_follow_the_phase_and_the_layout():

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing
 from torch.distributed.checkpoint.api import CheckpointException
 
-from vapo_megatron import safe_checkpoint
+from vapo_megatron import parallel, safe_checkpoint
 from vapo_megatron.hf_export import unwrap
 
 safe_checkpoint.install()  # before any load: no checkpoint file may run code
@@ -64,7 +64,7 @@ def model_sharded_state(model_chunks: list) -> dict:
 
 def _barrier():
     if dist.is_initialized():
-        dist.barrier()
+        parallel.barrier()
 
 
 def _rank0() -> bool:

@@ -44,6 +44,10 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     vpp: int | None = None
+    # Megatron's sequence parallelism: the [T, h] activations around norms, dropout and residuals
+    # are split over TP along the sequence (activation memory of those / TP). Needs TP > 1; at
+    # tp=1 there is nothing to split and it is off, as in Megatron-LM.
+    sequence_parallel: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,14 +89,14 @@ class AlgoConfig:
     value_clip: float | None = 0.5
     whiten_advantages: bool = False
     # Component 1, value pretraining: critic-only iterations before RL (0 disables). Each is a
-    # full rollout iteration (trainer.total_steps' unit) with ppo_epochs x mini_batches critic updates.
+    # full rollout iteration (trainer.total_steps' unit) with ppo_epochs x mini_batches critic
+    # updates. A run of value pretraining alone is trainer.total_steps=0 (RL steps come after these).
     value_pretrain_steps: int = 50
     # Stop value pretraining early once explained variance reaches this (None: run all steps).
     value_pretrain_ev_threshold: float | None = None
     # Optimizer passes over each step's rollouts, each split into mini_batches updates.
     ppo_epochs: int = 1
     mini_batches: int = 1
-    critic_warmup_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,9 @@ class TrainerConfig:
     total_steps: int = 100
     # Token budget of one micro-batch (padded prompt+response tokens), for both models.
     micro_batch_tokens: int = 16384
+    # Tokens per chunk of the actor's log-prob kernel: its one float32 work buffer is
+    # [chunk, padded vocab / TP] (1024 x 152k = 0.6 GB at TP=1); vapo-plan counts it.
+    logprob_chunk_tokens: int = 1024
     save_every: int = 50
     eval_every: int = 10
     seed: int = 1234
@@ -385,6 +392,7 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     require(t.micro_batch_tokens >= d.max_prompt_tokens + r.max_new_tokens,
             f"trainer.micro_batch_tokens={t.micro_batch_tokens} must hold one full sequence: "
             f"data.max_prompt_tokens + rollout.max_new_tokens = {d.max_prompt_tokens + r.max_new_tokens}")
+    require(t.logprob_chunk_tokens >= 1, f"trainer.logprob_chunk_tokens={t.logprob_chunk_tokens} must be >= 1")
     require(t.total_steps >= 0, f"trainer.total_steps={t.total_steps} must be >= 0")
     require(t.save_every >= 1, f"trainer.save_every={t.save_every} must be >= 1")
     require(t.eval_every >= 1, f"trainer.eval_every={t.eval_every} must be >= 1")

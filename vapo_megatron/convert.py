@@ -158,7 +158,7 @@ def export_hf_dir(chunks: list, family, hf_cfg: dict, out: Path, *, files_src: P
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     if dist.is_initialized():
-        dist.barrier()
+        parallel.barrier()
     writer = _ShardWriter(tmp, f"model-pp{parallel.pp_rank():03d}", max_shard_bytes)
     for name, tensor in iter_hf_tensors(chunks, family, hf_cfg, critic=critic):
         if writes:  # every TP rank must iterate (the gathers are collective); one writes
@@ -167,7 +167,7 @@ def export_hf_dir(chunks: list, family, hf_cfg: dict, out: Path, *, files_src: P
 
     maps = [None] * dist.get_world_size() if dist.is_initialized() else None
     if dist.is_initialized():
-        dist.all_gather_object(maps, writer.weight_map)
+        parallel.all_gather_object(maps, writer.weight_map)
     else:
         maps = [writer.weight_map]
     if parallel.is_rank0():
@@ -191,7 +191,7 @@ def export_hf_dir(chunks: list, family, hf_cfg: dict, out: Path, *, files_src: P
         tmp.rename(out)
         shutil.rmtree(old, ignore_errors=True)
     if dist.is_initialized():
-        dist.barrier()
+        parallel.barrier()
     return out
 
 

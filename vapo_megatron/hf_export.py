@@ -12,11 +12,11 @@ import re
 from typing import Iterator
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from model_providers.family import Family
 from model_providers.mapping import TE_ALIASES, Row, mcore_to_hf, unshard
+from vapo_megatron import parallel
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
@@ -62,7 +62,7 @@ def gather_tp(param: Tensor, layout: str) -> Tensor:
     if tp == 1:
         return tensor
     shards = [torch.empty_like(tensor) for _ in range(tp)]
-    dist.all_gather(shards, tensor.contiguous(), group=group)
+    parallel.all_gather(shards, tensor.contiguous(), group=group)
     return unshard(layout, shards, param.partition_dim)
 
 

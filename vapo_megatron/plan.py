@@ -187,11 +187,13 @@ def checkpoint_bytes(actor_params: int, critic_params: int, *, dtype_bytes: int)
     return (actor_params + critic_params) * per_param
 
 
-def layer_activation_bytes(hf_cfg: dict, *, tokens: int, tp: int, dtype_bytes: int) -> int:
+def layer_activation_bytes(hf_cfg: dict, *, tokens: int, tp: int, dtype_bytes: int,
+                           sequence_parallel: bool = False) -> int:
     """Activations one transformer layer keeps for its backward pass, nothing recomputed, for
-    `tokens` tokens on one TP rank (no sequence parallelism, flash/fused attention: no T x T scores):
+    `tokens` tokens on one TP rank (flash/fused attention: no T x T scores):
       4h          [T, h] tensors replicated over TP: input_layernorm's input, linear_qkv's input,
-                  the residual entering pre_mlp_layernorm, linear_fc1's input
+                  the residual entering pre_mlp_layernorm, linear_fc1's input; with sequence
+                  parallelism each rank keeps its T/TP slice of them: 4h/TP
       (a+2g)d/TP  q, k, v (attention backward)
       ad/TP       attention output (kept by flash attention; also linear_proj's input)
       3f/TP       linear_fc1's output (gate and up) and the SwiGLU output (linear_fc2's input)
@@ -199,26 +201,34 @@ def layer_activation_bytes(hf_cfg: dict, *, tokens: int, tp: int, dtype_bytes: i
     h, f = hf_cfg["hidden_size"], hf_cfg["intermediate_size"]
     a, g = hf_cfg["num_attention_heads"], hf_cfg["num_key_value_heads"]
     d = hf_cfg["head_dim"] if "head_dim" in hf_cfg else h // a
-    per_token = 4 * h + ((a + 2 * g) * d + a * d + 3 * f) // tp
+    per_token = (4 * h // tp if sequence_parallel else 4 * h) + ((a + 2 * g) * d + a * d + 3 * f) // tp
     return dtype_bytes * tokens * per_token
 
 
+def logprob_buffer_bytes(tokens: int, vocab_shard: int, chunk_tokens: int) -> int:
+    """vocab_parallel's float32 work buffer: [min(chunk_tokens, tokens), vocab_shard]."""
+    return 4 * min(chunk_tokens, tokens) * vocab_shard
+
+
 def activation_bytes(hf_cfg: dict, *, tokens: int, tp: int, pp: int, vpp: int | None, inflight_microbatches: int,
-                     dtype_bytes: int, recompute: bool, logits_vocab: int) -> int:
+                     dtype_bytes: int, recompute: bool, logits_vocab: int, chunk_tokens: int,
+                     sequence_parallel: bool = False) -> int:
     """Peak activations of one model on one rank. recompute (full, uniform, one layer per group):
-    each layer keeps only its input [T, h], and the layer being back-propagated is recomputed in
-    full. logits_vocab: the padded vocabulary on the last stage of the actor (0 elsewhere and for
+    each layer keeps only its input [T, h] ([T/TP, h] with sequence parallelism), and the layer
+    being back-propagated is recomputed in full. logits_vocab: the padded vocabulary on the last stage of the actor (0 elsewhere and for
     the critic, whose value head is [T, 1]): vocab-parallel logits [T, V/TP] and their gradient,
-    for the one micro-batch the last stage holds (the log-prob kernel's float32 work buffers are
-    chunked, vocab_parallel.py)."""
+    for the one micro-batch the last stage holds, plus the log-prob kernel's one float32 work
+    buffer [min(chunk_tokens, T), V/TP] (vocab_parallel.py; trainer.logprob_chunk_tokens)."""
     # Layers with stored activations: in-flight (chunk) micro-batches x layers per (virtual) stage.
     n_layers = inflight_microbatches * (hf_cfg["num_hidden_layers"] // (pp * (vpp or 1)))
-    full_layer = layer_activation_bytes(hf_cfg, tokens=tokens, tp=tp, dtype_bytes=dtype_bytes)
+    full_layer = layer_activation_bytes(hf_cfg, tokens=tokens, tp=tp, dtype_bytes=dtype_bytes,
+                                        sequence_parallel=sequence_parallel)
     if recompute:
-        layers = n_layers * dtype_bytes * tokens * hf_cfg["hidden_size"] + full_layer
+        kept = tokens * hf_cfg["hidden_size"] // (tp if sequence_parallel else 1)
+        layers = n_layers * dtype_bytes * kept + full_layer
     else:
         layers = n_layers * full_layer
-    logits = 2 * dtype_bytes * tokens * (logits_vocab // tp)
+    logits = 2 * dtype_bytes * tokens * (logits_vocab // tp) + logprob_buffer_bytes(tokens, logits_vocab // tp, chunk_tokens)
     return layers + logits
 
 
@@ -286,6 +296,7 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     sequence = cfg.data.max_prompt_tokens + r.max_new_tokens
     T = cfg.trainer.micro_batch_tokens
     recompute = cfg.model.recompute_activations
+    sp = cfg.parallel.sequence_parallel and tp > 1  # off at tp=1 (config.py)
 
     ranks = []
     for s in shards:
@@ -296,7 +307,8 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
             last = s.pp_rank == pp - 1
             vocab = 0 if is_critic or not last else _padded_vocab(hf_cfg, tp)
             act = {rc: activation_bytes(hf_cfg, tokens=T, tp=tp, pp=pp, vpp=vpp, inflight_microbatches=s.inflight_microbatches,
-                                        dtype_bytes=dtype_bytes, recompute=rc, logits_vocab=vocab) for rc in (True, False)}
+                                        dtype_bytes=dtype_bytes, recompute=rc, logits_vocab=vocab, sequence_parallel=sp,
+                                        chunk_tokens=cfg.trainer.logprob_chunk_tokens) for rc in (True, False)}
             parts.update({f"{name} count": n, f"{name} parameters": p, f"{name} gradients": g, f"{name} optimizer state": o,
                           f"{name} activations": act[recompute], f"{name} activations, recompute": act[True],
                           f"{name} activations, no recompute": act[False]})
@@ -364,7 +376,8 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
         f"model: {model_source}",
         f"layout: TP={tp} PP={pp} VPP={vpp or '-'} DP={dp}; params {cfg.model.dtype}; "
         f"distributed optimizer: actor {_yes(cfg.actor_optim.distributed_optimizer)}, critic {_yes(cfg.critic_optim.distributed_optimizer)}; "
-        f"full recompute: {_yes(cfg.model.recompute_activations)}; micro_batch_tokens={cfg.trainer.micro_batch_tokens}",
+        f"full recompute: {_yes(cfg.model.recompute_activations)}; "
+        f"sequence parallel: {_yes(cfg.parallel.sequence_parallel and tp > 1)}; micro_batch_tokens={cfg.trainer.micro_batch_tokens}",
         f"shards built on the meta device: {len(plan.shards)} distinct (tp_rank, pp_rank) positions x 2 models;",
         f"model parameters (TP-replicated ones once): actor {sum(s.actor_unique for s in plan.shards):,}, "
         f"critic {sum(s.critic_unique for s in plan.shards):,} (megatron's padded vocabulary)",
@@ -416,7 +429,7 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
         engine_line,
         "assumptions: actor and critic parameters, gradients and optimizer state stay on every GPU in both phases "
         "(the trainer offloads nothing); during training the engine has released weights, KV cache and CUDA graphs; "
-        "during rollout no activations are held (the trainer empties its allocator cache at each switch); one engine TP rank per GPU; flash attention, no sequence parallelism.",
+        "during rollout no activations are held (the trainer empties its allocator cache at each switch); one engine TP rank per GPU; flash attention.",
         "",
     ]
     if plan.problems:

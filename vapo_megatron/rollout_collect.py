@@ -44,7 +44,8 @@ def _build_engine(cfg: Config) -> RolloutEngine | None:
         from vapo_megatron.rollout.sglang_engine import SGLangEngine
 
         return SGLangEngine.colocated(model_path=cfg.model.hf_path, tp_size=r.sglang_tp, mem_fraction=r.sglang_mem_fraction,
-                                      dtype=cfg.model.dtype, seed=cfg.trainer.seed)
+                                      dtype=cfg.model.dtype, seed=cfg.trainer.seed,
+                                      deterministic=cfg.trainer.deterministic)
     if not (parallel.tp_rank() == 0 and parallel.pp_rank() == 0):
         return None
     if r.engine == "embedded":
@@ -63,7 +64,7 @@ def generating_ranks(engine: RolloutEngine | None) -> list[int]:
     generate, in group order (the order their prompt shares are assigned in)."""
     mp_group = parallel.model_parallel_group()
     flags = [False] * dist.get_world_size(mp_group)
-    dist.all_gather_object(flags, engine is not None and engine.generates, group=mp_group)
+    parallel.all_gather_object(flags, engine is not None and engine.generates, group=mp_group)
     ranks = [r for r, f in zip(dist.get_process_group_ranks(mp_group), flags) if f]
     if not ranks:
         raise RuntimeError("no rank of this model replica holds a rollout engine")
@@ -162,8 +163,8 @@ class RolloutContext:
         ], dtype=torch.float64)
         max_len = torch.tensor([float(rl.max())])
         if parallel.dp_size() > 1:
-            dist.all_reduce(stats, group=parallel.dp_group())
-            dist.all_reduce(max_len, op=dist.ReduceOp.MAX, group=parallel.dp_group())
+            parallel.all_reduce(stats, group=parallel.dp_group())
+            parallel.all_reduce(max_len, op=dist.ReduceOp.MAX, group=parallel.dp_group())
         total, n_correct, count, length_sum, truncated, timeouts, errors = stats.tolist()
         logs = {
             "reward/mean": total / count,
@@ -200,7 +201,7 @@ def _generate_and_share(ctx: RolloutContext, prompts: list[PromptRecord], params
     if dist.get_world_size(mp_group) == 1:
         return mine
     gathered: list = [None] * dist.get_world_size(mp_group)
-    dist.all_gather_object(gathered, mine, group=mp_group)
+    parallel.all_gather_object(gathered, mine, group=mp_group)
     by_rank = dict(zip(dist.get_process_group_ranks(mp_group), gathered))
     return [o for r in ctx.generators for o in by_rank[r]]
 
@@ -233,5 +234,5 @@ def evaluate(ctx: RolloutContext, records: list[PromptRecord] | None = None) -> 
         correct = float(ok.sum())
     t = torch.tensor([correct], dtype=torch.float64)
     if parallel.dp_size() > 1:
-        dist.all_reduce(t, group=parallel.dp_group())
+        parallel.all_reduce(t, group=parallel.dp_group())
     return float(t) / max(len(records), 1)

@@ -84,7 +84,8 @@ def build_models(cfg: Config, hf_cfg: dict) -> tuple[TrainModel, TrainModel]:
 
 def _build(cfg: Config, hf_dir: str, hf_cfg: dict, *, critic: bool) -> TrainModel:
     family = model_providers.family_for(hf_cfg)
-    chunks = build_chunks(hf_cfg, params_dtype=param_dtype(cfg), critic=critic, recompute=cfg.model.recompute_activations)
+    chunks = build_chunks(hf_cfg, params_dtype=param_dtype(cfg), critic=critic, recompute=cfg.model.recompute_activations,
+                          sequence_parallel=cfg.parallel.sequence_parallel)
     load_hf_weights(chunks, family, hf_cfg, hf_dir, critic=critic)
     optim = cfg.critic_optim if critic else cfg.actor_optim
     chunks = wrap_ddp(chunks, distributed_optimizer=optim.distributed_optimizer)
@@ -157,7 +158,7 @@ def _model_state(model: TrainModel, *, loading: bool) -> dict:
 
 def _barrier() -> None:
     if dist.is_initialized():
-        dist.barrier()
+        parallel.barrier()
 
 
 def _fsync(path: Path) -> None:
@@ -338,7 +339,7 @@ def _on_every_rank(step: Callable[[], T]) -> T:
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - any damage means: try an older one
         reason = _one_line(e)
     reasons = [""] * dist.get_world_size()
-    dist.all_gather_object(reasons, reason)
+    parallel.all_gather_object(reasons, reason)
     bad = next((r for r in reasons if r), "")
     if bad:
         raise CheckpointCorrupt(bad)

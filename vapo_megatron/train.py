@@ -130,7 +130,7 @@ class Trainer:
         batch, reward_logs = self.ctx.score(rollout)                                      # 3
         batch.old_logp, entropy, batch.values = score_with_models(                        # 4
             self.actor, self.critic, batch, temperature=cfg.rollout.temperature,
-            max_tokens=cfg.trainer.micro_batch_tokens,
+            max_tokens=cfg.trainer.micro_batch_tokens, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
         )
         batch.advantages, batch.returns = compute_advantages(batch, algo, value_pretrain=phase == "value_pretrain")  # 5
         if algo.whiten_advantages:
@@ -202,6 +202,7 @@ class Trainer:
         return PolicyLossSettings(
             eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c, loss_agg=a.loss_agg,
             nll_coef=a.nll_coef, temperature=self.cfg.rollout.temperature,
+            chunk_tokens=self.cfg.trainer.logprob_chunk_tokens,
         )
 
     def _rollout_seed(self) -> int:
@@ -218,19 +219,19 @@ class Trainer:
     def _whiten(self, batch):
         sums = masked_moment_sums(batch.advantages, batch.mask).double()
         if parallel.dp_size() > 1:
-            dist.all_reduce(sums, group=parallel.dp_group())
+            parallel.all_reduce(sums, group=parallel.dp_group())
         return whiten(batch.advantages, batch.mask, sums)
 
     def _global_sum(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64)
         if parallel.dp_size() > 1:
-            dist.all_reduce(t, group=parallel.dp_group())
+            parallel.all_reduce(t, group=parallel.dp_group())
         return float(t)
 
     def _global_mean(self, x: torch.Tensor, mask: torch.Tensor) -> float:
         t = torch.tensor([float((x * mask).sum()), float(mask.sum())], dtype=torch.float64)
         if parallel.dp_size() > 1:
-            dist.all_reduce(t, group=parallel.dp_group())
+            parallel.all_reduce(t, group=parallel.dp_group())
         return float(t[0] / t[1].clamp(min=1))
 
     def _save(self) -> None:
@@ -245,7 +246,7 @@ class Trainer:
         would redo them."""
         fits, why = (True, "") if final or not parallel.is_rank0() else self.deadline.next_step_fits(self.clock)
         flag = torch.tensor([self.stop.signum, int(not fits)], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step (SIGTERM > SIGUSR1)
+        parallel.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step (SIGTERM > SIGUSR1)
         signum, late = int(flag[0]), bool(flag[1])
         if signum == signal.SIGTERM or (signum and not final):
             return signal.Signals(signum).name

@@ -21,9 +21,9 @@
 # real hosts: node i is NodeName <prefix>-n<i> with address <subnet>.(10+i), running its slurmd in its
 # own network namespace (`ip netns`, named after the node) and UTS namespace (its hostname is its node
 # name). The controller runs in a namespace <prefix>-ctl at <subnet>.1, which holds a bridge joining
-# one veth pair per node. Each namespace gets /etc/netns/<ns>/hosts naming every node, which `ip netns
-# exec` mounts over /etc/hosts for the processes it starts: node names resolve on every node, as on a
-# cluster with DNS. Nothing is added to this machine's own network namespace; traffic stays between
+# one veth pair per node. Each namespace gets a hosts file naming every node, /etc/netns/<ns>/hosts,
+# bound over /etc/hosts in its daemons' own mount namespace (`ip netns exec` does the same for the
+# client commands): node names resolve on every node, as on a cluster with DNS. Nothing is added to this machine's own network namespace; traffic stays between
 # the addresses this script creates. VAPO_SLURM_PREFIX (default vapo<uid>) names the namespaces and
 # nodes; VAPO_SLURM_SUBNET (default 10.213.0) the /24 they use. The namespaces share the filesystem
 # (munge's socket, the run directory: a "shared filesystem" for free) and the machine's CPUs: each

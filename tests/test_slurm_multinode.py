@@ -139,7 +139,23 @@ def test_two_node_job_equals_the_one_node_run(two_nodes, one_node, cluster):
     logged_once(run_dir)
 
 
-def test_usr1_checkpoints_on_every_node_requeues_and_resumes(cluster, demo_data, one_node, tmp_path):
+def step_pids(node: str, job_id: str) -> list[int]:
+    """Every process of the job's step 0 on `node` (the processes in the node's network namespace,
+    which has the node's name, whose environment names the job and the step)."""
+    pids = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True, check=True).stdout.split()
+    found = []
+    for pid in pids:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={job_id}".encode() in environ and b"SLURM_STEP_ID=0" in environ:
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.parametrize("to", ["job", "second node"])
+def test_usr1_checkpoints_on_every_node_requeues_and_resumes(to, cluster, demo_data, one_node, tmp_path):
     run_dir, log = tmp_path / "run", tmp_path / "job.out"
     job = train(cluster, demo_data, run_dir, log, nodes=2)
 
@@ -147,14 +163,23 @@ def test_usr1_checkpoints_on_every_node_requeues_and_resumes(cluster, demo_data,
         return (run_dir / "metrics.jsonl").exists() and any(r["phase"] == "value_pretrain" for r in records(run_dir))
 
     wait_for(first_iteration_done, JOB_TIMEOUT, "the first training iteration", poll=0.05)
-    # What Slurm does at `--signal=USR1@T` (no B:): SIGUSR1 to every process of the job steps,
-    # on both nodes.
-    cluster.run("scancel", "--signal=USR1", job)
+    nodes = node_names(cluster, cluster.job_fields(job))
+    if to == "job":
+        # What Slurm does at `--signal=USR1@T` (no B:): SIGUSR1 to every process of the job steps,
+        # on both nodes.
+        cluster.run("scancel", "--signal=USR1", job)
+        signalled = nodes
+    else:
+        # Only one node's step sees it (a signal lost or late on the others): the trainer's ranks
+        # agree on the stop all the same, and that one node's request requeues the job.
+        for pid in step_pids(nodes[1], job):
+            os.kill(pid, signal.SIGUSR1)
+        signalled = nodes[1:]
     text = completed(cluster.wait_done(job, 2 * JOB_TIMEOUT), log, restarts=1)
-    # Both nodes saw the signal and asked for the requeue; the trainer stopped all ranks at one step
-    # (one checkpoint, written collectively), and the requeued job resumed from it on two nodes.
-    for node in node_names(cluster, cluster.job_fields(job)):
-        assert f"node {node}: SIGUSR1 received" in text, text[-4000:]
+    for node in nodes:
+        assert (f"node {node}: SIGUSR1 received" in text) == (node in signalled), text[-4000:]
+    # The trainer stopped all ranks at one step (one checkpoint, written collectively), and the
+    # requeued job resumed from it on two nodes.
     stopped = re.findall(r"stop requested by signal: checkpoint at iteration (\d+)", text)
     resumed = re.findall(r"resumed from .+ at iteration (\d+)", text)
     assert len(stopped) == 1 and resumed == stopped and 1 <= int(stopped[0]) < FINAL_ITER, text[-4000:]

@@ -13,6 +13,7 @@ by SIGUSR1 mid-run and requeued; and failed by a worker killed with SIGKILL, the
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -132,10 +133,10 @@ def test_two_node_job_equals_the_one_node_run(two_nodes, one_node, cluster):
     head_addr = re.search(r"NodeAddr=(\S+)", cluster.run("scontrol", "show", "node", "-o", nodes[0]).stdout)[1]
     assert f"rendezvous {head_addr}:" in text, text[-4000:]
     assert not head_addr.startswith("127."), head_addr
-    final = final_checkpoint(run_dir)
-    assert '"world_size": 2' in (final / "state.json").read_text()
+    assert json.loads((final_checkpoint(run_dir) / "state.json").read_text())["world_size"] == 2
     assert_same_weights(one_node, run_dir)
-    assert hf_weights(one_node / "hf").keys() == hf_weights(run_dir / "hf").keys()
+    want, have = hf_weights(one_node / "hf"), hf_weights(run_dir / "hf")
+    assert want.keys() == have.keys() and all(torch.equal(want[k], have[k]) for k in want)
     logged_once(run_dir)
 
 

@@ -43,7 +43,7 @@ FINAL_ITER = 1 + VAPO_STEPS
 
 
 @pytest.fixture(scope="session")
-def slurm_env() -> dict[str, str]:
+def slurm_env(slurm_lock) -> dict[str, str]:
     """Environment whose SLURM_CONF points at the local cluster; stops the daemons it started."""
     conf = subprocess.run(["bash", str(SLURM_LOCAL), "env"], capture_output=True, text=True, check=True).stdout
     env = dict(os.environ, SLURM_CONF=conf.strip().removeprefix("export SLURM_CONF="))

@@ -139,3 +139,11 @@ def test_hf_names_reach_sglang_qwen_parameters(config_cls, tied):
     # A fused name, as Megatron holds it, is dropped by SGLang (a log line only): we never push one.
     assert legacy_load_target("model.layers.0.self_attn.qkv_proj.weight", sglang_params, qwen2) is None
     assert legacy_load_target("model.layers.0.mlp.gate_up_proj.weight", sglang_params, qwen2) is None
+
+
+def test_memory_tags_are_sglangs():
+    from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
+
+    from vapo_megatron.rollout.base import MEMORY_TAGS
+
+    assert set(MEMORY_TAGS) == set(GPU_MEMORY_ALL_TYPES)

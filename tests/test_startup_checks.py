@@ -67,6 +67,7 @@ CASES = [
     (["rollout.max_new_tokens=120", "trainer.micro_batch_tokens=4096"], 1, "= 152 exceeds max_position_embeddings=128 of model.hf_path"),
     (["trainer.micro_batch_tokens=16"], 1, "trainer.micro_batch_tokens=16 must hold one full sequence"),
     (["data.max_prompt_tokens=0"], 1, "data.max_prompt_tokens=0 must be >= 1"),
+    (["trainer.logprob_chunk_tokens=0"], 1, "trainer.logprob_chunk_tokens=0 must be >= 1"),
     (["rollout.top_k=0"], 1, "rollout.top_k=0 must be -1 (off) or >= 1"),
     (["actor_optim.adam_beta2=1.0"], 1, "actor_optim.adam_beta2=1.0 must be in [0, 1)"),
     (["critic_optim.min_lr=1.0"], 1, "critic_optim.min_lr=1.0 must be in [0, critic_optim.lr="),

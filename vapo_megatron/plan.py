@@ -377,7 +377,8 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
         f"layout: TP={tp} PP={pp} VPP={vpp or '-'} DP={dp}; params {cfg.model.dtype}; "
         f"distributed optimizer: actor {_yes(cfg.actor_optim.distributed_optimizer)}, critic {_yes(cfg.critic_optim.distributed_optimizer)}; "
         f"full recompute: {_yes(cfg.model.recompute_activations)}; "
-        f"sequence parallel: {_yes(cfg.parallel.sequence_parallel and tp > 1)}; micro_batch_tokens={cfg.trainer.micro_batch_tokens}",
+        f"sequence parallel: {_yes(cfg.parallel.sequence_parallel and tp > 1)}; micro_batch_tokens={cfg.trainer.micro_batch_tokens}, "
+        f"logprob_chunk_tokens={cfg.trainer.logprob_chunk_tokens} (actor activations include its float32 buffer)",
         f"shards built on the meta device: {len(plan.shards)} distinct (tp_rank, pp_rank) positions x 2 models;",
         f"model parameters (TP-replicated ones once): actor {sum(s.actor_unique for s in plan.shards):,}, "
         f"critic {sum(s.critic_unique for s in plan.shards):,} (megatron's padded vocabulary)",

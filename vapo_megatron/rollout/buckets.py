@@ -129,7 +129,7 @@ class FlatBucket:
         self.used = 0
 
     def release(self) -> None:
-        """Forget the entries and free the buffer."""
+        """Forget the entries and free the buffer (the next add allocates a new one)."""
         self.clear()
         self._free_buffer()
 

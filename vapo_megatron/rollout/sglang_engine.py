@@ -326,6 +326,13 @@ class SGLangEngine(RolloutEngine):
             box = [error]
             parallel.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
             error = box[0]
+        if flat.is_cuda and isinstance(named_tensors, FlatBucket):
+            # SGLang answers once its TP ranks have queued their copies out of this buffer, not
+            # once the copies ran (no device sync in its update path), so writing the next
+            # bucket here could race them. Drop the buffer instead: torch keeps CUDA memory
+            # shared over IPC alive until every receiver has freed its view, and a receiver
+            # synchronizes its stream before that; the next bucket gets fresh memory.
+            named_tensors.release()
         if error:
             raise RuntimeError(error)
 

@@ -1,7 +1,8 @@
 """Memory handed back at the phase switches of a colocated run (trainer <-> SGLang engine).
 
-After the updates PyTorch's caching allocator keeps the freed activations reserved: about 15-17
-GiB per GPU at the 32B layout (vapo-plan, "activations, full recompute"). The engine's memory
+After the updates PyTorch's caching allocator keeps the freed activations reserved: at the 32B
+layout 15 GiB per GPU without sequence parallelism, 2.3 GiB with it, plus fragmentation (vapo-plan,
+"activations, full recompute"). The engine's memory
 comes back through the CUDA driver (SGLang's torch_memory_saver), which cannot use blocks the
 trainer's allocator holds, so without a release the GPU would need resident state + cached
 activations + the engine's share at once. Megatron-LM's RL path empties the cache at the same

@@ -212,7 +212,7 @@ def test_sequence_parallel_splits_the_replicated_activations_over_tp():
         layer = b * T * (replicated + sharded)
         assert layer_activation_bytes(hf, tokens=T, tp=t, dtype_bytes=b, sequence_parallel=sp) == layer
         kept = b * T * h // (t if sp else 1)
-        common = dict(tokens=T, tp=t, pp=4, vpp=None, inflight_microbatches=4, dtype_bytes=b, logits_vocab=0,
+        common = dict(tokens=T, tp=t, pp=4, vpp=None, inflight_microbatches=4, dtype_bytes=b, logits_vocab=0, chunk_tokens=1024,
                       sequence_parallel=sp)
         assert activation_bytes(hf, recompute=True, **common) == 4 * 16 * kept + layer
         assert activation_bytes(hf, recompute=False, **common) == 4 * 16 * layer

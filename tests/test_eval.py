@@ -43,10 +43,13 @@ def eval_args(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
 
 
 def run_eval(args: list[str], *, nproc: int = 1) -> str:
-    launcher = ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-                "--master-port", str(free_port())] if nproc > 1 else []
-    proc = subprocess.run([sys.executable, *launcher, "-m", "vapo_megatron.eval", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    for _ in range(3):  # a free port can be taken by another process before torchrun binds it: try another
+        launcher = ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
+                    "--master-port", str(free_port())] if nproc > 1 else []
+        proc = subprocess.run([sys.executable, *launcher, "-m", "vapo_megatron.eval", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+        if "EADDRINUSE" not in proc.stderr:
+            break
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 

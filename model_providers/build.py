@@ -64,6 +64,17 @@ def build_actor(hf_cfg: dict, *, params_dtype: torch.dtype, vp_stage: int | None
     return GPTModel(share_embeddings_and_output_weights=tied_embeddings(hf_cfg), **_gpt_kwargs(hf_cfg, config, vp_stage))
 
 
+def fresh_value_head(config) -> dict[str, torch.Tensor]:
+    """The critic's initial value head {"weight": [1, H], "bias": [1]} (float32, CPU).
+
+    Identical on every rank whatever the RNG state (TP replicas must agree); replaced when the HF
+    checkpoint has a trained `score` head. vapo-convert, which builds the critic on the meta
+    device, writes these values for a critic made from a causal LM."""
+    gen = torch.Generator().manual_seed(0)
+    return {"weight": torch.randn(1, config.hidden_size, generator=gen) * config.init_method_std,
+            "bias": torch.zeros(1)}
+
+
 class CriticModel(GPTModel):
     """The policy's trunk with a scalar value head in place of the LM head (last stage only).
 
@@ -82,14 +93,10 @@ class CriticModel(GPTModel):
             cfg = self.config
             device = torch.cuda.current_device() if torch.cuda.is_available() and not cfg.use_cpu_initialization else None
             self.value_head = torch.nn.Linear(cfg.hidden_size, 1, bias=True, device=device, dtype=cfg.params_dtype)
-            # Identical on every rank whatever the RNG state (TP replicas must agree); overwritten
-            # when the HF checkpoint has a trained `score` head.
-            gen = torch.Generator().manual_seed(0)
-            with torch.no_grad():
-                w = torch.randn(1, cfg.hidden_size, generator=gen) * cfg.init_method_std
-                if self.value_head.weight.device.type != "meta":
-                    self.value_head.weight.copy_(w)
-                    self.value_head.bias.zero_()
+            if self.value_head.weight.device.type != "meta":
+                with torch.no_grad():
+                    for name, value in fresh_value_head(cfg).items():
+                        getattr(self.value_head, name).copy_(value)
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
         # LanguageModule.sharded_state_dict flags the last stage's output_layer.weight for vocab

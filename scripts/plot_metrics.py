@@ -2,7 +2,8 @@
 """Plot a run's main curves: scripts/plot_metrics.py RUN_DIR [--out FILE.png]
 
 Reads RUN_DIR/metrics.jsonl and writes RUN_DIR/curves.png (reward, response length, entropy,
-value loss, explained variance, eval accuracy), marking where each phase starts.
+value loss, explained variance, eval accuracy), marking where each phase starts, and a stacked
+panel of each training step's wall time by phase (perf/<phase>_s, vapo_megatron/phase_timer.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,22 @@ def read_metrics(path: str) -> list[dict]:
     return records
 
 
+TIME_PHASES = ["rollout", "reward", "score", "critic_update", "actor_update", "sync", "eval", "checkpoint", "other"]
+
+
+def plot_time_split(ax, records: list[dict]) -> None:
+    """Stacked seconds per phase for every training step that logged them (perf/*_s)."""
+    steps = [r for r in records if r.get("phase") in ("value_pretrain", "vapo") and r.get("perf/step_s") is not None]
+    phases = [p for p in TIME_PHASES if any(r.get(f"perf/{p}_s") for r in steps)]
+    if steps and phases:
+        xs = [r["step"] for r in steps]
+        ax.stackplot(xs, *[[r.get(f"perf/{p}_s") or 0.0 for r in steps] for p in phases], labels=phases, alpha=0.85)
+        ax.legend(fontsize=6, loc="upper left", ncol=2)
+    ax.set_title("time per step by phase (s)")
+    ax.set_xlabel("iteration")
+    ax.grid(alpha=0.3)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir")
@@ -50,7 +67,7 @@ def main(argv=None) -> int:
         print(f"plot_metrics: {path} not found", file=sys.stderr)
         return 1
     records = read_metrics(path)
-    fig, axes = plt.subplots(2, 3, figsize=(14, 7))
+    fig, axes = plt.subplots(2, 4, figsize=(18, 7))
     for ax, (key, title) in zip(axes.flat, PANELS):
         for phase, style in (("value_pretrain", "C1."), ("vapo", "C0-"), ("eval", "C2o-")):
             pts = [(r["step"], r[key]) for r in records if r.get("phase") == phase and r.get(key) is not None]
@@ -62,6 +79,8 @@ def main(argv=None) -> int:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
+    plot_time_split(axes.flat[len(PANELS)], records)
+    axes.flat[len(PANELS) + 1].axis("off")
     fig.tight_layout()
     out = args.out or os.path.join(args.run_dir, "curves.png")
     fig.savefig(out, dpi=90)

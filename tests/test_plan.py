@@ -120,6 +120,17 @@ def test_vapo_plan_32b(tmp_path):
     assert "rollout does not fit on rank" in out_kv and "training does not fit" not in out_kv
     assert "SGLang engine (rollout.sglang_mem_fraction x GPU) 60.0 GiB" in out_kv
 
+    # The reserve, itemised per phase (worst rank): 5 NCCL communicators = world, TP, PP, DP and the
+    # engine's TP group; the allocator's share follows the activations (15.11 GiB with recompute).
+    assert "NCCL buffers (5 communicators)" in out8 and "CUDA context, engine" in out8
+    assert "allocator cache (0.25 x activations)                  3.78" in out8
+    # One checkpoint: every parameter of both models once, bf16 weights + fp32 master copy + Adam's
+    # two fp32 moments (2 + 4 + 4 + 4 bytes); 2 kept + the next one being written.
+    vocab8 = megatron_padded_vocab(QWEN25_32B["vocab_size"], 8)
+    ckpt = (naive_count(QWEN25_32B, vocab=vocab8, critic=False) + naive_count(QWEN25_32B, vocab=vocab8, critic=True)) * 14
+    assert 0.9e12 < ckpt < 0.91e12
+    assert f"checkpoints: {ckpt / 1e9:,.1f} GB per save" in out8 and f"{3 * ckpt / 1e12:,.2f} TB of disk at peak" in out8
+
     # Without the model files and without --preset: a clear error, not a guess.
     assert rc_nomodel == 2 and "model.hf_path=/path/to/Qwen2.5-32B has no config.json" in err_nomodel
     assert "--preset NAME" in err_nomodel
@@ -129,6 +140,7 @@ def test_vapo_plan_32b(tmp_path):
     assert f"model: {tmp_path / 'config.json'}" in out_tiny
     assert "TP=2 PP=1 VPP=- DP=1; params float32" in out_tiny
     assert "rollout.engine=embedded: no SGLang engine on these GPUs" in out_tiny
+    assert "reserve per GPU, GiB, worst rank (--reserve-gib)" in out_tiny  # the flat figure replaces the items
 
     # Parameter counts of megatron's own shards against the naive formula (padded vocabulary).
     vocab = megatron_padded_vocab(QWEN25_32B["vocab_size"], 8)
@@ -204,3 +216,19 @@ def test_sequence_parallel_splits_the_replicated_activations_over_tp():
                       sequence_parallel=sp)
         assert activation_bytes(hf, recompute=True, **common) == 4 * 16 * kept + layer
         assert activation_bytes(hf, recompute=False, **common) == 4 * 16 * layer
+
+
+def test_reserve_items_follow_the_phase_and_the_layout():
+    from vapo_megatron.config import load_config
+    from vapo_megatron.plan import GIB, reserve_parts
+
+    cfg = load_config(CONFIG_32B, [], check=False)
+    train = reserve_parts(cfg, world_size=64, dp=2, activations=int(16 * GIB), phase="training")
+    roll = reserve_parts(cfg, world_size=64, dp=2, activations=int(16 * GIB), phase="rollout")
+    assert train["allocator cache (0.25 x activations)"] == int(4 * GIB)
+    assert "SGLang buffers outside its static share" in roll and "SGLang buffers outside its static share" not in train
+    assert train["NCCL buffers (5 communicators)"] == roll["NCCL buffers (5 communicators)"]
+    # No colocated engine, one GPU: only the trainer's context and the allocator remain.
+    solo = reserve_parts(load_config(CONFIG_32B, ["rollout.engine=embedded", "parallel.tp=1", "parallel.pp=1"], check=False),
+                         world_size=1, dp=1, activations=0, phase="rollout")
+    assert set(solo) == {"CUDA context, trainer", "NCCL buffers (0 communicators)", "allocator cache (emptied at the switch)"}

@@ -88,8 +88,9 @@ class AlgoConfig:
     nll_coef: float = 0.1
     value_clip: float | None = 0.5
     whiten_advantages: bool = False
-    # Component 1, value pretraining: critic-only steps before RL (0 disables). A run of value
-    # pretraining alone is trainer.total_steps=0 (RL steps come after these).
+    # Component 1, value pretraining: critic-only iterations before RL (0 disables). Each is a
+    # full rollout iteration (trainer.total_steps' unit) with ppo_epochs x mini_batches critic
+    # updates. A run of value pretraining alone is trainer.total_steps=0 (RL steps come after these).
     value_pretrain_steps: int = 50
     # Stop value pretraining early once explained variance reaches this (None: run all steps).
     value_pretrain_ev_threshold: float | None = None
@@ -164,7 +165,14 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
+    # Checkpoints, metrics and the HF export. Under slurm/vapo_train.sbatch, when neither the file
+    # nor an override sets it, the job's VAPO_RUN_DIR (runs/<job name>-<job id>) is used instead.
     run_dir: str = "runs/default"
+    # Units (docs/slurm.md, "Steps and wall time"): a step is one rollout iteration (sample, score,
+    # train); it makes algo.ppo_epochs x algo.mini_batches optimizer updates of each trained model.
+    # total_steps counts VAPO iterations after the algo.value_pretrain_steps critic-only ones;
+    # save_every and eval.every count iterations too. The paper's "steps" (5,000, Figure 1) are
+    # optimizer updates: 5,000 / 16 mini-batches = 313 iterations.
     total_steps: int = 100
     # Token budget of one micro-batch (padded prompt+response tokens), for both models.
     micro_batch_tokens: int = 16384
@@ -179,6 +187,18 @@ class TrainerConfig:
     # A NaN/Inf loss or gradient norm skips that optimizer step (docs/faults.md); this many skips
     # in a row (per model; each mini-batch is one step) stop the run with an error.
     max_consecutive_skips: int = 10
+    # Resume even though settings outside run_config.MAY_CHANGE_ON_RESUME differ from the run's
+    # saved run_dir/config.yaml (the differences are logged); otherwise such a resume exits 2.
+    allow_config_change: bool = False
+    # When the job must end (vapo_megatron/deadline.py): "slurm" (the Slurm job's end time, asked
+    # at every step; none outside a Slurm job), "none", or an ISO-8601 time such as
+    # "2026-11-23T10:00:00+00:00" (no zone: local time). Before each step the trainer checks that its
+    # longest step so far + its longest checkpoint save + deadline_margin_s fit; if not, it saves
+    # and exits for a requeue.
+    deadline: str = "slurm"
+    # Seconds kept free after that step and save: exit and requeue, and a step longer than any
+    # measured so far (the first save of a job is not measured yet either).
+    deadline_margin_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -274,14 +294,16 @@ def problems_error(problems: list[str]) -> ConfigError:
     return ConfigError(f"{len(problems)} invalid settings:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def load_config(path: str | None, overrides: list[str] = (), *, check: bool = True, check_paths: bool = True) -> Config:
+def load_config(path: str | None, overrides: list[str] = (), *, check: bool = True, check_paths: bool = True,
+                fallbacks: dict[str, str] | None = None) -> Config:
     """Load a YAML file, apply `a.b.c=value` overrides (YAML-typed values), validate, freeze.
 
     Unknown keys and wrong types always raise (listing all of them). With check=False the
     value checks of `validate` are left to the caller (vapo-train runs them, together with
     the checks against the launch and the files, in preflight.validate_startup). check_paths=False
     skips the checks that model and data paths exist (vapo-plan sizes a run on a machine that has
-    neither)."""
+    neither). `fallbacks` maps dotted keys to a launcher's values that apply only where neither the
+    file nor an override sets the key (the Slurm job's run dir: the user's choice wins)."""
     data: dict = {}
     if path is not None:
         if not os.path.isfile(path):
@@ -295,6 +317,9 @@ def load_config(path: str | None, overrides: list[str] = (), *, check: bool = Tr
         merged = OmegaConf.merge(OmegaConf.create(data), OmegaConf.from_dotlist(list(overrides)))
     except OmegaConfBaseException as e:
         raise ConfigError(f"bad command-line override: {e}") from None
+    for key, value in (fallbacks or {}).items():
+        if OmegaConf.select(merged, key) is None:
+            OmegaConf.update(merged, key, value)
     errors: list[str] = []
     cfg = _from_dict(Config, OmegaConf.to_container(merged, resolve=True), "", errors)
     if errors:
@@ -315,6 +340,12 @@ def validate(cfg: Config, *, check_paths: bool = True) -> None:
     problems = config_problems(cfg, check_paths=check_paths)
     if problems:
         raise problems_error(problems)
+
+
+def _is_iso_time(text: str) -> bool:
+    from vapo_megatron.deadline import parse_time
+
+    return parse_time(text) is not None
 
 
 def _optim_problems(key: str, o: OptimConfig) -> list[str]:
@@ -388,6 +419,9 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     require(t.save_every >= 1, f"trainer.save_every={t.save_every} must be >= 1")
     require(t.max_consecutive_skips >= 1, f"trainer.max_consecutive_skips={t.max_consecutive_skips} must be >= 1")
     require(bool(t.run_dir), "trainer.run_dir must name a directory")
+    require(t.deadline in ("slurm", "none") or _is_iso_time(t.deadline),
+            f"trainer.deadline={t.deadline!r} must be 'slurm', 'none' or an ISO-8601 time such as 2026-11-23T10:00:00+00:00")
+    require(t.deadline_margin_s >= 0, f"trainer.deadline_margin_s={t.deadline_margin_s} must be >= 0")
     require(cfg.parallel.tp >= 1, f"parallel.tp={cfg.parallel.tp} must be >= 1")
     require(cfg.parallel.pp >= 1, f"parallel.pp={cfg.parallel.pp} must be >= 1")
     require(cfg.parallel.vpp is None or (cfg.parallel.vpp >= 1 and cfg.parallel.pp >= 2),

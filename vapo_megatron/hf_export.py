@@ -53,9 +53,11 @@ def tp_group_and_size():
     return parallel_state.get_tensor_model_parallel_group(), parallel_state.get_tensor_model_parallel_world_size()
 
 
-def gather_tp(param: Tensor, layout: str) -> Tensor:
-    """The full Megatron tensor of a (possibly) TP-sharded parameter."""
-    tensor = param.detach()
+def gather_tp(param: Tensor, layout: str, data: Tensor | None = None) -> Tensor:
+    """The full Megatron tensor of a (possibly) TP-sharded parameter. `data`: this rank's slice
+    when it is not the parameter's own (a meta parameter whose values were read from a
+    checkpoint); a CPU slice goes through the GPU when the group communicates with NCCL."""
+    tensor = param.detach() if data is None else data
     if not getattr(param, "tensor_model_parallel", False):
         return tensor
     group, tp = tp_group_and_size()

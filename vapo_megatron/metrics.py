@@ -10,6 +10,8 @@ import os
 
 from tqdm import tqdm
 
+from vapo_megatron import phase_timer
+
 
 class MetricsLogger:
     def __init__(self, run_dir: str, *, total_steps: int, start_step: int, enabled: bool, tensorboard: bool):
@@ -61,7 +63,10 @@ class MetricsLogger:
             self.bar.set_description("vapo", refresh=False)
             self.bar.update(1)
             shown = {k: metrics[k] for k in ("reward/mean", "critic/explained_variance", "eval/accuracy") if k in metrics}
-            self.bar.set_postfix({k.split("/")[-1]: f"{v:.3f}" for k, v in shown.items()}, refresh=False)
+            postfix = {k.split("/")[-1]: f"{v:.3f}" for k, v in shown.items()}
+            if "perf/step_s" in metrics:  # the step time and its largest phases (phase_timer.py)
+                postfix["time"] = phase_timer.summary(metrics)
+            self.bar.set_postfix(postfix, refresh=False)
 
     def close(self) -> None:
         if self.tb is not None:

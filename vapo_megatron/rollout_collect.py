@@ -23,6 +23,7 @@ from vapo_megatron import parallel
 from vapo_megatron.batch import RolloutBatch, pack_sequences
 from vapo_megatron.config import Config, ConfigError
 from vapo_megatron.data.prompts import PromptRecord, load_prompts
+from vapo_megatron.gpu_memory import free_cached_memory
 from vapo_megatron.rewards import build_reward_fn, score_batch
 from vapo_megatron.rewards.answers import AnswerKey
 from vapo_megatron.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
@@ -203,6 +204,7 @@ def _generate_and_share(ctx: RolloutContext, prompts: list[PromptRecord], params
         start = ctx.generators.index(dist.get_rank()) * per
         share = prompts[start : start + per]
         if share:
+            free_cached_memory()  # weight-sync buckets and training leftovers, before the KV cache returns
             ctx.engine.resume_memory(("kv_cache", "cuda_graph"))
             outs = ctx.engine.generate([p.prompt_ids for p in share], replace(params, seed=params.seed + start * params.n))
             ctx.engine.release_memory(("kv_cache", "cuda_graph"))
@@ -221,6 +223,7 @@ def release_engine_weights(ctx: RolloutContext) -> None:
     ends the step loads them again (SGLang; the embedded engine keeps its weights)."""
     if ctx.engine is not None:
         ctx.engine.release_memory(("weights",))
+    free_cached_memory()  # the rollout phase's blocks: training starts from an empty cache
 
 
 def collect_rollouts(ctx: RolloutContext, global_prompts: list[PromptRecord], *, seed: int) -> Rollout:

@@ -36,6 +36,7 @@ from vapo_megatron.checkpoint_io import model_sharded_state
 from vapo_megatron.config import Config, to_dict
 from vapo_megatron.convert import write_source_files
 from vapo_megatron.data.prompts import PromptSampler
+from vapo_megatron.gpu_memory import free_cached_memory
 from vapo_megatron.hf_import import load_hf_weights
 from vapo_megatron.megatron_step import build_optimizer, wrap_ddp
 from vapo_megatron.updates import TrainModel
@@ -131,6 +132,7 @@ def sync_weights(actor: TrainModel, engine, *, version: int, cfg: Config) -> Non
     """Step 8: stream the actor's weights (HF names, full tensors) into the rollout engines."""
     from vapo_megatron.rollout.weight_sync import sync_weights as stream
 
+    free_cached_memory()  # the updates' activations, before the engine takes its weights back
     stream(actor.modules, actor.family, actor.hf_cfg, engine, version=version,
            bucket_bytes=cfg.rollout.weight_sync_bucket_mb << 20)
     faults.fault_point("weight_sync")  # test-only (faults.py): the engine is ahead of the checkpoint

@@ -61,7 +61,7 @@ def sample_eval(ctx: RolloutContext, records: list[PromptRecord], *, n: int, tem
         if dist.get_rank(parallel.model_parallel_group()) == 0:  # one scorer per replica
             rows = _score(ctx, mine, first, outputs, n)
     gathered: list | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(rows, gathered, dst=0)
+    parallel.gather_object(rows, gathered, dst=0)
     if dist.get_rank() != 0:
         return None
     rows = sorted((row for part in gathered for row in part), key=lambda x: (x.prompt_index, x.sample_index))

@@ -15,20 +15,23 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
 import torch
 import torch.distributed as dist
 
-from vapo_megatron import faults, parallel
+from vapo_megatron import faults, parallel, run_config
 from vapo_megatron.actor import PolicyLossSettings
 from vapo_megatron.advantages import compute_advantages, policy_lambdas
 from vapo_megatron.algorithms.losses import masked_moment_sums, whiten
 from vapo_megatron.batch import pad_ragged, to_sequence
 from vapo_megatron.config import Config, ConfigError, load_config
 from vapo_megatron.data.prompts import PromptDataError
+from vapo_megatron.deadline import Deadline, StepClock
 from vapo_megatron.metrics import MetricsLogger
+from vapo_megatron.phase_timer import PhaseTimer
 from vapo_megatron.preflight import validate_startup
 from vapo_megatron.rollout_collect import RolloutContext, collect_rollouts, evaluate, release_engine_weights
 from vapo_megatron.sampled_eval import sample_eval
@@ -41,7 +44,7 @@ from vapo_megatron.run_state import (
     start_critic_from_policy,
     sync_weights,
 )
-from vapo_megatron.stop_signals import StopSignals
+from vapo_megatron.stop_signals import StopSignals, request_requeue
 from vapo_megatron.updates import (
     NonFiniteError,
     batch_padding_ratio,
@@ -51,7 +54,7 @@ from vapo_megatron.updates import (
     update_critic,
 )
 
-PREEMPTED_EXIT_CODE = 3  # checkpoint written after SIGUSR1/SIGTERM; the launcher may requeue
+PREEMPTED_EXIT_CODE = 3  # checkpoint written after SIGUSR1/SIGTERM or at the deadline; the launcher may requeue
 NON_FINITE_EXIT_CODE = 4  # trainer.max_consecutive_skips optimizer steps in a row had NaN/Inf
 
 
@@ -59,6 +62,8 @@ class Trainer:
     def __init__(self, cfg: Config, stop: StopSignals):
         self.cfg = cfg
         self.stop = stop  # SIGUSR1/SIGTERM, acted on at the next safe point (end of a step)
+        self.deadline = Deadline.from_setting(cfg.trainer.deadline, cfg.trainer.deadline_margin_s)
+        self.clock = StepClock()  # longest step and save so far, for the deadline
         self.layout = parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, seed=cfg.trainer.seed)
         torch.manual_seed(cfg.trainer.seed)
         if cfg.trainer.deterministic:
@@ -71,6 +76,7 @@ class Trainer:
             enabled=parallel.is_rank0(), tensorboard=cfg.trainer.tensorboard,
         )
         self.logger.truncate_after(self.state.iteration)
+        self.timer = PhaseTimer()  # perf/<phase>_s of every step (phase_timer.py)
         if self.state.iteration == 0 and self.state.sft_steps_done == 0:  # a fresh run: once
             self.logger.log(0, "data", self.ctx.data_stats)
         if parallel.is_rank0():
@@ -90,39 +96,54 @@ class Trainer:
         sync_weights(self.actor, self.ctx.engine, version=self.state.iteration, cfg=cfg)
         if self.state.iteration == 0 and self.ctx.eval_records:
             self.log_eval("before_vapo")
+        if self.state.iteration >= self.total_iterations and parallel.is_rank0():
+            print(f"[vapo] the run in {cfg.trainer.run_dir} has finished all {self.total_iterations} iterations: "
+                  "nothing to train", flush=True)
+        self.timer.start()
         while self.state.iteration < self.total_iterations:
+            t0 = time.perf_counter()
             self.train_step()
             self.state.iteration += 1
             it = self.state.iteration
             if self.ctx.eval_records and it > cfg.algo.value_pretrain_steps and (it - cfg.algo.value_pretrain_steps) % cfg.eval.every == 0 and it < self.total_iterations:
-                self.log_eval("periodic")
-            if self._should_stop():
-                save_run_state(cfg, self.state, self.actor, self.critic, self.ctx)
+                with self.timer("eval"):
+                    self.log_eval("periodic")
+            self.clock.add_step(time.perf_counter() - t0)
+            reason = self._should_stop(final=it == self.total_iterations)
+            if reason:
+                self._save()
+                if reason != "SIGTERM":  # SIGTERM: preempted (Slurm requeues) or cancelled (it must not)
+                    request_requeue()
                 if parallel.is_rank0():
-                    print(f"[vapo] stop requested by signal: checkpoint at iteration {it} written, exiting with "
+                    print(f"[vapo] stop ({reason}): checkpoint at iteration {it} written, exiting with "
                           f"{PREEMPTED_EXIT_CODE}", flush=True)
                 return PREEMPTED_EXIT_CODE
             if it % cfg.trainer.save_every == 0 and it < self.total_iterations:
-                save_run_state(cfg, self.state, self.actor, self.critic, self.ctx)
+                with self.timer("checkpoint"):
+                    self._save()
         if self.ctx.eval_records:
             self.log_eval("final")
         save_run_state(cfg, self.state, self.actor, self.critic, self.ctx, final=True)
         return 0
 
     def train_step(self) -> None:
-        cfg, algo = self.cfg, self.cfg.algo
+        cfg, algo, timed = self.cfg, self.cfg.algo, self.timer
         phase = "value_pretrain" if self.state.iteration < algo.value_pretrain_steps and not self.state.pretrain_finished else "vapo"
         t0 = time.perf_counter()
         faults.set_iteration(self.state.iteration)  # test-only fault injection (faults.py)
-        prompts = self.state.sampler.next_batch()                                        # 1
-        rollout = collect_rollouts(self.ctx, prompts, seed=self._rollout_seed())          # 2
-        release_engine_weights(self.ctx)  # colocated SGLang: its GPU memory goes to training until step 8
+        with timed("rollout"):
+            prompts = self.state.sampler.next_batch()                                    # 1
+            rollout = collect_rollouts(self.ctx, prompts, seed=self._rollout_seed())      # 2
+            release_engine_weights(self.ctx)  # colocated SGLang: its GPU memory goes to training until step 8
         faults.fault_point("rollout")
-        batch, reward_logs = self.ctx.score(rollout)                                      # 3
-        batch.old_logp, entropy, batch.values = score_with_models(                        # 4
-            self.actor, self.critic, batch, temperature=cfg.rollout.temperature,
-            max_tokens=cfg.trainer.micro_batch_tokens, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
-        )
+        faults.fault_point("usr1")
+        with timed("reward"):
+            batch, reward_logs = self.ctx.score(rollout)                                  # 3
+        with timed("score"):
+            batch.old_logp, entropy, batch.values = score_with_models(                    # 4
+                self.actor, self.critic, batch, temperature=cfg.rollout.temperature,
+                max_tokens=cfg.trainer.micro_batch_tokens, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
+            )
         batch.advantages, batch.returns = compute_advantages(batch, algo, value_pretrain=phase == "value_pretrain")  # 5
         if algo.whiten_advantages:
             batch.advantages = self._whiten(batch)
@@ -130,25 +151,28 @@ class Trainer:
             batch.advantages = torch.full_like(batch.advantages, float("nan"))
             batch.returns = torch.full_like(batch.returns, float("nan"))
         ev = explained_variance(batch)
-        critic_logs = update_critic(                                                      # 6
-            self.critic, batch, clip_range=algo.value_clip, mini_batches=algo.mini_batches,
-            epochs=algo.ppo_epochs, max_tokens=cfg.trainer.micro_batch_tokens, lr=cfg.critic_optim.lr,
-            max_consecutive_skips=cfg.trainer.max_consecutive_skips,
-        )
-        actor_logs: dict[str, float] = {}
-        if phase == "vapo":
-            actor_logs = update_actor(                                                    # 7
-                self.actor, batch, self._policy_settings(), mini_batches=algo.mini_batches,
-                epochs=algo.ppo_epochs, max_tokens=cfg.trainer.micro_batch_tokens, lr=cfg.actor_optim.lr,
+        with timed("critic_update"):
+            critic_logs = update_critic(                                                  # 6
+                self.critic, batch, clip_range=algo.value_clip, mini_batches=algo.mini_batches,
+                epochs=algo.ppo_epochs, max_tokens=cfg.trainer.micro_batch_tokens, lr=cfg.critic_optim.lr,
                 max_consecutive_skips=cfg.trainer.max_consecutive_skips,
             )
+        actor_logs: dict[str, float] = {}
+        if phase == "vapo":
+            with timed("actor_update"):
+                actor_logs = update_actor(                                                # 7
+                    self.actor, batch, self._policy_settings(), mini_batches=algo.mini_batches,
+                    epochs=algo.ppo_epochs, max_tokens=cfg.trainer.micro_batch_tokens, lr=cfg.actor_optim.lr,
+                    max_consecutive_skips=cfg.trainer.max_consecutive_skips,
+                )
         else:
             self.state.pretrain_steps_done += 1
             threshold = algo.value_pretrain_ev_threshold
             if threshold is not None and ev >= threshold:
                 self.state.pretrain_finished = True
         # 8: also while value pretraining (actor unchanged): the engine released its weights.
-        sync_weights(self.actor, self.ctx.engine, version=self.state.iteration + 1, cfg=cfg)   # 8
+        with timed("sync"):
+            sync_weights(self.actor, self.ctx.engine, version=self.state.iteration + 1, cfg=cfg)   # 8
         dt = time.perf_counter() - t0
         tokens = self._global_sum(float(batch.seq_lens.sum()))
         logs = {
@@ -156,14 +180,14 @@ class Trainer:
             "critic/explained_variance": ev,
             "actor/entropy_rollout": self._global_mean(entropy, batch.mask),
             "actor/lambda_policy_mean": float(policy_lambdas(batch.response_lens, algo).mean()),
-            "perf/step_s": dt,
-            "perf/tokens_per_s": tokens / dt,
+            "perf/tokens_per_s": tokens / dt,  # over the step's own phases, not the eval/checkpoint before it
             "perf/padding_ratio": batch_padding_ratio(batch, cfg.trainer.micro_batch_tokens),
         }
         if "engine_logp" in batch.extras:
             logs["rollout/logprob_diff"] = self._engine_logprob_diff(batch)
         if "actor/entropy" not in logs:
             logs["actor/entropy"] = logs["actor/entropy_rollout"]
+        logs |= timed.lap()  # perf/<phase>_s, perf/other_s, perf/step_s (phase_timer.py)
         self.logger.log(self.state.iteration + 1, phase, logs)
 
     def warm_start(self) -> None:
@@ -233,10 +257,29 @@ class Trainer:
             parallel.all_reduce(t, group=parallel.dp_group())
         return float(t[0] / t[1].clamp(min=1))
 
-    def _should_stop(self) -> bool:
-        flag = torch.tensor([self.stop.signum], dtype=torch.int64)
-        parallel.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
-        return bool(flag.item())
+    def _save(self) -> None:
+        t0 = time.perf_counter()
+        save_run_state(self.cfg, self.state, self.actor, self.critic, self.ctx)
+        self.clock.add_save(time.perf_counter() - t0)
+
+    def _should_stop(self, *, final: bool) -> str:
+        """Collective: why every rank stops after this step, "" to go on. A signal on any rank, or
+        rank 0's finding that the next step and a save no longer fit before the deadline. After
+        the final step only SIGTERM stops: finishing (final eval, export) beats a requeue that
+        would redo them."""
+        fits, why = (True, "") if final or not parallel.is_rank0() else self.deadline.next_step_fits(self.clock)
+        flag = torch.tensor([self.stop.signum, int(not fits)], dtype=torch.int64)
+        parallel.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step (SIGTERM > SIGUSR1)
+        signum, late = int(flag[0]), bool(flag[1])
+        if signum == signal.SIGTERM or (signum and not final):
+            return signal.Signals(signum).name
+        if signum and parallel.is_rank0():
+            print("[vapo] SIGUSR1 during the final step: finishing the run (final eval, save, export), no requeue", flush=True)
+        if late:
+            if parallel.is_rank0():
+                print(f"[vapo] deadline: {why}", flush=True)
+            return "deadline"
+        return ""
 
     def close(self) -> None:
         self.logger.close()
@@ -249,11 +292,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
     args = parser.parse_args(argv)
     try:  # every setting checked, against the launch and the files, before anything is built
-        cfg = load_config(args.config, args.overrides, check=False)
+        # The Slurm job's run dir (slurm/vapo_train.sbatch) only where the file and overrides name none.
+        job_run_dir = {"trainer.run_dir": os.environ["VAPO_RUN_DIR"]} if os.environ.get("VAPO_RUN_DIR") else None
+        cfg = load_config(args.config, args.overrides, check=False, fallbacks=job_run_dir)
         validate_startup(cfg, world_size=parallel.launcher_env()[1])
+        run_config.check_resume(cfg, announce=parallel.launcher_env()[0] == 0)  # vs. run_dir/config.yaml
     except ConfigError as e:
         print(f"vapo-train: configuration error: {e}", file=sys.stderr)
         return 2
+    if parallel.launcher_env()[0] == 0:
+        run_config.save(cfg)
     stop = StopSignals().install()  # before any other thread or helper process exists
     try:
         trainer = Trainer(cfg, stop)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs the crash/restart tests N times in a row and tallies the rounds, to catch flaky ones:
+#     bash scripts/loop_tests.sh [N] [pytest node ids...]
+# Default tests: fault injection, stop signals, Slurm (under /tmp/slurm.lock: one local cluster
+# per machine) and the restart test. One line per round, then the tally; a failed round's pytest
+# output is kept in $LOG_DIR/round_K.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-10}
+shift || true
+TESTS=("$@")
+if [ ${#TESTS[@]} -eq 0 ]; then
+  TESTS=(tests/test_fault_injection.py tests/test_stop_signals.py tests/test_slurm.py
+         tests/test_train.py::test_restart_after_checkpoint_reaches_same_weights)
+fi
+LOG_DIR=${LOG_DIR:-$(mktemp -d /tmp/loop_tests.XXXXXX)}
+export PYTHONPATH=$PWD OMP_NUM_THREADS=1
+passed=0
+for k in $(seq 1 "$N"); do
+  start=$(date +%s)
+  # Only the Slurm tests hold the lock (others may need the cluster meanwhile).
+  slurm=() other=()
+  for t in "${TESTS[@]}"; do case "$t" in *test_slurm*) slurm+=("$t") ;; *) other+=("$t") ;; esac; done
+  : >"$LOG_DIR/round_$k.log"
+  ok=1
+  if [ ${#other[@]} -gt 0 ]; then
+    .venv/bin/python -m pytest -q -p no:cacheprovider "${other[@]}" >>"$LOG_DIR/round_$k.log" 2>&1 || ok=0
+  fi
+  if [ ${#slurm[@]} -gt 0 ]; then
+    flock /tmp/slurm.lock .venv/bin/python -m pytest -q -p no:cacheprovider "${slurm[@]}" >>"$LOG_DIR/round_$k.log" 2>&1 || ok=0
+  fi
+  if [ $ok -eq 1 ]; then
+    passed=$((passed + 1)); verdict=pass
+  else
+    verdict="FAIL ($(grep -E '^(FAILED|ERROR) ' "$LOG_DIR/round_$k.log" | tr '\n' ' '))"
+  fi
+  echo "round $k/$N: $verdict, $(( $(date +%s) - start )) s: $(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$LOG_DIR/round_$k.log" | tr '\n' ' ')"
+done
+echo "tally: $passed/$N rounds passed (logs in $LOG_DIR)"
+[ "$passed" -eq "$N" ]

@@ -29,7 +29,7 @@ def test_engine_kwargs_are_sglang_server_args():
     from sglang.srt.server_args import ServerArgs
 
     cfg = SGLangEngineConfig(model_path="/m", tp_size=2, base_gpu_id=4, mem_fraction_static=0.6, dtype="bfloat16",
-                             random_seed=3, deterministic=True)
+                             random_seed=3, deterministic=True, load_format="dummy")  # dummy: vapo-eval on a checkpoint
     kwargs = engine_kwargs(cfg)
     args = ServerArgs(**kwargs)  # what sglang.Engine(**kwargs) builds first; unknown names raise
     for name, value in kwargs.items():

@@ -57,8 +57,8 @@ def demo_args(data: Path) -> list[str]:
         str(DEMO_CONFIG),
         f"model.hf_path={data}/model", f"data.train_files=[{data}/train.jsonl]", f"data.eval_files=[{data}/eval.jsonl]",
         f"sft.files=[{data}/sft.jsonl]", "sft.steps=2", "sft.batch_size=8", "algo.value_pretrain_steps=1",
-        "rollout.prompts_per_step=8", "rollout.n_samples=4", "data.eval_max_prompts=4", f"trainer.save_every={SAVE_EVERY}",
-        "trainer.eval_every=100", "trainer.tensorboard=false", f"trainer.total_steps={VAPO_STEPS}",
+        "rollout.prompts_per_step=8", "rollout.n_samples=4", "eval.max_prompts=4", f"trainer.save_every={SAVE_EVERY}",
+        "eval.every=100", "trainer.tensorboard=false", f"trainer.total_steps={VAPO_STEPS}",
     ]
 
 

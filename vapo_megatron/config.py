@@ -171,7 +171,7 @@ class TrainerConfig:
     # Units (docs/slurm.md, "Steps and wall time"): a step is one rollout iteration (sample, score,
     # train); it makes algo.ppo_epochs x algo.mini_batches optimizer updates of each trained model.
     # total_steps counts VAPO iterations after the algo.value_pretrain_steps critic-only ones;
-    # save_every and eval_every count iterations too. The paper's "steps" (5,000, Figure 1) are
+    # save_every and eval.every count iterations too. The paper's "steps" (5,000, Figure 1) are
     # optimizer updates: 5,000 / 16 mini-batches = 313 iterations.
     total_steps: int = 100
     # Token budget of one micro-batch (padded prompt+response tokens), for both models.

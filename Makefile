@@ -20,6 +20,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) scripts/bench_algo.py
 	$(PY) scripts/bench_weight_sync.py
+	$(PY) scripts/bench_convert.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

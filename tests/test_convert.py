@@ -97,6 +97,9 @@ def _layout_run(tp: int, pp: int, dirs: dict, ids, work: Path, extra: dict):
         convert.mcore_to_hf(ckpt, work / f"{kind}-{tag}-hf", tp=tp, pp=pp, max_shard_bytes=40_000)
     for name, (ckpt, critic) in extra.get("reshard", {}).items():
         out[name] = _load_and_forward(ckpt, ids, critic=critic)
+        # and exported at this layout: mcore-to-hf reads slices of other shapes (and another
+        # vocabulary padding) than were written
+        convert.mcore_to_hf(ckpt, work / f"{name}-{tag}-hf", tp=tp, pp=pp, max_shard_bytes=40_000)
     if "fresh_critic" in extra:  # a critic made from a causal LM: fresh value head
         convert.hf_to_mcore(dirs["untied"], work / f"fresh-{tag}", critic=True, tp=tp, pp=pp, dtype=None)
         out["fresh_critic"] = _load_and_forward(work / f"fresh-{tag}", ids, critic=True)
@@ -151,7 +154,9 @@ def _vpp_run(dirs: dict, work: Path):
     def write_config(tmp: Path) -> None:  # rank 0, inside the temp dir before the rename
         (tmp / "hf").mkdir()
         (tmp / "hf" / "config.json").write_text(json.dumps({k: v for k, v in hf_cfg.items() if k != "_source"}))
+        (tmp / "vapo.json").write_text(json.dumps({"family": QWEN2.name, "critic": False, "dtype": "float32"}))
 
+    # megatron's own writer (the trainer's): mcore-to-hf reads it too
     checkpoint_io.save_model(work / "untied-vpp", chunks, write_extra=write_config)
     return streamed if ps.get_data_parallel_rank() == 0 else {}
 
@@ -248,6 +253,9 @@ def test_tp1_matches_transformers_and_loads_a_tp2_checkpoint(models, layouts):
     torch.testing.assert_close(out["untied_from_tp2"], refs["untied"], atol=TOL, rtol=0)
     torch.testing.assert_close(out["critic_from_tp2"], refs["critic"], atol=TOL, rtol=0)
     torch.testing.assert_close(out["untied_from_vpp"], refs["untied"], atol=TOL, rtol=0)
+    # Written at TP=2 (or with virtual stages), exported in one layout-TP=1 pass: bitwise.
+    for name, kind in (("untied_from_tp2", "untied"), ("critic_from_tp2", "critic"), ("untied_from_vpp", "untied")):
+        _check_export(dirs[kind], work / f"{name}-tp1pp1-hf", critic=kind == "critic", ref=refs[kind], ids=ids)
 
     # The tokenizer travels inside the checkpoint and out with the export.
     from transformers import AutoTokenizer

@@ -162,7 +162,7 @@ def mcore_to_hf(ckpt: Path, out: Path, *, tp: int, pp: int, max_shard_bytes: int
     from model_providers.build import build_chunks
     from model_providers.family import torch_dtype
     from vapo_megatron import checkpoint_io, parallel
-    from vapo_megatron.checkpoint_stream import iter_checkpoint_hf_groups
+    from vapo_megatron.checkpoint_stream import exported_items, iter_checkpoint_hf_groups
 
     checkpoint_io.require_checkpoint(ckpt)
     if not (ckpt / META).is_file() or not (ckpt / "hf" / "config.json").is_file():
@@ -178,7 +178,8 @@ def mcore_to_hf(ckpt: Path, out: Path, *, tp: int, pp: int, max_shard_bytes: int
     # within one DP replica: its ranks skip together).
     groups = (iter_checkpoint_hf_groups(ckpt, chunks, family, hf_cfg, critic=critic, max_bytes=max_shard_bytes)
               if parallel.dp_rank() == 0 else iter(()))
-    return write_hf_dir(groups, family, hf_cfg, out, files_src=ckpt / "hf", critic=critic, dtype=dtype)
+    total = sum(i.nbytes for i in exported_items(chunks, family, hf_cfg, critic=critic))  # this rank's stage
+    return write_hf_dir(groups, family, hf_cfg, out, files_src=ckpt / "hf", critic=critic, dtype=dtype, total=total)
 
 
 def export_hf_dir(chunks: list, family, hf_cfg: dict, out: Path, *, files_src: Path, critic: bool, dtype: str,
@@ -192,12 +193,13 @@ def export_hf_dir(chunks: list, family, hf_cfg: dict, out: Path, *, files_src: P
 
 
 def write_hf_dir(groups: Iterable[list[tuple[str, torch.Tensor]]], family, hf_cfg: dict, out: Path, *,
-                 files_src: Path, critic: bool, dtype: str) -> Path:
+                 files_src: Path, critic: bool, dtype: str, total: int | None = None) -> Path:
     """Collective over all ranks. Each group of (HF name, tensor) becomes one safetensors shard,
     written by each pipeline stage's TP-rank-0 (of DP rank 0) as the group arrives; global rank 0
     writes the index, config.json, generation_config.json and the tokenizer files found in
-    `files_src`. Everything goes to a temp directory renamed into place at the end, so a crash
-    never leaves a half-written export under `out` (a failure on rank 0 removes the temp dir)."""
+    `files_src`. `total`: the bytes expected, for the progress bar. Everything goes to a temp
+    directory renamed into place at the end, so a crash never leaves a half-written export under
+    `out` (a failure on rank 0 removes the temp dir)."""
     from vapo_megatron import parallel
 
     out = Path(out).absolute()
@@ -210,7 +212,7 @@ def write_hf_dir(groups: Iterable[list[tuple[str, torch.Tensor]]], family, hf_cf
         parallel.barrier()
     try:
         writer = _ShardWriter(tmp, f"model-pp{parallel.pp_rank():03d}")
-        with tqdm(unit="B", unit_scale=True, desc="mcore-to-hf", disable=not parallel.is_rank0()) as bar:
+        with tqdm(total=total, unit="B", unit_scale=True, desc="mcore-to-hf", disable=not parallel.is_rank0()) as bar:
             for group in groups:  # every TP rank must iterate (the gathers are collective); one writes
                 if writes:
                     writer.write(dict(group))

@@ -46,7 +46,7 @@ class LazySavePlanner(MCoreSavePlanner):
 
     The last parameter made is kept, since megatron's SwiGLU factory writes fc1 as two items
     (gate and up halves) cut from the same parameter. `on_made(nbytes)` reports each tensor made
-    (progress, and the tests' count of what is held)."""
+    (the progress bar)."""
 
     def __init__(self, makers: Makers, on_made: Callable[[int], None] | None = None, **kwargs):
         super().__init__(**kwargs)

@@ -178,6 +178,11 @@ def test_demo_dir_is_deterministic_and_loads_with_transformers(tmp_path):
     for name in ("train", "eval", "sft"):
         assert digest(a[name]) == digest(b[name])
     assert digest(a["model"] + "/model.safetensors") == digest(b["model"] + "/model.safetensors")
+    # Another seed is another run (scripts/demo_seeds.sh): other problems, another initialization.
+    c = write_demo_dir(str(tmp_path / "c"), **{**kw, "seed": 4})
+    for name in ("train", "eval", "sft"):
+        assert digest(c[name]) != digest(a[name])
+    assert digest(c["model"] + "/model.safetensors") != digest(a["model"] + "/model.safetensors")
 
     # Held-out: no eval problem appears in train or sft; every answer is right (noise 0).
     rows = {n: [json.loads(l) for l in open(a[n])] for n in ("train", "eval", "sft")}

@@ -19,7 +19,8 @@ class Family:
     critic_rows: tuple[Row, ...]  # added for the critic; the critic has no output_layer
     causal_lm_architecture: str  # written into an exported actor's config.json
     token_classification_architecture: str  # written into an exported critic's config.json
-    # transformer_config(hf_cfg, *, tp, pp, vpp, params_dtype, on_gpu, recompute=False) -> TransformerConfig
+    # transformer_config(hf_cfg, *, tp, pp, vpp, params_dtype, on_gpu, recompute=False,
+    #                    sequence_parallel=False) -> TransformerConfig
     transformer_config: Callable[..., "object"]
 
     def table(self, hf_cfg: dict, *, critic: bool) -> tuple[Row, ...]:

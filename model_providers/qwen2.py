@@ -72,18 +72,27 @@ def _te_available() -> bool:
     return True
 
 
-def layer_spec(config):
+def layer_spec(config, vp_stage: int | None = None):
     """Transformer Engine's spec on the GPU when it imports, megatron's local spec otherwise (a
-    CPU-initialized model, e.g. tests or vapo-plan's meta-device shards, never gets TE modules)."""
+    CPU-initialized model, e.g. tests or vapo-plan's meta-device shards, never gets TE modules).
+    The local spec with sequence parallelism is a block spec with norms that support it
+    (sp_norm.py); TE's norms support it themselves."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    from model_providers.sp_norm import local_block_spec
 
     if not config.use_cpu_initialization and _te_available():
         return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.qk_layernorm)
-    return specs.get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
+    spec = specs.get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
+    if config.sequence_parallel:
+        return local_block_spec(spec, get_num_layers_to_build(config, vp_stage=vp_stage))
+    return spec
 
 
 def _transformer_config(hf_cfg: dict, *, tp: int, pp: int, vpp: int | None, params_dtype: torch.dtype,
-                        on_gpu: bool, recompute: bool, qkv_bias: bool, qk_layernorm: bool):
+                        on_gpu: bool, recompute: bool, qkv_bias: bool, qk_layernorm: bool,
+                        sequence_parallel: bool = False):
     from megatron.core.transformer import TransformerConfig
 
     if hf_cfg["hidden_act"] != "silu":
@@ -117,6 +126,9 @@ def _transformer_config(hf_cfg: dict, *, tp: int, pp: int, vpp: int | None, para
         init_method_std=hf_cfg["initializer_range"],
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        # Sequence parallelism shards the norm/dropout/residual activations [T, h] over TP along T;
+        # it has nothing to shard without TP (megatron refuses it there, Megatron-LM turns it off).
+        sequence_parallel=sequence_parallel and tp > 1,
         virtual_pipeline_model_parallel_size=vpp,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
@@ -140,16 +152,16 @@ def _transformer_config(hf_cfg: dict, *, tp: int, pp: int, vpp: int | None, para
     )
 
 
-def _qwen2_config(hf_cfg, *, tp, pp, vpp, params_dtype, on_gpu, recompute=False):
+def _qwen2_config(hf_cfg, *, tp, pp, vpp, params_dtype, on_gpu, recompute=False, sequence_parallel=False):
     return _transformer_config(hf_cfg, tp=tp, pp=pp, vpp=vpp, params_dtype=params_dtype, on_gpu=on_gpu, recompute=recompute,
-                               qkv_bias=True, qk_layernorm=False)
+                               qkv_bias=True, qk_layernorm=False, sequence_parallel=sequence_parallel)
 
 
-def _qwen3_config(hf_cfg, *, tp, pp, vpp, params_dtype, on_gpu, recompute=False):
+def _qwen3_config(hf_cfg, *, tp, pp, vpp, params_dtype, on_gpu, recompute=False, sequence_parallel=False):
     if hf_cfg["attention_bias"]:
         raise ValueError("Qwen3 config.json attention_bias=true is not supported")
     return _transformer_config(hf_cfg, tp=tp, pp=pp, vpp=vpp, params_dtype=params_dtype, on_gpu=on_gpu, recompute=recompute,
-                               qkv_bias=False, qk_layernorm=True)
+                               qkv_bias=False, qk_layernorm=True, sequence_parallel=sequence_parallel)
 
 
 QWEN2 = Family(

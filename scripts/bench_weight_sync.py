@@ -100,7 +100,7 @@ def _bench_rank(rank: int, args) -> dict:
     bucket_bytes = args.bucket_mb << 20
 
     def sync(version: int):
-        dist.barrier()
+        parallel.barrier()
         return sync_weights(chunks, family, hf_cfg, engine, version=version, bucket_bytes=bucket_bytes,
                             transport=args.transport)
 
@@ -125,7 +125,7 @@ def _bench_rank(rank: int, args) -> dict:
         runs.append(sync(v))
         if engine is not None:
             copy_s.append(copy_all())
-        dist.barrier()
+        parallel.barrier()
     rss_growth = (_rss_kib("VmHWM") - rss0) * 1024
     out = {"rank": rank, "local_params": n_local, "build_s": build_s,
            "sync_s": [s.seconds for s in runs], "peak_bytes": max(s.peak_bytes for s in runs),

@@ -130,7 +130,7 @@ def _micro_split(rows: list[int], n_micro: int) -> list[list[int]]:
     return [list(c) for c in torch.tensor_split(torch.tensor(rows), n_micro) if len(c)]
 
 
-def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg):
+def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp=False):
     from megatron.core import dist_checkpointing  # noqa: F401  (import order: megatron first)
 
     import model_providers
@@ -156,7 +156,8 @@ def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg):
         hf_cfg = model_providers.load_hf_config(hf_dir)
         family = model_providers.family_for(hf_cfg)
         build = build_critic if is_critic else build_actor
-        chunks = [build(hf_cfg, params_dtype=torch.float32)]
+        chunks = [build(hf_cfg, params_dtype=torch.float32, sequence_parallel=sp)]
+        assert chunks[0].config.sequence_parallel == sp
         load_hf_weights(chunks, family, hf_cfg, hf_dir, critic=is_critic)
         chunks = wrap_ddp(chunks, distributed_optimizer=False)
         opt = build_optimizer(chunks, optim, params_dtype=torch.float32, kind="sgd")
@@ -172,7 +173,7 @@ def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg):
             micro = [b.select(r) for r in _micro_split(list(range(b.size)), n_micro)]
             critic_mod.train_mini_batch(chunks, micro, clip_range=VALUE_CLIP)
         else:
-            outs = actor_mod.compute_logprobs(chunks, micro, temperature=TEMPERATURE, vocab_size=VOCAB)
+            outs = actor_mod.compute_logprobs(chunks, micro, temperature=TEMPERATURE, vocab_size=VOCAB, chunk_tokens=7)
             full = torch.zeros_like(b.advantages)
             if outs is not None:
                 for rows, out in zip(_micro_split(list(range(b.size)), n_micro), outs):
@@ -182,7 +183,7 @@ def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg):
             micro = [b.select(r) for r in _micro_split(list(range(b.size)), n_micro)]
             settings = actor_mod.PolicyLossSettings(
                 eps_low=EPS_LOW, eps_high=EPS_HIGH, dual_clip_c=None, loss_agg=loss_agg,
-                nll_coef=MU, temperature=TEMPERATURE,
+                nll_coef=MU, temperature=TEMPERATURE, chunk_tokens=7,
             )
             actor_mod.train_mini_batch(chunks, micro, settings, counts, vocab_size=VOCAB)
         applied, _ = optimizer_step(opt, chunks, loss_finite=True)
@@ -198,12 +199,12 @@ def models(tmp_path_factory):
     return actor_dir, critic_dir, {"token": _reference(actor_dir, critic_dir, "token")}
 
 
-def _check(models, world, tp, pp, n_micro, loss_agg="token"):
+def _check(models, world, tp, pp, n_micro, loss_agg="token", sp=False):
     actor_dir, critic_dir, refs = models
     if loss_agg not in refs:
         refs[loss_agg] = _reference(actor_dir, critic_dir, loss_agg)
     ref_actor, ref_critic = refs[loss_agg]
-    per_rank = run_ranks(world, _parallel_step, actor_dir, critic_dir, tp, pp, n_micro, loss_agg)
+    per_rank = run_ranks(world, _parallel_step, actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp)
     for role, ref in (("actor", ref_actor), ("critic", ref_critic)):
         got = {}
         for r in per_rank:
@@ -231,12 +232,17 @@ LAYOUTS = {
     "pp2": (2, 1, 2, 2),
     "tp2xpp2": (4, 2, 2, 2),
     "dp2_3micro": (2, 1, 1, 3),
+    # Sequence parallelism (megatron's, along T over the TP group). 3 micro-batches: widths 24,
+    # 18 and 17, so one micro-batch is padded to a multiple of TP (actor._forward_step).
+    "tp2_sp_3micro": (2, 2, 1, 3, True),
+    "tp2xpp2_sp": (4, 2, 2, 2, True),
 }
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_one_step_matches_reference(models, layout):
-    _check(models, *LAYOUTS[layout])
+    world, tp, pp, n_micro, *sp = LAYOUTS[layout]
+    _check(models, world, tp, pp, n_micro, sp=sp == [True])
 
 
 def test_sample_level_loss_matches_reference(models):

@@ -183,3 +183,31 @@ def test_explained_variance_of_rounding_noise_is_nan():
     returns = ((-1.0 - values) + values).float()
     mask = torch.ones(4, 6)
     assert math.isnan(explained_variance_from_sums(explained_variance_sums(values, returns, mask)))
+
+
+def test_sample_level_m_skips_empty_responses():
+    """M (normalization.global_counts) counts only responses with a token, and the actor's
+    sample-level scaling over two micro-batches, divided by N as finalize_model_grads does,
+    equals the naive mean over non-empty responses of their token means."""
+    from vapo_megatron.batch import RolloutBatch
+    from vapo_megatron.normalization import global_counts
+
+    logp, old, adv, mask = batch()
+    B = len(LENGTHS)
+    rb = RolloutBatch(tokens=torch.zeros(B, T + 1, dtype=torch.long), prompt_lens=torch.ones(B, dtype=torch.long),
+                      response_lens=torch.tensor(LENGTHS), rewards=torch.zeros(B), correct=torch.zeros(B, dtype=torch.bool),
+                      group_ids=torch.zeros(B, dtype=torch.long))
+    assert torch.equal(rb.mask[:, :T].bool(), mask)  # the same responses as `batch()`, prompt length 1
+    counts = global_counts(rb)
+    assert counts.responses == sum(n > 0 for n in LENGTHS) == B - 1 and counts.tokens == sum(LENGTHS)
+    total = 0.0
+    for rows in ([0, 1, 2], [3, 4, 5]):  # two micro-batches, as the actor's loss sees them
+        pg, _ = sample_level_policy_loss_sum(logp[rows], old[rows], adv[rows], mask[rows],
+                                             eps_low=0.2, eps_high=0.28, dual_clip_c=None)
+        total += (pg * (counts.tokens / counts.responses)).item()
+    means = []
+    for b, n in enumerate(LENGTHS):
+        if n:
+            means.append(sum(naive_token_term(float(logp[b, t]), float(old[b, t]), float(adv[b, t]), 0.2, 0.28, None)
+                             for t in range(n)) / n)
+    assert total / counts.tokens == pytest.approx(sum(means) / len(means), rel=1e-5)

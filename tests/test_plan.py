@@ -98,6 +98,7 @@ def test_vapo_plan_32b(tmp_path):
     # 8 nodes x 8 GPUs: fits, and says so with both phases' peaks.
     assert rc8 == 0, out8 + err8
     assert "TP=8 PP=4 VPP=- DP=2" in out8
+    assert "sequence parallel: on" in out8  # the 32B config's default
     assert "fits: training peak" in out8 and "DOES NOT FIT" not in out8
     assert "32 distinct (tp_rank, pp_rank) positions" in out8
 
@@ -119,6 +120,17 @@ def test_vapo_plan_32b(tmp_path):
     assert "rollout does not fit on rank" in out_kv and "training does not fit" not in out_kv
     assert "SGLang engine (rollout.sglang_mem_fraction x GPU) 60.0 GiB" in out_kv
 
+    # The reserve, itemised per phase (worst rank): 5 NCCL communicators = world, TP, PP, DP and the
+    # engine's TP group; the allocator's share follows the activations (15.11 GiB with recompute).
+    assert "NCCL buffers (5 communicators)" in out8 and "CUDA context, engine" in out8
+    assert "allocator cache (0.25 x activations)                  3.78" in out8
+    # One checkpoint: every parameter of both models once, bf16 weights + fp32 master copy + Adam's
+    # two fp32 moments (2 + 4 + 4 + 4 bytes); 2 kept + the next one being written.
+    vocab8 = megatron_padded_vocab(QWEN25_32B["vocab_size"], 8)
+    ckpt = (naive_count(QWEN25_32B, vocab=vocab8, critic=False) + naive_count(QWEN25_32B, vocab=vocab8, critic=True)) * 14
+    assert 0.9e12 < ckpt < 0.91e12
+    assert f"checkpoints: {ckpt / 1e9:,.1f} GB per save" in out8 and f"{3 * ckpt / 1e12:,.2f} TB of disk at peak" in out8
+
     # Without the model files and without --preset: a clear error, not a guess.
     assert rc_nomodel == 2 and "model.hf_path=/path/to/Qwen2.5-32B has no config.json" in err_nomodel
     assert "--preset NAME" in err_nomodel
@@ -128,6 +140,7 @@ def test_vapo_plan_32b(tmp_path):
     assert f"model: {tmp_path / 'config.json'}" in out_tiny
     assert "TP=2 PP=1 VPP=- DP=1; params float32" in out_tiny
     assert "rollout.engine=embedded: no SGLang engine on these GPUs" in out_tiny
+    assert "reserve per GPU, GiB, worst rank (--reserve-gib)" in out_tiny  # the flat figure replaces the items
 
     # Parameter counts of megatron's own shards against the naive formula (padded vocabulary).
     vocab = megatron_padded_vocab(QWEN25_32B["vocab_size"], 8)
@@ -184,3 +197,38 @@ def test_meta_shards_match_a_real_tp2_model():
         s = by_pos[(tp_rank, pp_rank)]
         assert s.actor_params == sum(math.prod(x) for x in shapes[False].values())
         assert s.critic_params == sum(math.prod(x) for x in shapes[True].values())
+
+
+def test_sequence_parallel_splits_the_replicated_activations_over_tp():
+    """The activation formula of docs/slurm.md written out: sequence parallelism divides the four
+    replicated [T, h] tensors of a layer, and the input each layer keeps under full recompute, by TP."""
+    from vapo_megatron.plan import activation_bytes, layer_activation_bytes
+
+    hf = QWEN25_32B
+    h, f, a, g = hf["hidden_size"], hf["intermediate_size"], hf["num_attention_heads"], hf["num_key_value_heads"]
+    d, T, t, b = h // a, 22528, 8, 2
+    sharded = ((a + 2 * g) * d + a * d + 3 * f) // t
+    for sp, replicated in ((False, 4 * h), (True, 4 * h // t)):
+        layer = b * T * (replicated + sharded)
+        assert layer_activation_bytes(hf, tokens=T, tp=t, dtype_bytes=b, sequence_parallel=sp) == layer
+        kept = b * T * h // (t if sp else 1)
+        common = dict(tokens=T, tp=t, pp=4, vpp=None, inflight_microbatches=4, dtype_bytes=b, logits_vocab=0,
+                      sequence_parallel=sp)
+        assert activation_bytes(hf, recompute=True, **common) == 4 * 16 * kept + layer
+        assert activation_bytes(hf, recompute=False, **common) == 4 * 16 * layer
+
+
+def test_reserve_items_follow_the_phase_and_the_layout():
+    from vapo_megatron.config import load_config
+    from vapo_megatron.plan import GIB, reserve_parts
+
+    cfg = load_config(CONFIG_32B, [], check=False)
+    train = reserve_parts(cfg, world_size=64, dp=2, activations=int(16 * GIB), phase="training")
+    roll = reserve_parts(cfg, world_size=64, dp=2, activations=int(16 * GIB), phase="rollout")
+    assert train["allocator cache (0.25 x activations)"] == int(4 * GIB)
+    assert "SGLang buffers outside its static share" in roll and "SGLang buffers outside its static share" not in train
+    assert train["NCCL buffers (5 communicators)"] == roll["NCCL buffers (5 communicators)"]
+    # No colocated engine, one GPU: only the trainer's context and the allocator remain.
+    solo = reserve_parts(load_config(CONFIG_32B, ["rollout.engine=embedded", "parallel.tp=1", "parallel.pp=1"], check=False),
+                         world_size=1, dp=1, activations=0, phase="rollout")
+    assert set(solo) == {"CUDA context, trainer", "NCCL buffers (0 communicators)", "allocator cache (emptied at the switch)"}

@@ -6,10 +6,13 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
+from sglang_source import check_request_body, engine_method, engine_signature
 from vapo_megatron.rollout.base import SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket, group_into_buckets
 from vapo_megatron.rollout.sglang_engine import (
@@ -28,15 +31,20 @@ def hf_state():
 
 def sglang_rank_view(payloads, tp_rank):
     """What SGLang TP rank `tp_rank` does with load_format="flattened_bucket"
-    (tp_worker.deserialize_own_rank + WeightUpdater._update_weights_from_flattened_bucket),
+    (engine.py _serialize_tensors_per_rank, tp_worker.py deserialize_own_rank,
+    model_runner_components/weight_updater.py _update_weights_from_flattened_bucket),
     through SGLang's classes."""
     from sglang.srt.utils import MultiprocessingSerializer
     from sglang.srt.utils.common import normalize_serialized_named_tensor_payloads
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
 
-    raw = normalize_serialized_named_tensor_payloads(payloads)
-    data = MultiprocessingSerializer.deserialize(raw[tp_rank])
-    return FlattenedTensorBucket(flattened_tensor=data["flattened_tensor"], metadata=data["metadata"]).reconstruct_tensors()
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+
+    raw = normalize_serialized_named_tensor_payloads(payloads)  # Engine._serialize_tensors_per_rank
+    data = MultiprocessingSerializer.deserialize(raw[tp_rank])  # TpModelWorker.deserialize_own_rank
+    meta = [FlattenedTensorMetadata(name=m.name, shape=m.shape, dtype=m.dtype, start_idx=m.start_idx, end_idx=m.end_idx,
+                                    numel=m.numel) for m in data["metadata"]]  # the weight updater's conversion
+    return FlattenedTensorBucket(flattened_tensor=data["flattened_tensor"], metadata=meta).reconstruct_tensors()
 
 
 def test_flat_bucket_payload_round_trips_through_sglang():
@@ -74,46 +82,102 @@ def test_list_buckets_and_base64_payloads_round_trip():
 
 
 class FakeSGLangEngineForTests:
-    """Stands in for sglang.Engine, which needs a GPU. Its update path does what each SGLang TP
-    rank does (deserialize its own payload with SGLang's classes) and loads into a transformers
-    model; generate answers in SGLang's output format."""
+    """TEST DOUBLE for sglang.Engine, which needs a GPU. Every method it has takes exactly the
+    real Engine method's signature, read from SGLang's source (sglang_source.engine_method: a
+    call with an argument the real Engine lacks is a TypeError). Its update path does what
+    Engine.update_weights_from_tensor and each SGLang TP rank do with load_format=
+    "flattened_bucket" (sglang_rank_view), then what SGLang's Qwen2 `_legacy_load_weights` does
+    with each name (its stacked_params_mapping, read from qwen2.py): a name SGLang would drop
+    fails here, and every tensor must have the full HF shape its weight loader slices. It loads
+    into a transformers model; generate checks each request's sampling params with SGLang's own
+    SamplingParams class and answers in SGLang's output format."""
 
     def __init__(self, model, tp_size=1):
-        self.model, self.tp_size, self.calls = model, tp_size, []
-        self.params = dict(model.named_parameters())
+        from sglang_source import sglang_param_names, stacked_params_mapping
 
-    def begin_weight_update(self):
+        self.model, self.tp_size, self.calls = model, tp_size, []
+        self.params = dict(model.named_parameters())  # tied embeddings: no lm_head.weight, as in SGLang
+        self.mapping = stacked_params_mapping("qwen2", "_legacy_load_weights")
+        self.sglang_params = sglang_param_names(self.params, self.mapping)
+
+    @engine_method
+    def begin_weight_update(self, selector):
+        assert selector == "all"
         self.calls.append("begin")
         return True, "ok"
 
+    @engine_method
     def end_weight_update(self):
         self.calls.append("end")
         return True, "ok"
 
+    @engine_method
     def flush_cache(self):
         self.calls.append("flush")
-        return True, "ok"
+        return FlushCacheReqOutputForTests(success=True)
 
-    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
-        assert load_format == "flattened_bucket" and len(named_tensors) == self.tp_size
+    def load_weights(self, rank, named_tensors):
+        """SGLang TP rank `rank`'s model.load_weights for the names we push."""
+        from sglang_source import legacy_load_target
+
+        loaded = {}
+        for name, t in named_tensors:
+            target = legacy_load_target(name, self.sglang_params, self.mapping)
+            assert target is not None, f"SGLang's Qwen2 loader would drop {name!r}"
+            assert tuple(t.shape) == tuple(self.params[name].shape), (name, t.shape)  # full HF tensor
+            loaded[name] = t
+        return loaded
+
+    def receive(self, named_tensors, load_format):
+        """Every engine TP rank's tensors, as SGLang rebuilds them: {rank: {name: tensor}}."""
+        assert load_format == "flattened_bucket"
+        assert len(named_tensors) == self.tp_size  # SGLang TP rank r reads entry r
+        return {r: self.load_weights(r, sglang_rank_view(named_tensors, r)) for r in range(self.tp_size)}
+
+    @engine_method
+    def update_weights_from_tensor(self, named_tensors, load_format, flush_cache):
         self.calls.append("update")
         with torch.no_grad():
-            for rank in range(self.tp_size):
-                for name, t in sglang_rank_view(named_tensors, rank):
+            for tensors in self.receive(named_tensors, load_format).values():
+                for name, t in tensors.items():
                     self.params[name].copy_(t)
         return True, "Success"
 
-    def release_memory_occupation(self, tags=None):
+    @engine_method
+    def release_memory_occupation(self, tags):
+        assert set(tags) <= {"weights", "kv_cache", "cuda_graph"}
         self.calls.append(("release", tuple(tags)))
 
-    def resume_memory_occupation(self, tags=None):
+    @engine_method
+    def resume_memory_occupation(self, tags):
+        assert set(tags) <= {"weights", "kv_cache", "cuda_graph"}
         self.calls.append(("resume", tuple(tags)))
 
-    def generate(self, *, input_ids, sampling_params, return_logprob):
-        self.calls.append(("generate", len(input_ids)))
+    def check_generate_args(self, args):
+        """What our calls may set, and each sampling-params dict through SGLang's class."""
+        from sglang.srt.sampling.sampling_params import SamplingParams as SGLangSamplingParams
+
+        set_args = {k for k, v in args.items() if v != engine_signature("generate").parameters[k].default}
+        assert set_args <= {"input_ids", "sampling_params", "return_logprob"}, set_args
+        assert isinstance(args["input_ids"], list) and len(args["sampling_params"]) == len(args["input_ids"])
+        for sp in args["sampling_params"]:
+            SGLangSamplingParams(**sp).verify(self.model.config.vocab_size)
+
+    @engine_method
+    def generate(self, **args):
+        self.check_generate_args(args)
+        self.calls.append(("generate", len(args["input_ids"])))
         return [{"output_ids": [7, 2], "meta_info": {"finish_reason": {"type": "stop", "matched": 2},
                  "output_token_logprobs": [(-0.5, 7, None), (-0.25, 2, None)], "weight_version": "default"}}
-                for _ in input_ids]
+                for _ in args["input_ids"]]
+
+
+@dataclass
+class FlushCacheReqOutputForTests:
+    """Engine.flush_cache's answer (io_struct.FlushCacheReqOutput, which does not import here)."""
+
+    success: bool
+    message: str = ""
 
 
 def test_engine_wrapper_streams_buckets_and_keeps_the_order():
@@ -138,10 +202,21 @@ def test_engine_wrapper_streams_buckets_and_keeps_the_order():
     assert outs[0].weight_version == 3
 
 
+# The io_struct request class each SGLang HTTP endpoint parses its body into (http_server.py).
+REQUEST_STRUCTS = {
+    "/generate": "GenerateReqInput", "/update_weights_from_tensor": "UpdateWeightsFromTensorReqInput",
+    "/begin_weight_update": "BeginWeightUpdateReqInput", "/end_weight_update": "EndWeightUpdateReqInput",
+    "/release_memory_occupation": "ReleaseMemoryOccupationReqInput",
+    "/resume_memory_occupation": "ResumeMemoryOccupationReqInput",
+}
+
+
 class _Recorder(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.requests.append((self.path, body))
+        if self.path in REQUEST_STRUCTS:
+            check_request_body(REQUEST_STRUCTS[self.path], body)  # the fields SGLang's request class has
         if self.path == "/update_weights_from_tensor" and not self.server.fail_updates:
             # Like a real server, load during the request: the payload points at the client's
             # bucket buffer (shared memory here, CUDA IPC on a GPU), reused for the next bucket.
@@ -195,7 +270,7 @@ def test_http_client_sends_sglang_requests(server):
     eng.release_memory()
     paths = [p for p, _ in server.requests]
     assert paths == (["/release_memory_occupation", "/resume_memory_occupation", "/begin_weight_update"] + ["/update_weights_from_tensor"] * stats.buckets
-                     + ["/end_weight_update", "/flush_cache", "/update_weight_version", "/resume_memory_occupation",
+                     + ["/end_weight_update", "/flush_cache", "/resume_memory_occupation",
                         "/generate", "/release_memory_occupation"])
     got = server.loaded
     assert list(got) == list(state) and all(torch.equal(got[n], state[n]) for n in state)
@@ -203,7 +278,6 @@ def test_http_client_sends_sglang_requests(server):
     assert gen["input_ids"] == [[1, 2, 3]] * 2 and gen["return_logprob"] is True
     assert [s["sampling_seed"] for s in gen["sampling_params"]] == [4, 5]
     assert gen["sampling_params"][0]["stop_token_ids"] == [2] and gen["sampling_params"][0]["temperature"] == 0.5
-    assert dict(server.requests)["/update_weight_version"]["new_version"] == "9"
     assert [o.weight_version for o in outs] == [9, 9] and outs[0].finish_reason == "length"
     server.fail_updates = True
     eng.begin_weight_update()

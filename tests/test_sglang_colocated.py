@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 
 from dist_utils import run_ranks
+from sglang_source import engine_method
 from test_convert import _forward
-from test_rollout_sglang import FakeSGLangEngineForTests, sglang_rank_view
+from test_rollout_sglang import FakeSGLangEngineForTests
 from test_weight_sync import _random_update
 from tiny_hf import save_tiny
 
@@ -27,10 +28,11 @@ N, SEED = 2, 11
 
 
 class FakeColocatedSGLangEngineForTests(FakeSGLangEngineForTests):
-    """TEST DOUBLE for a colocated sglang.Engine (GPU only), built from an SGLangEngineConfig.
-    Each update deserializes every engine TP rank's payload with SGLang's classes, checks the
-    ranks agree, and loads the tensors into a transformers model; it tracks released memory and
-    generate refuses to run on released weights."""
+    """TEST DOUBLE for a colocated sglang.Engine (GPU only), built from an SGLangEngineConfig,
+    with the real Engine's signatures (see FakeSGLangEngineForTests). Each update deserializes
+    every engine TP rank's payload with SGLang's classes, puts each name through SGLang's Qwen2
+    name mapping, checks the ranks agree, and loads the tensors into a transformers model; it
+    tracks released memory and generate refuses to run on released weights."""
 
     def __init__(self, hf_dir: Path, cfg):
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -39,35 +41,39 @@ class FakeColocatedSGLangEngineForTests(FakeSGLangEngineForTests):
         super().__init__(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf_dir)).eval(), cfg.tp_size)
         self.released: set[str] = set()
 
-    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
-        assert load_format == "flattened_bucket" and len(named_tensors) == self.tp_size
+    @engine_method
+    def update_weights_from_tensor(self, named_tensors, load_format, flush_cache):
         assert "weights" not in self.released
-        views = [dict(sglang_rank_view(named_tensors, r)) for r in range(self.tp_size)]
+        views = self.receive(named_tensors, load_format)
         with torch.no_grad():
             for name, t in views[0].items():
-                for other in views[1:]:
-                    assert torch.equal(other[name], t), name  # every engine TP rank gets the full tensor
+                for r in range(1, self.tp_size):
+                    assert torch.equal(views[r][name], t), name  # every engine TP rank gets the full tensor
                 self.params[name].copy_(t)
         self.calls.append("update")
         return True, "Success"
 
-    def release_memory_occupation(self, tags=None):
-        super().release_memory_occupation(tags)
+    @engine_method
+    def release_memory_occupation(self, tags):
+        super().release_memory_occupation(tags=tags)
         self.released |= set(tags)
 
-    def resume_memory_occupation(self, tags=None):
-        super().resume_memory_occupation(tags)
+    @engine_method
+    def resume_memory_occupation(self, tags):
+        super().resume_memory_occupation(tags=tags)
         self.released -= set(tags)
 
-    def generate(self, *, input_ids, sampling_params, return_logprob):
+    @engine_method
+    def generate(self, **args):
         assert not self.released, f"generate with {self.released} released"
-        self.calls.append(("generate", len(input_ids)))
+        self.check_generate_args(args)
+        self.calls.append(("generate", len(args["input_ids"])))
         outs = []
         with torch.no_grad():
-            for ids, sp in zip(input_ids, sampling_params):
+            for ids, sp in zip(args["input_ids"], args["sampling_params"]):
                 nxt = int(self.model(torch.tensor([ids])).logits[0, -1].argmax())
                 outs.append({"output_ids": [nxt, sp["sampling_seed"]],
-                             "meta_info": {"finish_reason": {"type": "length"}, "weight_version": "default"}})
+                             "meta_info": {"finish_reason": {"type": "length", "length": 2}, "weight_version": "default"}})
         return outs
 
 

@@ -37,7 +37,7 @@ def _base(demo: Path, run_dir: Path) -> list[str]:
         f"trainer.run_dir={run_dir}", f"model.hf_path={demo}/model", f"data.train_files=[{demo}/train.jsonl]",
         f"data.eval_files=[{demo}/eval.jsonl]", f"sft.files=[{demo}/sft.jsonl]", "sft.steps=0",
         "parallel.tp=1", "algo.value_pretrain_steps=0", "algo.mini_batches=1", "rollout.prompts_per_step=4", "rollout.n_samples=2",
-        "trainer.total_steps=1", "trainer.tensorboard=false", "trainer.export_hf=false", "data.eval_max_prompts=4",
+        "trainer.total_steps=1", "trainer.tensorboard=false", "trainer.export_hf=false", "eval.max_prompts=4",
     ]
 
 
@@ -80,7 +80,17 @@ CASES = [
     (["data.eval_files=[/nonexistent/eval.parquet]"], 1, "data.eval_files: /nonexistent/eval.parquet does not exist"),
     (["sft.steps=3", "sft.files=[/nonexistent/sft.jsonl]"], 1, "sft.files: /nonexistent/sft.jsonl does not exist"),
     (["sft.steps=3", "sft.files=[]"], 1, "sft.steps=3 needs sft.files"),
+    (["eval.n_samples=0"], 1, "eval.n_samples=0 must be >= 1"),
+    (["eval.every=0"], 1, "eval.every=0 must be >= 1"),
+    (["eval.temperature=0"], 1, "eval.temperature=0.0 must be > 0 (or null)"),
 ]
+
+
+def test_moved_eval_keys_name_their_new_place(demo, tmp_path):
+    with pytest.raises(ConfigError, match="config key trainer.eval_every is now eval.every"):
+        _problems(demo, tmp_path, "trainer.eval_every=5")
+    with pytest.raises(ConfigError, match="config key data.eval_max_prompts is now eval.max_prompts"):
+        _problems(demo, tmp_path, "data.eval_max_prompts=5")
 
 
 @pytest.mark.parametrize("overrides,world,text", CASES, ids=[" ".join(c[0]) + f" @{c[1]}" for c in CASES])

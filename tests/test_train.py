@@ -33,7 +33,7 @@ def _short(data: Path, run_dir: Path) -> list[str]:
         f"data.train_files=[{data}/train.jsonl]", f"data.eval_files=[{data}/eval.jsonl]",
         f"sft.files=[{data}/sft.jsonl]", "sft.steps=4", "sft.batch_size=16",
         "algo.value_pretrain_steps=1", "rollout.prompts_per_step=8", "rollout.n_samples=4",
-        "data.eval_max_prompts=16", "trainer.save_every=2", "trainer.eval_every=2",
+        "eval.max_prompts=16", "trainer.save_every=2", "eval.every=2",
         "trainer.tensorboard=false",
     ]
 

@@ -111,3 +111,31 @@ def check_padded(real_vocab):
 @pytest.mark.parametrize("real_vocab", [50, 20])  # rank 1 holds some real columns / none at all
 def test_vocabulary_padding_is_excluded(real_vocab):
     assert run_ranks(2, check_padded, real_vocab) == [True, True]
+
+
+@pytest.mark.parametrize("chunk", [8, 100])
+def test_plan_counts_the_work_buffer_the_kernel_allocates(chunk):
+    """vapo-plan's logprob_buffer_bytes against the largest float32 [rows, V] tensor the kernel
+    really creates in forward and backward (every op's output, seen by a dispatch mode)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    from vapo_megatron.plan import logprob_buffer_bytes
+
+    class LargestFloat32(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.dim() == 2:
+                    self.largest = max(self.largest, t.numel() * 4)
+            return out
+
+    T, V = 50, 300
+    x = torch.randn(T, V, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, V, (T,))
+    with LargestFloat32() as mode:
+        logp, _ = vocab_parallel_logprobs_entropy(x, targets, tp_group=None, vocab_start=0, chunk_tokens=chunk)
+        logp.sum().backward()
+    assert mode.largest == logprob_buffer_bytes(T, V, chunk)

@@ -72,12 +72,13 @@ def _children() -> dict[int, str]:
 
 
 def launch(config: str | Path, overrides: list[str], *, env: dict[str, str] | None = None, nproc: int = 2,
-           torchrun_args: tuple[str, ...] = (), timeout: float = 600) -> Launch:
-    """`python -m torch.distributed.run -m vapo_megatron.train` on this machine (gloo, CPU)."""
+           torchrun_args: tuple[str, ...] = (), timeout: float = 600, module: str = "vapo_megatron.train") -> Launch:
+    """`python -m torch.distributed.run -m vapo_megatron.train` on this machine (gloo, CPU); `module`:
+    another entry point taking the same arguments (tests/collective_audit.py)."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *torchrun_args,
-        "-m", "vapo_megatron.train", "--config", str(ROOT / "configs" / config), *overrides,
+        "-m", module, "--config", str(ROOT / "configs" / config), *overrides,
     ]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     reaping = _set_subreaper(True)

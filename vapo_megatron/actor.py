@@ -7,7 +7,7 @@ megatron_step.py explains why each micro-batch returns
     loss_sum = pg_sum + mu * (N / N_pos) * nll_sum,     num_tokens = its response tokens,
 so that after finalize_model_grads divides by N the gradient is exactly grad L.
 With the sample-level ablation, pg_sum is the sum over responses of per-response means and is
-scaled by N / M (M = responses in the global mini-batch) the same way.
+scaled by N / M (M = responses with at least one token in the global mini-batch) the same way.
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ class PolicyLossSettings:
     loss_agg: str          # "token" | "sample"
     nll_coef: float        # mu
     temperature: float     # the rollout's: log-probs are log_softmax(logits / T), as SGLang's
+    chunk_tokens: int      # trainer.logprob_chunk_tokens (vocab_parallel's float32 buffer)
 
 
 def token_logprobs(logits_shard: torch.Tensor, targets: torch.Tensor, *, temperature: float,
-                   vocab_size: int, with_entropy: bool):
+                   vocab_size: int, with_entropy: bool, chunk_tokens: int):
     """[b, S, V_pad/TP] vocab-parallel logits -> log-probs [b, S] (and entropy [b, S]).
 
     Megatron pads the vocabulary to a multiple of 128*TP; the padded columns are not part of
@@ -48,22 +49,33 @@ def token_logprobs(logits_shard: torch.Tensor, targets: torch.Tensor, *, tempera
     return vocab_parallel_logprobs_entropy(
         logits_shard, targets, tp_group=parallel.tp_group(), vocab_start=vocab_start,
         temperature=temperature, with_entropy=with_entropy, num_valid=vocab_size - vocab_start,
+        chunk_tokens=chunk_tokens,
     )
 
 
 def _forward_step(loss_fn, data_iterator, model):
     mb: RolloutBatch = next(data_iterator)
     device = parallel.device()
-    tokens = mb.tokens.to(device)
+    tokens = mb.tokens.to(device)  # [b, S]
+    width = tokens.shape[1]
+    if model.config.sequence_parallel and width % parallel.tp_size():
+        # Sequence parallelism splits the sequence over TP: S must be a multiple of TP. Extra
+        # right padding changes no earlier position (causal attention); the loss sees [b, S] again.
+        tokens = torch.nn.functional.pad(tokens, (0, -width % parallel.tp_size()))
     position_ids = torch.arange(tokens.shape[1], device=device).unsqueeze(0).expand_as(tokens)
     output = model(tokens, position_ids, None)
-    return output, partial(loss_fn, mb)
+    return output, partial(_unpadded, loss_fn, mb, width)
 
 
-def _logprob_loss(mb: RolloutBatch, logits: torch.Tensor, *, temperature: float, vocab_size: int):
+def _unpadded(loss_fn, mb: RolloutBatch, width: int, output: torch.Tensor):
+    # The last stage's output is [b, S(+pad), ...]: logits (actor) or values (critic).
+    return loss_fn(mb, output[:, :width])
+
+
+def _logprob_loss(mb: RolloutBatch, logits: torch.Tensor, *, temperature: float, vocab_size: int, chunk_tokens: int):
     logp, entropy = token_logprobs(
         logits, shifted_targets(mb.tokens).to(logits.device), temperature=temperature,
-        vocab_size=vocab_size, with_entropy=True,
+        vocab_size=vocab_size, with_entropy=True, chunk_tokens=chunk_tokens,
     )
     zero = logits.new_zeros(())
     return zero, torch.tensor(1, dtype=torch.int), {"logp": logp.detach().float().cpu(), "entropy": entropy.float().cpu()}
@@ -71,12 +83,13 @@ def _logprob_loss(mb: RolloutBatch, logits: torch.Tensor, *, temperature: float,
 
 @torch.no_grad()
 def compute_logprobs(model_chunks: list, micro_batches: list[RolloutBatch], *, temperature: float,
-                     vocab_size: int) -> list[dict] | None:
+                     vocab_size: int, chunk_tokens: int) -> list[dict] | None:
     """Per micro-batch {"logp": [b, S], "entropy": [b, S]} on the last stage (None elsewhere)."""
     for chunk in model_chunks:
         chunk.eval()
     outputs = forward_backward(
-        model_chunks, partial(_forward_step, partial(_logprob_loss, temperature=temperature, vocab_size=vocab_size)),
+        model_chunks, partial(_forward_step, partial(_logprob_loss, temperature=temperature, vocab_size=vocab_size,
+                                                         chunk_tokens=chunk_tokens)),
         micro_batches, forward_only=True,
     )
     return outputs if parallel.is_last_stage() else None
@@ -87,7 +100,7 @@ def _policy_loss(mb: RolloutBatch, logits: torch.Tensor, *, settings: PolicyLoss
     device = logits.device
     logp, entropy = token_logprobs(
         logits, shifted_targets(mb.tokens).to(device), temperature=settings.temperature,
-        vocab_size=vocab_size, with_entropy=True,
+        vocab_size=vocab_size, with_entropy=True, chunk_tokens=settings.chunk_tokens,
     )
     mask = mb.mask.to(device)
     old_logp, adv = mb.old_logp.to(device), mb.advantages.to(device)
@@ -96,7 +109,7 @@ def _policy_loss(mb: RolloutBatch, logits: torch.Tensor, *, settings: PolicyLoss
         pg_sum, metrics = policy_loss_sum(logp, old_logp, adv, mask, **clip)
     else:
         pg_sum, metrics = sample_level_policy_loss_sum(logp, old_logp, adv, mask, **clip)
-        pg_sum = pg_sum * (counts.tokens / counts.responses)
+        pg_sum = pg_sum * (counts.tokens / counts.responses) if counts.responses else pg_sum * 0.0  # M = 0: N = 0
     loss = pg_sum
     nll_sum = nll_loss_sum(logp, mask, mb.correct.to(device))
     if settings.nll_coef > 0 and counts.pos_tokens > 0:

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing
 from torch.distributed.checkpoint.api import CheckpointException
 
-from vapo_megatron import safe_checkpoint
+from vapo_megatron import parallel, safe_checkpoint
 from vapo_megatron.hf_export import unwrap
 
 safe_checkpoint.install()  # before any load: no checkpoint file may run code
@@ -37,8 +37,10 @@ class CheckpointError(ValueError):
     """A directory that is not a usable checkpoint; the message names it."""
 
 
-def write_dist_checkpoint(sharded_state: dict, ckpt_dir: str | Path) -> None:
+def write_dist_checkpoint(sharded_state: dict, ckpt_dir: str | Path, strategy=None) -> None:
     """Collective: megatron's synchronous dist checkpoint save into `ckpt_dir` (no renaming).
+    `strategy`: a megatron save strategy in place of its default torch_dist one (vapo-convert's
+    streaming lazy_save.LazySaveStrategy).
 
     Megatron's torch_dist writer hands the write results of its writer threads back through a
     queue that it creates at the first save from a multiprocessing Manager: a spawned process
@@ -51,7 +53,7 @@ def write_dist_checkpoint(sharded_state: dict, ckpt_dir: str | Path) -> None:
 
     if filesystem_async._results_queue is None:  # megatron's lazily created module-level queue
         filesystem_async._results_queue = queue.Queue()
-    dist_checkpointing.save(sharded_state, str(ckpt_dir))
+    dist_checkpointing.save(sharded_state, str(ckpt_dir), sharded_strategy=strategy)
 
 
 def model_sharded_state(model_chunks: list) -> dict:
@@ -64,15 +66,17 @@ def model_sharded_state(model_chunks: list) -> dict:
 
 def _barrier():
     if dist.is_initialized():
-        dist.barrier()
+        parallel.barrier()
 
 
 def _rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
-def save(ckpt_dir: str | Path, sharded_state: dict, *, write_extra: Callable[[Path], None] | None = None) -> Path:
-    """Collective over all ranks. `write_extra(tmp_dir)` runs on rank 0 before the rename."""
+def save(ckpt_dir: str | Path, sharded_state: dict, *, write_extra: Callable[[Path], None] | None = None,
+         strategy=None) -> Path:
+    """Collective over all ranks. `write_extra(tmp_dir)` runs on rank 0 before the rename. A
+    failure on rank 0 removes the temp directory: nothing half-written stays behind."""
     target = Path(ckpt_dir).absolute()
     tmp = target.parent / f".{target.name}.tmp"
     old = target.parent / f".{target.name}.old"
@@ -81,9 +85,14 @@ def save(ckpt_dir: str | Path, sharded_state: dict, *, write_extra: Callable[[Pa
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     _barrier()
-    write_dist_checkpoint(sharded_state, tmp)
-    if _rank0() and write_extra is not None:
-        write_extra(tmp)
+    try:
+        write_dist_checkpoint(sharded_state, tmp, strategy)
+        if _rank0() and write_extra is not None:
+            write_extra(tmp)
+    except BaseException:
+        if _rank0():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     _barrier()
     if _rank0():
         if target.exists():
@@ -107,11 +116,16 @@ def require_checkpoint(ckpt_dir: str | Path) -> Path:
     return path
 
 
-def load(ckpt_dir: str | Path, sharded_state: dict) -> dict:
-    """Collective. Returns the loaded state (same structure as `sharded_state`, plain tensors)."""
+def load(ckpt_dir: str | Path, sharded_state: dict, *, part: bool = False) -> dict:
+    """Collective. Returns the loaded state (same structure as `sharded_state`, plain tensors).
+
+    part=True: `sharded_state` is only part of what the ranks hold (vapo-convert's mcore-to-hf
+    reads a model in bounded groups of tensors). megatron's check that the ranks together request
+    every shard of every tensor exactly once is skipped, and with it the only collective: each
+    rank reads alone (torch DCP's no_dist load)."""
     path = require_checkpoint(ckpt_dir)
     try:
-        return dist_checkpointing.load(sharded_state, str(path))
+        return dist_checkpointing.load(sharded_state, str(path), validate_access_integrity=not part)
     except (Exception, CheckpointException) as e:
         raise CheckpointError(f"{path}: {_describe_failure(e)}{_short_files(path)}") from e
 

@@ -44,6 +44,10 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     vpp: int | None = None
+    # Megatron's sequence parallelism: the [T, h] activations around norms, dropout and residuals
+    # are split over TP along the sequence (activation memory of those / TP). Needs TP > 1; at
+    # tp=1 there is nothing to split and it is off, as in Megatron-LM.
+    sequence_parallel: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,14 +88,15 @@ class AlgoConfig:
     nll_coef: float = 0.1
     value_clip: float | None = 0.5
     whiten_advantages: bool = False
-    # Component 1, value pretraining: critic-only steps before RL (0 disables).
+    # Component 1, value pretraining: critic-only iterations before RL (0 disables). Each is a
+    # full rollout iteration (trainer.total_steps' unit) with ppo_epochs x mini_batches critic
+    # updates. A run of value pretraining alone is trainer.total_steps=0 (RL steps come after these).
     value_pretrain_steps: int = 50
     # Stop value pretraining early once explained variance reaches this (None: run all steps).
     value_pretrain_ev_threshold: float | None = None
     # Optimizer passes over each step's rollouts, each split into mini_batches updates.
     ppo_epochs: int = 1
     mini_batches: int = 1
-    critic_warmup_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,6 @@ class DataConfig:
     schema: Literal["auto", "simple", "dapo"] = "auto"
     apply_chat_template: bool = True
     max_prompt_tokens: int = 2048
-    eval_max_prompts: int = 512
     seed: int = 1234
 
 
@@ -147,13 +151,35 @@ class SFTConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation on data.eval_files: before RL, every `every` RL steps, and at the end.
+    Greedy accuracy (eval/accuracy) and K sampled responses per prompt (eval/avg@K, eval/pass@k,
+    eval/maj@K; the paper reports AIME avg@32 at the training temperature). vapo-eval computes
+    the same figures for a saved model (docs/evaluation.md)."""
+
+    every: int = 10
+    max_prompts: int = 512  # the first this many eval prompts
+    n_samples: int = 1
+    temperature: float | None = None  # null: rollout.temperature
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
+    # Checkpoints, metrics and the HF export. Under slurm/vapo_train.sbatch, when neither the file
+    # nor an override sets it, the job's VAPO_RUN_DIR (runs/<job name>-<job id>) is used instead.
     run_dir: str = "runs/default"
+    # Units (docs/slurm.md, "Steps and wall time"): a step is one rollout iteration (sample, score,
+    # train); it makes algo.ppo_epochs x algo.mini_batches optimizer updates of each trained model.
+    # total_steps counts VAPO iterations after the algo.value_pretrain_steps critic-only ones;
+    # save_every and eval_every count iterations too. The paper's "steps" (5,000, Figure 1) are
+    # optimizer updates: 5,000 / 16 mini-batches = 313 iterations.
     total_steps: int = 100
     # Token budget of one micro-batch (padded prompt+response tokens), for both models.
     micro_batch_tokens: int = 16384
+    # Tokens per chunk of the actor's log-prob kernel: its one float32 work buffer is
+    # [chunk, padded vocab / TP] (1024 x 152k = 0.6 GB at TP=1); vapo-plan counts it.
+    logprob_chunk_tokens: int = 1024
     save_every: int = 50
-    eval_every: int = 10
     seed: int = 1234
     export_hf: bool = True
     deterministic: bool = False
@@ -164,6 +190,15 @@ class TrainerConfig:
     # Resume even though settings outside run_config.MAY_CHANGE_ON_RESUME differ from the run's
     # saved run_dir/config.yaml (the differences are logged); otherwise such a resume exits 2.
     allow_config_change: bool = False
+    # When the job must end (vapo_megatron/deadline.py): "slurm" (the Slurm job's end time, asked
+    # at every step; none outside a Slurm job), "none", or an ISO-8601 time such as
+    # "2026-11-23T10:00:00+00:00" (no zone: local time). Before each step the trainer checks that its
+    # longest step so far + its longest checkpoint save + deadline_margin_s fit; if not, it saves
+    # and exits for a requeue.
+    deadline: str = "slurm"
+    # Seconds kept free after that step and save: exit and requeue, and a step longer than any
+    # measured so far (the first save of a job is not measured yet either).
+    deadline_margin_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -177,10 +212,13 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
 # ---- loading -----------------------------------------------------------------------------
+
+MOVED_KEYS = {"trainer.eval_every": "eval.every", "data.eval_max_prompts": "eval.max_prompts"}
 
 def _from_dict(cls, data: dict, path: str, errors: list[str]):
     """Build dataclass `cls` from a plain dict. Unknown keys and wrong types are appended to
@@ -191,7 +229,10 @@ def _from_dict(cls, data: dict, path: str, errors: list[str]):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     where = f"{path}." if path else ""
     for name in sorted(set(data) - set(fields)):
-        errors.append(f"unknown config key {where}{name} (allowed: {', '.join(sorted(fields))})")
+        if f"{where}{name}" in MOVED_KEYS:
+            errors.append(f"config key {where}{name} is now {MOVED_KEYS[f'{where}{name}']}")
+        else:
+            errors.append(f"unknown config key {where}{name} (allowed: {', '.join(sorted(fields))})")
     kwargs = {}
     hints = {f.name: f.type for f in dataclasses.fields(cls)}
     defaults = cls()
@@ -253,14 +294,16 @@ def problems_error(problems: list[str]) -> ConfigError:
     return ConfigError(f"{len(problems)} invalid settings:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def load_config(path: str | None, overrides: list[str] = (), *, check: bool = True, check_paths: bool = True) -> Config:
+def load_config(path: str | None, overrides: list[str] = (), *, check: bool = True, check_paths: bool = True,
+                fallbacks: dict[str, str] | None = None) -> Config:
     """Load a YAML file, apply `a.b.c=value` overrides (YAML-typed values), validate, freeze.
 
     Unknown keys and wrong types always raise (listing all of them). With check=False the
     value checks of `validate` are left to the caller (vapo-train runs them, together with
     the checks against the launch and the files, in preflight.validate_startup). check_paths=False
     skips the checks that model and data paths exist (vapo-plan sizes a run on a machine that has
-    neither)."""
+    neither). `fallbacks` maps dotted keys to a launcher's values that apply only where neither the
+    file nor an override sets the key (the Slurm job's run dir: the user's choice wins)."""
     data: dict = {}
     if path is not None:
         if not os.path.isfile(path):
@@ -274,6 +317,9 @@ def load_config(path: str | None, overrides: list[str] = (), *, check: bool = Tr
         merged = OmegaConf.merge(OmegaConf.create(data), OmegaConf.from_dotlist(list(overrides)))
     except OmegaConfBaseException as e:
         raise ConfigError(f"bad command-line override: {e}") from None
+    for key, value in (fallbacks or {}).items():
+        if OmegaConf.select(merged, key) is None:
+            OmegaConf.update(merged, key, value)
     errors: list[str] = []
     cfg = _from_dict(Config, OmegaConf.to_container(merged, resolve=True), "", errors)
     if errors:
@@ -294,6 +340,12 @@ def validate(cfg: Config, *, check_paths: bool = True) -> None:
     problems = config_problems(cfg, check_paths=check_paths)
     if problems:
         raise problems_error(problems)
+
+
+def _is_iso_time(text: str) -> bool:
+    from vapo_megatron.deadline import parse_time
+
+    return parse_time(text) is not None
 
 
 def _optim_problems(key: str, o: OptimConfig) -> list[str]:
@@ -356,15 +408,20 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     require(0 < r.sglang_mem_fraction < 1, f"rollout.sglang_mem_fraction={r.sglang_mem_fraction} must be in (0, 1)")
     require(r.engine != "sglang_http" or len(r.sglang_urls) > 0, "rollout.engine=sglang_http needs rollout.sglang_urls")
     require(d.max_prompt_tokens >= 1, f"data.max_prompt_tokens={d.max_prompt_tokens} must be >= 1")
-    require(d.eval_max_prompts >= 1, f"data.eval_max_prompts={d.eval_max_prompts} must be >= 1")
+    for key, value in [("eval.every", cfg.eval.every), ("eval.max_prompts", cfg.eval.max_prompts), ("eval.n_samples", cfg.eval.n_samples)]:
+        require(value >= 1, f"{key}={value} must be >= 1")
+    require(cfg.eval.temperature is None or cfg.eval.temperature > 0, f"eval.temperature={cfg.eval.temperature} must be > 0 (or null)")
     require(t.micro_batch_tokens >= d.max_prompt_tokens + r.max_new_tokens,
             f"trainer.micro_batch_tokens={t.micro_batch_tokens} must hold one full sequence: "
             f"data.max_prompt_tokens + rollout.max_new_tokens = {d.max_prompt_tokens + r.max_new_tokens}")
+    require(t.logprob_chunk_tokens >= 1, f"trainer.logprob_chunk_tokens={t.logprob_chunk_tokens} must be >= 1")
     require(t.total_steps >= 0, f"trainer.total_steps={t.total_steps} must be >= 0")
     require(t.save_every >= 1, f"trainer.save_every={t.save_every} must be >= 1")
-    require(t.eval_every >= 1, f"trainer.eval_every={t.eval_every} must be >= 1")
     require(t.max_consecutive_skips >= 1, f"trainer.max_consecutive_skips={t.max_consecutive_skips} must be >= 1")
     require(bool(t.run_dir), "trainer.run_dir must name a directory")
+    require(t.deadline in ("slurm", "none") or _is_iso_time(t.deadline),
+            f"trainer.deadline={t.deadline!r} must be 'slurm', 'none' or an ISO-8601 time such as 2026-11-23T10:00:00+00:00")
+    require(t.deadline_margin_s >= 0, f"trainer.deadline_margin_s={t.deadline_margin_s} must be >= 0")
     require(cfg.parallel.tp >= 1, f"parallel.tp={cfg.parallel.tp} must be >= 1")
     require(cfg.parallel.pp >= 1, f"parallel.pp={cfg.parallel.pp} must be >= 1")
     require(cfg.parallel.vpp is None or (cfg.parallel.vpp >= 1 and cfg.parallel.pp >= 2),

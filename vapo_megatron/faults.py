@@ -17,6 +17,8 @@ Kill points (the process SIGKILLs itself: no handler, no cleanup, no flush):
 Poison points (queried with `poisoned`):
     nan_loss         the iteration's advantages and returns are NaN, so the actor and critic
                      losses and gradients are NaN (train.py)
+Signal points (`fault_point` sends the signal to this process and goes on):
+    usr1             SIGUSR1 after the rollout, as Slurm's --signal=USR1@T sends it mid-step
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import sys
 
 KILL_POINTS = ("rollout", "critic_update", "actor_update", "weight_sync", "checkpoint")
 POISON_POINTS = ("nan_loss",)
+SIGNAL_POINTS = {"usr1": signal.SIGUSR1}
 
 _iteration = -1  # published by the trainer (set_iteration); -1 before the first RL step
 
@@ -43,9 +46,9 @@ def _armed(point: str) -> bool:
         return False
     for item in spec.split(","):
         name, sep, when = item.strip().partition("@")
-        if not sep or not when.isdigit() or name not in KILL_POINTS + POISON_POINTS:
+        if not sep or not when.isdigit() or name not in KILL_POINTS + POISON_POINTS + tuple(SIGNAL_POINTS):
             raise ValueError(f"VAPO_FAULT={spec!r}: {item!r} is not point@iteration with point one of "
-                             f"{', '.join(KILL_POINTS + POISON_POINTS)}")
+                             f"{', '.join(KILL_POINTS + POISON_POINTS + tuple(SIGNAL_POINTS))}")
         if name == point and int(when) == _iteration:
             return True
     return False
@@ -53,7 +56,7 @@ def _armed(point: str) -> bool:
 
 def fault_point(point: str) -> None:
     """SIGKILL this process if VAPO_FAULT names `point` at the current iteration, after one line
-    on stdout saying so.
+    on stdout saying so (a signal point: send that signal instead).
 
     The line goes out in ONE write(2). print() writes the text and its newline in two calls, and
     under torchrun (workers run `python -u`, stdout unbuffered) every rank's stdout is one shared
@@ -61,6 +64,10 @@ def fault_point(point: str) -> None:
     VAPO_FAULT: killing rank 1 at rollout@1\n\n", which is no longer rank 0's line (the flaky
     tests/test_fault_injection.py failure of issue 13). One write of a short line to a regular
     file or a pipe is not split by another process's write."""
+    if point in SIGNAL_POINTS:
+        if _armed(point):
+            os.kill(os.getpid(), SIGNAL_POINTS[point])
+        return
     if _armed(point):
         line = f"[vapo] VAPO_FAULT: killing rank {os.environ.get('RANK', '0')} at {point}@{_iteration}\n"
         sys.stdout.flush()  # anything printed before goes first

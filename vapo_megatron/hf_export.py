@@ -12,11 +12,11 @@ import re
 from typing import Iterator
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from model_providers.family import Family
 from model_providers.mapping import TE_ALIASES, Row, mcore_to_hf, unshard
+from vapo_megatron import parallel
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
@@ -53,16 +53,18 @@ def tp_group_and_size():
     return parallel_state.get_tensor_model_parallel_group(), parallel_state.get_tensor_model_parallel_world_size()
 
 
-def gather_tp(param: Tensor, layout: str) -> Tensor:
-    """The full Megatron tensor of a (possibly) TP-sharded parameter."""
-    tensor = param.detach()
+def gather_tp(param: Tensor, layout: str, data: Tensor | None = None) -> Tensor:
+    """The full Megatron tensor of a (possibly) TP-sharded parameter. `data`: this rank's slice
+    when it is not the parameter's own (a meta parameter whose values were read from a
+    checkpoint); a CPU slice goes through the GPU when the group communicates with NCCL."""
+    tensor = param.detach() if data is None else data
     if not getattr(param, "tensor_model_parallel", False):
         return tensor
     group, tp = tp_group_and_size()
     if tp == 1:
         return tensor
     shards = [torch.empty_like(tensor) for _ in range(tp)]
-    dist.all_gather(shards, tensor.contiguous(), group=group)
+    parallel.all_gather(shards, tensor.contiguous(), group=group)
     return unshard(layout, shards, param.partition_dim)
 
 

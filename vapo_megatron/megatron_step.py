@@ -95,6 +95,8 @@ def forward_backward(
     # Micro-batches differ in shape (token-budget batching): let the pipeline send shapes.
     tcfg.variable_seq_lengths = True
     longest = max(int(mb.tokens.shape[1]) for mb in micro_batches)
+    if tcfg.sequence_parallel:  # actor._forward_step pads each micro-batch to a multiple of TP
+        longest = -(-longest // parallel.tp_size()) * parallel.tp_size()
     widest = max(int(mb.tokens.shape[0]) for mb in micro_batches)
     if len(model_chunks) > 1:
         data = [iter(micro_batches) for _ in model_chunks]
@@ -123,11 +125,11 @@ def reduce_metric_sums(outputs: list[dict]) -> dict[str, float]:
     holder = [sorted(local.items())]
     if parallel.pp_size() > 1:  # only the last stage computed losses
         last = dist.get_global_rank(parallel.pp_group(), parallel.pp_size() - 1)
-        dist.broadcast_object_list(holder, src=last, group=parallel.pp_group())
+        parallel.broadcast_object_list(holder, src=last, group=parallel.pp_group())
     keys = [k for k, _ in holder[0]]
     vals = torch.tensor([v for _, v in holder[0]], dtype=torch.float64)
     if parallel.dp_size() > 1 and len(keys):
-        dist.all_reduce(vals, group=parallel.dp_group())
+        parallel.all_reduce(vals, group=parallel.dp_group())
     return dict(zip(keys, vals.tolist()))
 
 
@@ -145,13 +147,13 @@ def grads_and_losses_finite(model_chunks: list, loss_finite: bool) -> bool:
     gradients elsewhere; a non-finite reduced value comes from a non-finite local one on some
     rank or shows up in its owner's shard, so the world-wide sum sees it either way.
     """
-    sq = torch.zeros((), dtype=torch.float64)
-    for chunk in model_chunks:
-        for buf in chunk.buffers + chunk.expert_parallel_buffers:
-            sq += torch.linalg.vector_norm(buf.grad_data).double().square()
+    # Squared norms summed where the buffers live (CUDA on GPUs): no CPU scalar += CUDA value.
+    squares = [torch.linalg.vector_norm(buf.grad_data).double().square()
+               for chunk in model_chunks for buf in chunk.buffers + chunk.expert_parallel_buffers]
+    sq = torch.stack(squares).sum().cpu() if squares else torch.zeros((), dtype=torch.float64)
     flags = torch.stack([sq, torch.tensor(0.0 if loss_finite else 1.0, dtype=torch.float64)])
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(flags)  # every rank takes the same decision (the step is collective)
+        parallel.all_reduce(flags)  # every rank takes the same decision (the step is collective)
     total_sq, bad_losses = flags.tolist()
     return bad_losses == 0 and math.isfinite(total_sq) and total_sq < FP32_MAX
 
@@ -183,4 +185,4 @@ def broadcast_from_last_stage(tensors: Iterable[torch.Tensor]) -> None:
         return
     last = dist.get_global_rank(parallel.pp_group(), parallel.pp_size() - 1)
     for t in tensors:
-        dist.broadcast(t, src=last, group=parallel.pp_group())
+        parallel.broadcast(t, src=last, group=parallel.pp_group())

@@ -253,7 +253,7 @@ def init_engine_groups(size: int):
     if tp_size() % size:
         raise ValueError(f"rollout.sglang_tp={size} must divide parallel.tp={tp_size()} (engines live inside TP groups)")
     tp_groups = [None] * dist.get_world_size()
-    dist.all_gather_object(tp_groups, dist.get_process_group_ranks(tp_group()))
+    all_gather_object(tp_groups, dist.get_process_group_ranks(tp_group()))
     blocks = sorted({tuple(g[i : i + size]) for g in tp_groups for i in range(0, len(g), size)})
     _ENGINE_GROUP, _ = dist.new_subgroups_by_enumeration([list(b) for b in blocks])
     return _ENGINE_GROUP
@@ -264,3 +264,85 @@ def engine_group():
     if _ENGINE_GROUP is None:
         raise RuntimeError("init_engine_groups() has not run")
     return _ENGINE_GROUP
+
+
+# ---- collectives: every torch.distributed call of the project goes through these -----------
+#
+# NCCL moves CUDA tensors only, gloo CPU tensors only (on GPUs the process groups are NCCL, on the
+# CPU gloo). Counts, metric sums and flags are small CPU tensors where they are made, so each
+# helper moves its tensors to the device the group's backend needs, runs the collective and
+# copies the result back into the caller's tensors, which stay where they were. A tensor already
+# on the right device (logits, weights) is used as it is, without a copy. The object collectives
+# and barrier are passed through: torch places their buffers itself (on the current CUDA device
+# for NCCL). tests/test_collectives.py fails when project code calls torch.distributed directly.
+
+def backend_device(group=None) -> torch.device | None:
+    """The device `group`'s backend communicates on: CUDA (the current device) for NCCL, the CPU
+    for gloo; None for any other backend (a mixed "cpu:gloo,cuda:nccl" group takes either, and
+    vapo-plan's fake group moves nothing), which leaves tensors where they are."""
+    backend = dist.get_backend(group)
+    if backend == dist.Backend.NCCL:
+        return torch.device("cuda", torch.cuda.current_device())
+    if backend == dist.Backend.GLOO:
+        return torch.device("cpu")
+    return None
+
+
+def _on(tensor: torch.Tensor, device: torch.device | None) -> torch.Tensor:
+    return tensor if device is None or tensor.device == device else tensor.to(device)
+
+
+def _back(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if src is not dst:
+        dst.copy_(src)
+
+
+def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None) -> torch.Tensor:
+    """In place on `tensor` (any device), as torch.distributed.all_reduce; returns it."""
+    work = _on(tensor, backend_device(group))
+    dist.all_reduce(work, op=op, group=group)
+    _back(tensor, work)
+    return tensor
+
+
+def broadcast(tensor: torch.Tensor, src: int, group=None) -> torch.Tensor:
+    """In place on `tensor`; `src` is a global rank, as in torch.distributed.broadcast."""
+    work = _on(tensor, backend_device(group))
+    dist.broadcast(work, src=src, group=group)
+    _back(tensor, work)
+    return tensor
+
+
+def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None) -> list[torch.Tensor]:
+    """Fills `tensor_list` (one tensor per group rank) as torch.distributed.all_gather."""
+    device = backend_device(group)
+    outs = [_on(t, device) for t in tensor_list]
+    dist.all_gather(outs, _on(tensor, device), group=group)
+    for dst, src in zip(tensor_list, outs):
+        _back(dst, src)
+    return tensor_list
+
+
+def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int = 0, group=None) -> None:
+    """torch.distributed.gather: `gather_list` on the global rank `dst` only."""
+    device = backend_device(group)
+    outs = None if gather_list is None else [_on(t, device) for t in gather_list]
+    dist.gather(_on(tensor, device), outs, dst=dst, group=group)
+    for out, src in zip(gather_list or [], outs or []):
+        _back(out, src)
+
+
+def all_gather_object(object_list: list, obj, group=None) -> None:
+    dist.all_gather_object(object_list, obj, group=group)
+
+
+def gather_object(obj, object_gather_list: list | None = None, dst: int = 0, group=None) -> None:
+    dist.gather_object(obj, object_gather_list, dst=dst, group=group)
+
+
+def broadcast_object_list(object_list: list, src: int, group=None) -> None:
+    dist.broadcast_object_list(object_list, src=src, group=group)
+
+
+def barrier(group=None) -> None:
+    dist.barrier(group=group)

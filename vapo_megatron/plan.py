@@ -1,7 +1,7 @@
 """vapo-plan: will a run fit on its GPUs? Per-GPU memory of actor, critic and the SGLang engine.
 
     vapo-plan --config configs/qwen2.5_32b_vapo.yaml --nodes 8 --gpus-per-node 8 [--gpu-memory-gib 80]
-              [--reserve-gib 5] [--preset qwen2.5-32b] [key=value overrides...]
+              [--reserve-gib G] [--preset qwen2.5-32b] [key=value overrides...]
 
 Nothing is loaded and no GPU is used. For each DISTINCT rank position (tp_rank, pp_rank; DP
 replicas are identical) megatron's parallel state is initialized inside this process with torch's
@@ -22,8 +22,9 @@ value head included. Bytes are then counted per rank (docs/slurm.md, "Sizing"):
 The model config comes from model.hf_path/config.json when that file exists; otherwise --preset
 NAME (model_providers.presets) must be given, and it is always said which one was used.
 
-Two phases per GPU, both must fit in --gpu-memory-gib minus --reserve-gib (CUDA context, NCCL
-buffers, allocator fragmentation, SGLang's CUDA graphs):
+Two phases per GPU, both must fit in --gpu-memory-gib minus a reserve, itemised per phase by
+reserve_parts (CUDA contexts of trainer and engine, NCCL buffers, the caching allocator, SGLang's
+buffers outside its static share); --reserve-gib replaces it by one flat figure:
   training  actor + critic parameters, gradients and optimizer state (both stay on the GPU all the
             time: the trainer offloads nothing) + the activations of the one model being trained;
             the SGLang engine has released its weights, KV cache and CUDA graphs
@@ -31,6 +32,8 @@ buffers, allocator fragmentation, SGLang's CUDA graphs):
   rollout   the same resident trainer state + the engine's static share, sglang_mem_fraction x GPU
             memory: SGLang sizes its KV cache as that share minus its weights (actor parameters in
             bf16 / rollout.sglang_tp per GPU). Assumes one engine TP rank on every GPU.
+Also printed: the size of one checkpoint (actor and critic: weights + fp32 master copy + Adam
+moments, what run_state saves) and the disk the kept checkpoints need.
 Exit status: 0 fits, 1 does not fit (each failing phase, rank and the amount over are printed),
 2 invalid configuration or layout.
 """
@@ -136,11 +139,61 @@ def state_bytes(n_params: int, *, dtype_bytes: int, dp: int, distributed_optimiz
     return params, grads, optim
 
 
-def layer_activation_bytes(hf_cfg: dict, *, tokens: int, tp: int, dtype_bytes: int) -> int:
+# ---- the reserve: what the trainer and the engine use besides tensors ---------------------------
+# Estimates, not measured on a GPU here (docs/slurm.md says so); scripts/gpu_check.py measures
+# torch.cuda.memory_reserved around the phase switches on a real GPU.
+# A CUDA context with PyTorch's kernels (CUDA 12 lazy loading) and cuBLAS workspaces, per process
+# on the GPU: the trainer's rank and the colocated engine's TP worker each have one, and the
+# engine's stays while it has released its memory.
+CUDA_CONTEXT_BYTES = int(0.75 * GIB)
+# One NCCL communicator on a GPU: NCCL_BUFFSIZE (4 MiB) x send/recv x up to 32 channels over
+# NVLink, about 0.25 GiB (NVLink SHARP, NCCL_NVLS_ENABLE, can add more). Counted for every group
+# of more than one rank that the trainer uses (world, TP, PP, DP) and the engine's TP group.
+NCCL_COMMUNICATOR_BYTES = int(0.25 * GIB)
+# PyTorch's caching allocator: the contiguous buffers (parameters, main_grad, optimizer state)
+# are allocated once; activations vary in size with every packed micro-batch and fragment the
+# cache: a quarter of the peak activations is kept for that during training. At the switch to
+# rollout the cache is emptied (gpu_memory.free_cached_memory), leaving only blocks pinned by
+# live small tensors.
+FRAGMENTATION_FRACTION = 0.25
+ROLLOUT_CACHE_BYTES = int(0.5 * GIB)
+# SGLang's memory outside mem_fraction_static (its forward activations, CUDA graph buffers,
+# sampling): its static share holds weights + KV cache only.
+SGLANG_RUNTIME_BYTES = int(1.5 * GIB)
+
+
+def reserve_parts(cfg: Config, *, world_size: int, dp: int, activations: int, phase: str) -> dict[str, int]:
+    """Bytes one GPU needs besides the counted tensors in `phase` ("training" or "rollout");
+    `activations` is the training peak's (the model being trained)."""
+    tp, pp, colocated = cfg.parallel.tp, cfg.parallel.pp, cfg.rollout.engine == "sglang"
+    groups = sum(size > 1 for size in (world_size, tp, pp, dp)) + (colocated and cfg.rollout.sglang_tp > 1)
+    parts = {"CUDA context, trainer": CUDA_CONTEXT_BYTES}
+    if colocated:
+        parts["CUDA context, engine"] = CUDA_CONTEXT_BYTES
+    parts[f"NCCL buffers ({groups} communicators)"] = groups * NCCL_COMMUNICATOR_BYTES
+    if phase == "training":
+        parts[f"allocator cache ({FRAGMENTATION_FRACTION:g} x activations)"] = int(FRAGMENTATION_FRACTION * activations)
+    else:
+        parts["allocator cache (emptied at the switch)"] = ROLLOUT_CACHE_BYTES
+        if colocated:
+            parts["SGLang buffers outside its static share"] = SGLANG_RUNTIME_BYTES
+    return parts
+
+
+def checkpoint_bytes(actor_params: int, critic_params: int, *, dtype_bytes: int) -> int:
+    """One saved checkpoint, all ranks together: every parameter once in the model's dtype, plus
+    Adam's state (fp32 master copy with bf16 parameters, exp_avg, exp_avg_sq); no gradients."""
+    per_param = dtype_bytes + (12 if dtype_bytes < 4 else 8)
+    return (actor_params + critic_params) * per_param
+
+
+def layer_activation_bytes(hf_cfg: dict, *, tokens: int, tp: int, dtype_bytes: int,
+                           sequence_parallel: bool = False) -> int:
     """Activations one transformer layer keeps for its backward pass, nothing recomputed, for
-    `tokens` tokens on one TP rank (no sequence parallelism, flash/fused attention: no T x T scores):
+    `tokens` tokens on one TP rank (flash/fused attention: no T x T scores):
       4h          [T, h] tensors replicated over TP: input_layernorm's input, linear_qkv's input,
-                  the residual entering pre_mlp_layernorm, linear_fc1's input
+                  the residual entering pre_mlp_layernorm, linear_fc1's input; with sequence
+                  parallelism each rank keeps its T/TP slice of them: 4h/TP
       (a+2g)d/TP  q, k, v (attention backward)
       ad/TP       attention output (kept by flash attention; also linear_proj's input)
       3f/TP       linear_fc1's output (gate and up) and the SwiGLU output (linear_fc2's input)
@@ -148,26 +201,34 @@ def layer_activation_bytes(hf_cfg: dict, *, tokens: int, tp: int, dtype_bytes: i
     h, f = hf_cfg["hidden_size"], hf_cfg["intermediate_size"]
     a, g = hf_cfg["num_attention_heads"], hf_cfg["num_key_value_heads"]
     d = hf_cfg["head_dim"] if "head_dim" in hf_cfg else h // a
-    per_token = 4 * h + ((a + 2 * g) * d + a * d + 3 * f) // tp
+    per_token = (4 * h // tp if sequence_parallel else 4 * h) + ((a + 2 * g) * d + a * d + 3 * f) // tp
     return dtype_bytes * tokens * per_token
 
 
+def logprob_buffer_bytes(tokens: int, vocab_shard: int, chunk_tokens: int) -> int:
+    """vocab_parallel's float32 work buffer: [min(chunk_tokens, tokens), vocab_shard]."""
+    return 4 * min(chunk_tokens, tokens) * vocab_shard
+
+
 def activation_bytes(hf_cfg: dict, *, tokens: int, tp: int, pp: int, vpp: int | None, inflight_microbatches: int,
-                     dtype_bytes: int, recompute: bool, logits_vocab: int) -> int:
+                     dtype_bytes: int, recompute: bool, logits_vocab: int, chunk_tokens: int,
+                     sequence_parallel: bool = False) -> int:
     """Peak activations of one model on one rank. recompute (full, uniform, one layer per group):
-    each layer keeps only its input [T, h], and the layer being back-propagated is recomputed in
-    full. logits_vocab: the padded vocabulary on the last stage of the actor (0 elsewhere and for
+    each layer keeps only its input [T, h] ([T/TP, h] with sequence parallelism), and the layer
+    being back-propagated is recomputed in full. logits_vocab: the padded vocabulary on the last stage of the actor (0 elsewhere and for
     the critic, whose value head is [T, 1]): vocab-parallel logits [T, V/TP] and their gradient,
-    for the one micro-batch the last stage holds (the log-prob kernel's float32 work buffers are
-    chunked, vocab_parallel.py)."""
+    for the one micro-batch the last stage holds, plus the log-prob kernel's one float32 work
+    buffer [min(chunk_tokens, T), V/TP] (vocab_parallel.py; trainer.logprob_chunk_tokens)."""
     # Layers with stored activations: in-flight (chunk) micro-batches x layers per (virtual) stage.
     n_layers = inflight_microbatches * (hf_cfg["num_hidden_layers"] // (pp * (vpp or 1)))
-    full_layer = layer_activation_bytes(hf_cfg, tokens=tokens, tp=tp, dtype_bytes=dtype_bytes)
+    full_layer = layer_activation_bytes(hf_cfg, tokens=tokens, tp=tp, dtype_bytes=dtype_bytes,
+                                        sequence_parallel=sequence_parallel)
     if recompute:
-        layers = n_layers * dtype_bytes * tokens * hf_cfg["hidden_size"] + full_layer
+        kept = tokens * hf_cfg["hidden_size"] // (tp if sequence_parallel else 1)
+        layers = n_layers * dtype_bytes * kept + full_layer
     else:
         layers = n_layers * full_layer
-    logits = 2 * dtype_bytes * tokens * (logits_vocab // tp)
+    logits = 2 * dtype_bytes * tokens * (logits_vocab // tp) + logprob_buffer_bytes(tokens, logits_vocab // tp, chunk_tokens)
     return layers + logits
 
 
@@ -190,13 +251,14 @@ class RankMemory:
     parts: dict
     training: int  # resident state + the larger of the two models' activations + reserve
     rollout: int  # resident state + the engine's share + reserve
+    reserve: dict  # phase -> {item: bytes}
 
 
 @dataclass(frozen=True)
 class Plan:
     world_size: int
     gpu_bytes: int
-    reserve_bytes: int
+    flat_reserve: int | None  # --reserve-gib, replacing the itemised reserve
     layout: tuple[int, int, int, int | None]  # tp, pp, dp, vpp
     shards: list[ShardSize]
     ranks: list[RankMemory]
@@ -205,6 +267,7 @@ class Plan:
     kv_cache: int  # per GPU
     kv_tokens: int  # per engine (= per GPU: every engine rank holds its share of every token)
     sequence_tokens: int
+    checkpoint: int  # bytes of one checkpoint (all ranks)
     problems: list[str]
 
 
@@ -215,7 +278,7 @@ def _padded_vocab(hf_cfg: dict, tp: int) -> int:
 
 
 def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, gpu_memory_gib: float,
-              reserve_gib: float) -> Plan:
+              reserve_gib: float | None = None) -> Plan:
     """Size `cfg` for `world_size` GPUs; `problems` lists what does not fit (empty: it fits)."""
     tp, pp, vpp = cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp
     dp = world_size // (tp * pp)
@@ -223,7 +286,7 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     params_dtype = torch.bfloat16 if dtype_bytes == 2 else torch.float32
     shards = shard_sizes(actor_hf, critic_hf, world_size=world_size, tp=tp, pp=pp, vpp=vpp, params_dtype=params_dtype)
     gpu = int(gpu_memory_gib * GIB)
-    reserve = int(reserve_gib * GIB)
+    flat = None if reserve_gib is None else int(reserve_gib * GIB)
     r = cfg.rollout
     colocated = r.engine == "sglang"  # embedded: a CPU/test engine; sglang_http: servers elsewhere
     engine_share = int(r.sglang_mem_fraction * gpu) if colocated else 0
@@ -233,6 +296,7 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     sequence = cfg.data.max_prompt_tokens + r.max_new_tokens
     T = cfg.trainer.micro_batch_tokens
     recompute = cfg.model.recompute_activations
+    sp = cfg.parallel.sequence_parallel and tp > 1  # off at tp=1 (config.py)
 
     ranks = []
     for s in shards:
@@ -243,20 +307,24 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
             last = s.pp_rank == pp - 1
             vocab = 0 if is_critic or not last else _padded_vocab(hf_cfg, tp)
             act = {rc: activation_bytes(hf_cfg, tokens=T, tp=tp, pp=pp, vpp=vpp, inflight_microbatches=s.inflight_microbatches,
-                                        dtype_bytes=dtype_bytes, recompute=rc, logits_vocab=vocab) for rc in (True, False)}
+                                        dtype_bytes=dtype_bytes, recompute=rc, logits_vocab=vocab, sequence_parallel=sp,
+                                        chunk_tokens=cfg.trainer.logprob_chunk_tokens) for rc in (True, False)}
             parts.update({f"{name} count": n, f"{name} parameters": p, f"{name} gradients": g, f"{name} optimizer state": o,
                           f"{name} activations": act[recompute], f"{name} activations, recompute": act[True],
                           f"{name} activations, no recompute": act[False]})
         resident = sum(parts[f"{m} {k}"] for m in ("actor", "critic") for k in ("parameters", "gradients", "optimizer state"))
-        training = resident + max(parts["actor activations"], parts["critic activations"]) + reserve
-        ranks.append(RankMemory(s.tp_rank, s.pp_rank, parts, training, resident + engine_share + reserve))
+        act = max(parts["actor activations"], parts["critic activations"])
+        reserve = {ph: {"--reserve-gib": flat} if flat is not None else
+                   reserve_parts(cfg, world_size=world_size, dp=dp, activations=act, phase=ph) for ph in ("training", "rollout")}
+        ranks.append(RankMemory(s.tp_rank, s.pp_rank, parts, resident + act + sum(reserve["training"].values()),
+                                resident + engine_share + sum(reserve["rollout"].values()), reserve))
 
     problems = []
     for phase in ("training", "rollout"):
         worst = max(ranks, key=lambda m: getattr(m, phase))
         need = getattr(worst, phase)
         if need > gpu:
-            problems.append(_overflow_message(phase, worst, need, gpu, reserve, engine_share, recompute))
+            problems.append(_overflow_message(phase, worst, need, gpu, sum(worst.reserve[phase].values()), engine_share, recompute))
     if colocated and kv_cache <= 0:
         problems.append(f"rollout: the SGLang engine's share rollout.sglang_mem_fraction={r.sglang_mem_fraction} x "
                         f"{gpu / GIB:.1f} GiB = {engine_share / GIB:.1f} GiB does not hold its weights "
@@ -266,8 +334,9 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
         problems.append(f"rollout: the SGLang KV cache holds {kv_tokens} tokens per engine, less than one full "
                         f"sequence of data.max_prompt_tokens + rollout.max_new_tokens = {sequence}; raise "
                         f"rollout.sglang_mem_fraction or rollout.sglang_tp")
-    return Plan(world_size, gpu, reserve, (tp, pp, dp, vpp), shards, ranks, engine_weights, engine_share,
-                kv_cache, kv_tokens, sequence, problems)
+    ckpt = checkpoint_bytes(sum(s.actor_unique for s in shards), sum(s.critic_unique for s in shards), dtype_bytes=dtype_bytes)
+    return Plan(world_size, gpu, flat, (tp, pp, dp, vpp), shards, ranks, engine_weights, engine_share,
+                kv_cache, kv_tokens, sequence, ckpt, problems)
 
 
 def _overflow_message(phase: str, m: RankMemory, need: int, gpu: int, reserve: int, engine_share: int,
@@ -307,7 +376,8 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
         f"model: {model_source}",
         f"layout: TP={tp} PP={pp} VPP={vpp or '-'} DP={dp}; params {cfg.model.dtype}; "
         f"distributed optimizer: actor {_yes(cfg.actor_optim.distributed_optimizer)}, critic {_yes(cfg.critic_optim.distributed_optimizer)}; "
-        f"full recompute: {_yes(cfg.model.recompute_activations)}; micro_batch_tokens={cfg.trainer.micro_batch_tokens}",
+        f"full recompute: {_yes(cfg.model.recompute_activations)}; "
+        f"sequence parallel: {_yes(cfg.parallel.sequence_parallel and tp > 1)}; micro_batch_tokens={cfg.trainer.micro_batch_tokens}",
         f"shards built on the meta device: {len(plan.shards)} distinct (tp_rank, pp_rank) positions x 2 models;",
         f"model parameters (TP-replicated ones once): actor {sum(s.actor_unique for s in plan.shards):,}, "
         f"critic {sum(s.critic_unique for s in plan.shards):,} (megatron's padded vocabulary)",
@@ -340,13 +410,26 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
             f"({plan.kv_tokens // plan.sequence_tokens} full sequences of {plan.sequence_tokens:,} tokens at once)")
     else:
         engine_line = f"rollout.engine={r.engine}: no SGLang engine on these GPUs, none sized (rollout = resident state)"
+    from vapo_megatron.run_state import KEEP_CHECKPOINTS
+
+    lines.append(f"  (each includes the reserve below; limit {plan.gpu_bytes / GIB:.1f} GiB)")
+    lines.append("")
+    lines.append(f"{'reserve per GPU, GiB, worst rank' + (' (--reserve-gib)' if plan.flat_reserve is not None else ''):<52}"
+                 f"{'training':>8}  {'rollout':>8}")
+    for item in dict.fromkeys([*worst.reserve["training"], *worst.reserve["rollout"]]):
+        tr, ro = worst.reserve["training"].get(item), worst.reserve["rollout"].get(item)
+        lines.append(f"  {item:<50}{_g(tr) if tr is not None else '':>8}  {_g(ro) if ro is not None else '':>8}")
+    lines.append(f"  {'total':<50}{_g(sum(worst.reserve['training'].values())):>8}  {_g(sum(worst.reserve['rollout'].values())):>8}")
+    ckpt = plan.checkpoint
     lines += [
-        f"  (each includes the --reserve-gib {plan.reserve_bytes / GIB:.1f} GiB; limit {plan.gpu_bytes / GIB:.1f} GiB)",
         "",
+        f"checkpoints: {ckpt / 1e9:,.1f} GB per save (actor + critic: {cfg.model.dtype} weights + Adam state, all ranks); "
+        f"{KEEP_CHECKPOINTS} kept, the next written before the oldest goes: {(KEEP_CHECKPOINTS + 1) * ckpt / 1e12:,.2f} TB "
+        f"of disk at peak in trainer.run_dir; every trainer.save_every={cfg.trainer.save_every} steps",
         engine_line,
         "assumptions: actor and critic parameters, gradients and optimizer state stay on every GPU in both phases "
         "(the trainer offloads nothing); during training the engine has released weights, KV cache and CUDA graphs; "
-        "during rollout no activations are held; one engine TP rank per GPU; flash attention, no sequence parallelism.",
+        "during rollout no activations are held (the trainer empties its allocator cache at each switch); one engine TP rank per GPU; flash attention.",
         "",
     ]
     if plan.problems:
@@ -385,9 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, required=True)
     ap.add_argument("--gpus-per-node", type=int, required=True)
     ap.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory of one GPU (default 80)")
-    ap.add_argument("--reserve-gib", type=float, default=5.0,
-                    help="kept free on every GPU for the CUDA context, NCCL buffers, fragmentation and SGLang's CUDA "
-                         "graphs (default 5)")
+    ap.add_argument("--reserve-gib", type=float, default=None,
+                    help="one flat figure kept free on every GPU instead of the itemised reserve (CUDA contexts, NCCL "
+                         "buffers, allocator cache, SGLang's buffers; printed)")
     ap.add_argument("--preset", default=None,
                     help="model config by name (model_providers.presets), for planning without the model files; "
                          "otherwise model.hf_path/config.json is read")

@@ -23,7 +23,9 @@ from vapo_megatron import parallel
 from vapo_megatron.batch import RolloutBatch, pack_sequences
 from vapo_megatron.config import Config, ConfigError
 from vapo_megatron.data.prompts import PromptRecord, load_prompts
+from vapo_megatron.gpu_memory import free_cached_memory
 from vapo_megatron.rewards import build_reward_fn, score_batch
+from vapo_megatron.rewards.answers import AnswerKey
 from vapo_megatron.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 
 
@@ -36,20 +38,27 @@ class Rollout:
     n: int
 
 
-def _build_engine(cfg: Config) -> RolloutEngine | None:
-    """Collective (colocated SGLang starts its engines together). None on ranks with no engine."""
+def _build_engine(cfg: Config, *, with_weights: bool = True) -> RolloutEngine | None:
+    """Collective (colocated SGLang starts its engines together). None on ranks with no engine.
+    with_weights=False: model.hf_path holds only config and tokenizer (a trainer checkpoint's
+    hf/); the engine starts with placeholder weights, which the first weight sync replaces."""
     r = cfg.rollout
     if r.engine == "sglang":
         from vapo_megatron.rollout.sglang_engine import SGLangEngine
 
         return SGLangEngine.colocated(model_path=cfg.model.hf_path, tp_size=r.sglang_tp, mem_fraction=r.sglang_mem_fraction,
-                                      dtype=cfg.model.dtype, seed=cfg.trainer.seed)
+                                      dtype=cfg.model.dtype, seed=cfg.trainer.seed,
+                                      deterministic=cfg.trainer.deterministic, load_format="auto" if with_weights else "dummy")
     if not (parallel.tp_rank() == 0 and parallel.pp_rank() == 0):
         return None
     if r.engine == "embedded":
+        from transformers import AutoConfig
+
         from vapo_megatron.rollout.embedded import EmbeddedEngine
 
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+        if not with_weights:
+            return EmbeddedEngine.from_hf_config(AutoConfig.from_pretrained(cfg.model.hf_path), dtype=dtype, device=str(parallel.device()))
         return EmbeddedEngine.from_pretrained(cfg.model.hf_path, dtype=dtype, device=str(parallel.device()))
     from vapo_megatron.rollout.sglang_engine import SGLangEngine
     from vapo_megatron.rollout.sglang_http import HttpEngine
@@ -62,7 +71,7 @@ def generating_ranks(engine: RolloutEngine | None) -> list[int]:
     generate, in group order (the order their prompt shares are assigned in)."""
     mp_group = parallel.model_parallel_group()
     flags = [False] * dist.get_world_size(mp_group)
-    dist.all_gather_object(flags, engine is not None and engine.generates, group=mp_group)
+    parallel.all_gather_object(flags, engine is not None and engine.generates, group=mp_group)
     ranks = [r for r, f in zip(dist.get_process_group_ranks(mp_group), flags) if f]
     if not ranks:
         raise RuntimeError("no rank of this model replica holds a rollout engine")
@@ -94,6 +103,8 @@ class RolloutContext:
     # What loading kept and skipped, per split and reason (data/train_skipped/too_long, ...):
     # logged once at the start of a run so that skipped prompts are visible in the metrics.
     data_stats: dict[str, float] = field(default_factory=dict)
+    # Answer extraction and equivalence for maj@K (sampled_eval.py); its pool starts at first use.
+    answers: AnswerKey | None = None
 
     @classmethod
     def build(cls, cfg: Config) -> "RolloutContext":
@@ -112,7 +123,7 @@ class RolloutContext:
             evals, stats = load_prompts(list(d.eval_files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
                                         apply_chat_template=d.apply_chat_template, schema=d.schema)
             data_stats |= _load_metrics("eval", stats)
-            evals = evals[: d.eval_max_prompts]
+            evals = evals[: cfg.eval.max_prompts]
         sft: list[PromptRecord] = []
         if cfg.sft.steps > 0:
             sft, stats = load_prompts(list(cfg.sft.files), tokenizer, max_prompt_tokens=d.max_prompt_tokens,
@@ -123,7 +134,8 @@ class RolloutContext:
         # EOS first: it is also what an empty response is given (see score()).
         stops = tuple(dict.fromkeys(t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None))
         engine = _build_engine(cfg)
-        return cls(cfg, hf_cfg, tokenizer, train, evals, reward_fn, engine, stops, sft, generating_ranks(engine), data_stats)
+        answers = AnswerKey(cfg.reward.fn, timeout_s=cfg.reward.timeout_s)
+        return cls(cfg, hf_cfg, tokenizer, train, evals, reward_fn, engine, stops, sft, generating_ranks(engine), data_stats, answers)
 
     def dp_share(self, records: list) -> list:
         """This DP rank's contiguous share (whole prompt groups stay on one rank)."""
@@ -161,8 +173,8 @@ class RolloutContext:
         ], dtype=torch.float64)
         max_len = torch.tensor([float(rl.max())])
         if parallel.dp_size() > 1:
-            dist.all_reduce(stats, group=parallel.dp_group())
-            dist.all_reduce(max_len, op=dist.ReduceOp.MAX, group=parallel.dp_group())
+            parallel.all_reduce(stats, group=parallel.dp_group())
+            parallel.all_reduce(max_len, op=dist.ReduceOp.MAX, group=parallel.dp_group())
         total, n_correct, count, length_sum, truncated, timeouts, errors = stats.tolist()
         logs = {
             "reward/mean": total / count,
@@ -176,6 +188,8 @@ class RolloutContext:
         return batch, logs
 
     def close(self) -> None:
+        if self.answers is not None:
+            self.answers.close()
         if self.engine is not None and hasattr(self.engine, "shutdown"):
             self.engine.shutdown()
 
@@ -190,6 +204,7 @@ def _generate_and_share(ctx: RolloutContext, prompts: list[PromptRecord], params
         start = ctx.generators.index(dist.get_rank()) * per
         share = prompts[start : start + per]
         if share:
+            free_cached_memory()  # weight-sync buckets and training leftovers, before the KV cache returns
             ctx.engine.resume_memory(("kv_cache", "cuda_graph"))
             outs = ctx.engine.generate([p.prompt_ids for p in share], replace(params, seed=params.seed + start * params.n))
             ctx.engine.release_memory(("kv_cache", "cuda_graph"))
@@ -198,7 +213,7 @@ def _generate_and_share(ctx: RolloutContext, prompts: list[PromptRecord], params
     if dist.get_world_size(mp_group) == 1:
         return mine
     gathered: list = [None] * dist.get_world_size(mp_group)
-    dist.all_gather_object(gathered, mine, group=mp_group)
+    parallel.all_gather_object(gathered, mine, group=mp_group)
     by_rank = dict(zip(dist.get_process_group_ranks(mp_group), gathered))
     return [o for r in ctx.generators for o in by_rank[r]]
 
@@ -208,6 +223,7 @@ def release_engine_weights(ctx: RolloutContext) -> None:
     ends the step loads them again (SGLang; the embedded engine keeps its weights)."""
     if ctx.engine is not None:
         ctx.engine.release_memory(("weights",))
+    free_cached_memory()  # the rollout phase's blocks: training starts from an empty cache
 
 
 def collect_rollouts(ctx: RolloutContext, global_prompts: list[PromptRecord], *, seed: int) -> Rollout:
@@ -230,5 +246,5 @@ def evaluate(ctx: RolloutContext, records: list[PromptRecord] | None = None) -> 
         correct = float(ok.sum())
     t = torch.tensor([correct], dtype=torch.float64)
     if parallel.dp_size() > 1:
-        dist.all_reduce(t, group=parallel.dp_group())
+        parallel.all_reduce(t, group=parallel.dp_group())
     return float(t) / max(len(records), 1)

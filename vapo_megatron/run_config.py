@@ -26,8 +26,9 @@ CONFIG_FILE = "config.yaml"
 # resumed steps compute or what the checkpoint holds, and is refused.
 MAY_CHANGE_ON_RESUME: dict[str, tuple[tuple[str, ...], str]] = {
     "length and cadence": (
-        ("trainer.total_steps", "trainer.save_every", "trainer.eval_every"),
-        "when the run stops, checkpoints and evaluates; no step computes differently",
+        ("trainer.total_steps", "trainer.save_every", "eval.every", "eval.n_samples", "eval.temperature",
+         "eval.max_prompts"),
+        "when the run stops, checkpoints and evaluates, and how it measures; no step computes differently",
     ),
     "logging and outputs": (
         ("trainer.tensorboard", "trainer.export_hf"),
@@ -38,12 +39,13 @@ MAY_CHANGE_ON_RESUME: dict[str, tuple[tuple[str, ...], str]] = {
         "when to give up, and this check itself",
     ),
     "layout": (
-        ("parallel.tp", "parallel.pp", "parallel.vpp"),
+        ("parallel.tp", "parallel.pp", "parallel.vpp", "parallel.sequence_parallel"),
         "dist checkpoints load at any TP/PP layout (run_state.py); a new world size only loses "
         "the bitwise RNG continuation, and the resume says so",
     ),
     "memory and transport": (
-        ("trainer.micro_batch_tokens", "model.recompute_activations", "rollout.weight_sync_bucket_mb",
+        ("trainer.micro_batch_tokens", "trainer.logprob_chunk_tokens", "model.recompute_activations",
+         "rollout.weight_sync_bucket_mb",
          "rollout.sglang_mem_fraction", "rollout.sglang_urls"),
         "losses are sums over micro-batches and recomputation is exact, so these change memory "
         "and speed, not results; server addresses change between allocations",

@@ -36,6 +36,7 @@ from vapo_megatron.checkpoint_io import model_sharded_state
 from vapo_megatron.config import Config, to_dict
 from vapo_megatron.convert import write_source_files
 from vapo_megatron.data.prompts import PromptSampler
+from vapo_megatron.gpu_memory import free_cached_memory
 from vapo_megatron.hf_import import load_hf_weights
 from vapo_megatron.megatron_step import build_optimizer, wrap_ddp
 from vapo_megatron.updates import TrainModel
@@ -83,7 +84,8 @@ def build_models(cfg: Config, hf_cfg: dict) -> tuple[TrainModel, TrainModel]:
 
 def _build(cfg: Config, hf_dir: str, hf_cfg: dict, *, critic: bool) -> TrainModel:
     family = model_providers.family_for(hf_cfg)
-    chunks = build_chunks(hf_cfg, params_dtype=param_dtype(cfg), critic=critic, recompute=cfg.model.recompute_activations)
+    chunks = build_chunks(hf_cfg, params_dtype=param_dtype(cfg), critic=critic, recompute=cfg.model.recompute_activations,
+                          sequence_parallel=cfg.parallel.sequence_parallel)
     load_hf_weights(chunks, family, hf_cfg, hf_dir, critic=critic)
     optim = cfg.critic_optim if critic else cfg.actor_optim
     chunks = wrap_ddp(chunks, distributed_optimizer=optim.distributed_optimizer)
@@ -130,6 +132,7 @@ def sync_weights(actor: TrainModel, engine, *, version: int, cfg: Config) -> Non
     """Step 8: stream the actor's weights (HF names, full tensors) into the rollout engines."""
     from vapo_megatron.rollout.weight_sync import sync_weights as stream
 
+    free_cached_memory()  # the updates' activations, before the engine takes its weights back
     stream(actor.modules, actor.family, actor.hf_cfg, engine, version=version,
            bucket_bytes=cfg.rollout.weight_sync_bucket_mb << 20)
     faults.fault_point("weight_sync")  # test-only (faults.py): the engine is ahead of the checkpoint
@@ -155,7 +158,7 @@ def _model_state(model: TrainModel, *, loading: bool) -> dict:
 
 def _barrier() -> None:
     if dist.is_initialized():
-        dist.barrier()
+        parallel.barrier()
 
 
 def _fsync(path: Path) -> None:
@@ -336,7 +339,7 @@ def _on_every_rank(step: Callable[[], T]) -> T:
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - any damage means: try an older one
         reason = _one_line(e)
     reasons = [""] * dist.get_world_size()
-    dist.all_gather_object(reasons, reason)
+    parallel.all_gather_object(reasons, reason)
     bad = next((r for r in reasons if r), "")
     if bad:
         raise CheckpointCorrupt(bad)

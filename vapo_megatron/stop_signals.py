@@ -3,7 +3,8 @@
 SIGUSR1 comes from Slurm before a time limit (`--signal=USR1@T`) or by hand (`scancel
 --signal=USR1`); SIGTERM from preemption, scancel, or torchrun shutting its workers down. The
 trainer only records the signal here and acts on it at its next safe point (the end of a step):
-checkpoint, then exit with PREEMPTED_EXIT_CODE so that the launcher requeues (slurm/vapo_train.sbatch).
+checkpoint, then exit with PREEMPTED_EXIT_CODE; after SIGUSR1 it also asks the launcher for a
+requeue (`request_requeue`, slurm/vapo_train.sbatch). A SIGUSR1 during the final step finishes the run.
 
 Why SIGUSR1 is blocked, not just handled: Slurm delivers it to every process of the job step,
 the trainer's helper processes included: reward workers, SGLang's processes, and megatron's
@@ -22,6 +23,7 @@ KillWait (GraceTime for preemption), so a checkpoint on SIGTERM is best effort.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -50,3 +52,13 @@ class StopSignals:
     def _watch_usr1(self) -> None:
         while True:
             self.signum = signal.sigwait({signal.SIGUSR1})
+
+
+def request_requeue() -> None:
+    """Ask the launcher for a requeue: create the file named by VAPO_REQUEUE_FILE (set by
+    slurm/vapo_train.sbatch's per-node shell, which requeues the job when it exists after torchrun
+    has exited; torchrun's own exit status does not carry the worker's). No-op without it."""
+    path = os.environ.get("VAPO_REQUEUE_FILE")
+    if path:
+        with open(path, "a"):
+            pass

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -28,10 +29,12 @@ from vapo_megatron.algorithms.losses import masked_moment_sums, whiten
 from vapo_megatron.batch import pad_ragged, to_sequence
 from vapo_megatron.config import Config, ConfigError, load_config
 from vapo_megatron.data.prompts import PromptDataError
+from vapo_megatron.deadline import Deadline, StepClock
 from vapo_megatron.metrics import MetricsLogger
 from vapo_megatron.phase_timer import PhaseTimer
 from vapo_megatron.preflight import validate_startup
 from vapo_megatron.rollout_collect import RolloutContext, collect_rollouts, evaluate, release_engine_weights
+from vapo_megatron.sampled_eval import sample_eval
 from vapo_megatron.run_state import (
     CheckpointCorrupt,
     RunState,
@@ -41,7 +44,7 @@ from vapo_megatron.run_state import (
     start_critic_from_policy,
     sync_weights,
 )
-from vapo_megatron.stop_signals import StopSignals
+from vapo_megatron.stop_signals import StopSignals, request_requeue
 from vapo_megatron.updates import (
     NonFiniteError,
     batch_padding_ratio,
@@ -51,7 +54,7 @@ from vapo_megatron.updates import (
     update_critic,
 )
 
-PREEMPTED_EXIT_CODE = 3  # checkpoint written after SIGUSR1/SIGTERM; the launcher may requeue
+PREEMPTED_EXIT_CODE = 3  # checkpoint written after SIGUSR1/SIGTERM or at the deadline; the launcher may requeue
 NON_FINITE_EXIT_CODE = 4  # trainer.max_consecutive_skips optimizer steps in a row had NaN/Inf
 
 
@@ -59,6 +62,8 @@ class Trainer:
     def __init__(self, cfg: Config, stop: StopSignals):
         self.cfg = cfg
         self.stop = stop  # SIGUSR1/SIGTERM, acted on at the next safe point (end of a step)
+        self.deadline = Deadline.from_setting(cfg.trainer.deadline, cfg.trainer.deadline_margin_s)
+        self.clock = StepClock()  # longest step and save so far, for the deadline
         self.layout = parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, seed=cfg.trainer.seed)
         torch.manual_seed(cfg.trainer.seed)
         if cfg.trainer.deterministic:
@@ -96,21 +101,26 @@ class Trainer:
                   "nothing to train", flush=True)
         self.timer.start()
         while self.state.iteration < self.total_iterations:
+            t0 = time.perf_counter()
             self.train_step()
             self.state.iteration += 1
             it = self.state.iteration
-            if self.ctx.eval_records and it > cfg.algo.value_pretrain_steps and (it - cfg.algo.value_pretrain_steps) % cfg.trainer.eval_every == 0 and it < self.total_iterations:
+            if self.ctx.eval_records and it > cfg.algo.value_pretrain_steps and (it - cfg.algo.value_pretrain_steps) % cfg.eval.every == 0 and it < self.total_iterations:
                 with self.timer("eval"):
                     self.log_eval("periodic")
-            if self._should_stop():
-                save_run_state(cfg, self.state, self.actor, self.critic, self.ctx)
+            self.clock.add_step(time.perf_counter() - t0)
+            reason = self._should_stop(final=it == self.total_iterations)
+            if reason:
+                self._save()
+                if reason != "SIGTERM":  # SIGTERM: preempted (Slurm requeues) or cancelled (it must not)
+                    request_requeue()
                 if parallel.is_rank0():
-                    print(f"[vapo] stop requested by signal: checkpoint at iteration {it} written, exiting with "
+                    print(f"[vapo] stop ({reason}): checkpoint at iteration {it} written, exiting with "
                           f"{PREEMPTED_EXIT_CODE}", flush=True)
                 return PREEMPTED_EXIT_CODE
             if it % cfg.trainer.save_every == 0 and it < self.total_iterations:
                 with self.timer("checkpoint"):
-                    save_run_state(cfg, self.state, self.actor, self.critic, self.ctx)
+                    self._save()
         if self.ctx.eval_records:
             self.log_eval("final")
         save_run_state(cfg, self.state, self.actor, self.critic, self.ctx, final=True)
@@ -126,12 +136,13 @@ class Trainer:
             rollout = collect_rollouts(self.ctx, prompts, seed=self._rollout_seed())      # 2
             release_engine_weights(self.ctx)  # colocated SGLang: its GPU memory goes to training until step 8
         faults.fault_point("rollout")
+        faults.fault_point("usr1")
         with timed("reward"):
             batch, reward_logs = self.ctx.score(rollout)                                  # 3
         with timed("score"):
             batch.old_logp, entropy, batch.values = score_with_models(                    # 4
                 self.actor, self.critic, batch, temperature=cfg.rollout.temperature,
-                max_tokens=cfg.trainer.micro_batch_tokens,
+                max_tokens=cfg.trainer.micro_batch_tokens, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
             )
         batch.advantages, batch.returns = compute_advantages(batch, algo, value_pretrain=phase == "value_pretrain")  # 5
         if algo.whiten_advantages:
@@ -194,10 +205,18 @@ class Trainer:
             start_critic_from_policy(self.actor, self.critic)
 
     def log_eval(self, when: str) -> None:
+        """Greedy accuracy and the sampled figures (eval/avg@K, eval/pass@k, eval/maj@K). The
+        sampled eval always uses the same seed: checkpoints are compared on the same draws."""
         acc = evaluate(self.ctx)
-        self.logger.log(self.state.iteration, "eval", {"eval/accuracy": acc, f"eval/accuracy_{when}": acc})
+        e = self.cfg.eval
+        sampled = sample_eval(self.ctx, self.ctx.eval_records, n=e.n_samples, seed=self.cfg.trainer.seed,
+                              temperature=self.cfg.rollout.temperature if e.temperature is None else e.temperature)
+        figures = {f"eval/{k}": v for k, v in sampled.summary.items()} if sampled is not None else {}  # rank 0 only
+        self.logger.log(self.state.iteration, "eval", {"eval/accuracy": acc, f"eval/accuracy_{when}": acc, **figures})
         if parallel.is_rank0():
-            print(f"[vapo] eval ({when}) at iteration {self.state.iteration}: accuracy {acc:.3f}", flush=True)
+            K = e.n_samples
+            print(f"[vapo] eval ({when}) at iteration {self.state.iteration}: accuracy {acc:.3f}, avg@{K} "
+                  f"{figures[f'eval/avg@{K}']:.3f}, pass@{K} {figures[f'eval/pass@{K}']:.3f}, maj@{K} {figures[f'eval/maj@{K}']:.3f}", flush=True)
 
     # ---- helpers ---------------------------------------------------------------------------
 
@@ -206,6 +225,7 @@ class Trainer:
         return PolicyLossSettings(
             eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c, loss_agg=a.loss_agg,
             nll_coef=a.nll_coef, temperature=self.cfg.rollout.temperature,
+            chunk_tokens=self.cfg.trainer.logprob_chunk_tokens,
         )
 
     def _rollout_seed(self) -> int:
@@ -222,25 +242,44 @@ class Trainer:
     def _whiten(self, batch):
         sums = masked_moment_sums(batch.advantages, batch.mask).double()
         if parallel.dp_size() > 1:
-            dist.all_reduce(sums, group=parallel.dp_group())
+            parallel.all_reduce(sums, group=parallel.dp_group())
         return whiten(batch.advantages, batch.mask, sums)
 
     def _global_sum(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64)
         if parallel.dp_size() > 1:
-            dist.all_reduce(t, group=parallel.dp_group())
+            parallel.all_reduce(t, group=parallel.dp_group())
         return float(t)
 
     def _global_mean(self, x: torch.Tensor, mask: torch.Tensor) -> float:
         t = torch.tensor([float((x * mask).sum()), float(mask.sum())], dtype=torch.float64)
         if parallel.dp_size() > 1:
-            dist.all_reduce(t, group=parallel.dp_group())
+            parallel.all_reduce(t, group=parallel.dp_group())
         return float(t[0] / t[1].clamp(min=1))
 
-    def _should_stop(self) -> bool:
-        flag = torch.tensor([self.stop.signum], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
-        return bool(flag.item())
+    def _save(self) -> None:
+        t0 = time.perf_counter()
+        save_run_state(self.cfg, self.state, self.actor, self.critic, self.ctx)
+        self.clock.add_save(time.perf_counter() - t0)
+
+    def _should_stop(self, *, final: bool) -> str:
+        """Collective: why every rank stops after this step, "" to go on. A signal on any rank, or
+        rank 0's finding that the next step and a save no longer fit before the deadline. After
+        the final step only SIGTERM stops: finishing (final eval, export) beats a requeue that
+        would redo them."""
+        fits, why = (True, "") if final or not parallel.is_rank0() else self.deadline.next_step_fits(self.clock)
+        flag = torch.tensor([self.stop.signum, int(not fits)], dtype=torch.int64)
+        parallel.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step (SIGTERM > SIGUSR1)
+        signum, late = int(flag[0]), bool(flag[1])
+        if signum == signal.SIGTERM or (signum and not final):
+            return signal.Signals(signum).name
+        if signum and parallel.is_rank0():
+            print("[vapo] SIGUSR1 during the final step: finishing the run (final eval, save, export), no requeue", flush=True)
+        if late:
+            if parallel.is_rank0():
+                print(f"[vapo] deadline: {why}", flush=True)
+            return "deadline"
+        return ""
 
     def close(self) -> None:
         self.logger.close()
@@ -253,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
     args = parser.parse_args(argv)
     try:  # every setting checked, against the launch and the files, before anything is built
-        cfg = load_config(args.config, args.overrides, check=False)
+        # The Slurm job's run dir (slurm/vapo_train.sbatch) only where the file and overrides name none.
+        job_run_dir = {"trainer.run_dir": os.environ["VAPO_RUN_DIR"]} if os.environ.get("VAPO_RUN_DIR") else None
+        cfg = load_config(args.config, args.overrides, check=False, fallbacks=job_run_dir)
         validate_startup(cfg, world_size=parallel.launcher_env()[1])
         run_config.check_resume(cfg, announce=parallel.launcher_env()[0] == 0)  # vs. run_dir/config.yaml
     except ConfigError as e:

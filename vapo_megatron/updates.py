@@ -61,13 +61,14 @@ def _assemble(batch: RolloutBatch, plan: list[list[int]], outputs: list[dict] | 
 
 
 def score_with_models(actor: TrainModel, critic: TrainModel, batch: RolloutBatch, *, temperature: float,
-                      max_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      max_tokens: int, chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Step 4: trainer-side old log-probs, their entropy, and critic values, all [B, S].
 
     Old log-probs are recomputed by the trainer, not taken from the rollout engine (sec. 3).
     """
     plan, micro = micro_batches(batch, max_tokens)
-    logp_out = actor_mod.compute_logprobs(actor.chunks, micro, temperature=temperature, vocab_size=actor.vocab_size)
+    logp_out = actor_mod.compute_logprobs(actor.chunks, micro, temperature=temperature, vocab_size=actor.vocab_size,
+                                          chunk_tokens=chunk_tokens)
     value_out = critic_mod.compute_values(critic.chunks, micro)
     mask = batch.mask
     old_logp = _assemble(batch, plan, logp_out, "logp") * mask
@@ -157,7 +158,7 @@ def explained_variance(batch: RolloutBatch) -> float:
     keys = sorted(sums)
     vec = torch.tensor([float(sums[k]) for k in keys], dtype=torch.float64)
     if parallel.dp_size() > 1:
-        torch.distributed.all_reduce(vec, group=parallel.dp_group())
+        parallel.all_reduce(vec, group=parallel.dp_group())
     ev = explained_variance_from_sums(dict(zip(keys, vec)))
     return float(ev) if math.isfinite(float(ev)) else float("nan")
 

@@ -52,7 +52,7 @@ def sft_steps(cfg, actor: TrainModel, ctx, *, start: int) -> Iterator[tuple[int,
     sft_optim = dataclasses.replace(cfg.actor_optim, lr=s.lr, warmup_steps=0)
     model = dataclasses.replace(actor, optimizer=build_optimizer(actor.chunks, sft_optim, params_dtype=param_dtype(cfg)))
     settings = PolicyLossSettings(eps_low=0.2, eps_high=0.2, dual_clip_c=None, loss_agg="token",
-                                  nll_coef=1.0, temperature=1.0)
+                                  nll_coef=1.0, temperature=1.0, chunk_tokens=cfg.trainer.logprob_chunk_tokens)
     for step in range(start, s.steps):
         batch = _sft_batch(ctx.dp_share(sampler.next_batch()), ctx.tokenizer, ctx.stop_token_ids[0])
         logs = update_actor(model, batch, settings, mini_batches=1, epochs=1,

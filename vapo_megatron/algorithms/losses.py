@@ -104,7 +104,8 @@ def sample_level_policy_loss_sum(
 
     Same per-token terms as policy_loss_sum; each response's terms are averaged over its own
     length first (so long responses weigh as much as short ones), then summed; divide by the
-    global number of responses. Responses with no real token contribute 0. Metrics as in
+    global number of non-empty responses (normalization.GlobalCounts.responses). Responses with no
+    real token contribute 0. Metrics as in
     policy_loss_sum (token sums), plus "responses" (responses with at least one token).
     """
     real = _real(mask)

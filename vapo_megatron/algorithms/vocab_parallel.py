@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from vapo_megatron import parallel
+
 
 def _group_size(group) -> int:
     return 1 if group is None else dist.get_world_size(group)
@@ -61,7 +63,7 @@ class _VocabParallelLogProbs(torch.autograd.Function):
                 gmax[s : s + chunk_tokens] = flat[s : s + chunk_tokens, :Vs].amax(dim=-1).float()
         gmax.div_(temperature)
         if world > 1:
-            dist.all_reduce(gmax, op=dist.ReduceOp.MAX, group=tp_group)
+            parallel.all_reduce(gmax, op=dist.ReduceOp.MAX, group=tp_group)
 
         # Pass 2: per chunk, t = logits / T - max in one float32 [chunk, V/TP] buffer (the only
         # temporary), then overwritten in place: e = exp(t), then e * log(e) = e * t.
@@ -86,7 +88,7 @@ class _VocabParallelLogProbs(torch.autograd.Function):
                 sums[e, 2] = t.xlogy_(t).sum(dim=-1)  # xlogy(0, 0) = 0 where exp underflowed
             del t
         if world > 1:
-            dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=tp_group)
+            parallel.all_reduce(sums, op=dist.ReduceOp.SUM, group=tp_group)
         log_z = torch.log(sums[:, 0])  # [N]: logsumexp(logits / T) - max
         logp = sums[:, 1] - log_z
         if with_entropy:
@@ -140,7 +142,7 @@ def vocab_parallel_logprobs_entropy(
     tp_group,
     vocab_start: int,
     temperature: float = 1.0,
-    chunk_tokens: int = 4096,
+    chunk_tokens: int = 1024,
     with_entropy: bool = True,
     num_valid: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
@@ -156,8 +158,8 @@ def vocab_parallel_logprobs_entropy(
 
     Memory: backward keeps a reference to the logits themselves (no copy) and the per-token
     logsumexp [N]. Forward and backward each use one float32 [chunk_tokens, V/TP] buffer at a
-    time (plus, in backward, the gradient itself, in the logits' dtype); lower chunk_tokens for
-    large vocabulary shards (4096 x 32768 is 512 MiB).
+    time (plus, in backward, the gradient itself, in the logits' dtype): chunk_tokens x V/TP x 4
+    bytes (trainer.logprob_chunk_tokens, counted by vapo-plan; 4096 x 152k is 2.5 GB).
     """
     if logits_shard.shape[:-1] != targets.shape:
         raise ValueError(

@@ -85,3 +85,27 @@ def score(
     return RewardResult(
         score=correct_score if r.correct else incorrect_score, correct=r.correct, timed_out=r.timed_out, error=r.error
     )
+
+
+def answer_op(op: str, a: str, b: str) -> str | bool | None:
+    """Majority voting's two math-verify operations, run in a BoundedPool (rewards/answers.py):
+    ("extract", response, "") -> the final answer as written (None: none found), parsed exactly as
+    math_equal parses a response; ("same", x, y) -> whether two extracted answers are equal."""
+    import logging
+
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    if op == "same":
+        return math_equal("", "\\boxed{" + a + "}", b)
+    if op != "extract":
+        raise ValueError(f"answer_op: unknown op {op!r}")
+    pred = parse(a[-MAX_RESPONSE_CHARS:], [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()],
+                 parsing_timeout=None)
+    if not pred:
+        return None
+    return pred[1] if len(pred) > 1 and isinstance(pred[1], str) else str(pred[0])
+
+
+answer_op.warmup = _warmup  # type: ignore[attr-defined]
+ANSWER_SPEC = "vapo_megatron.rewards.math_reward:answer_op"

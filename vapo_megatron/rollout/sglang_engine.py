@@ -8,11 +8,15 @@ when it is rank 0 of the group. A weight update is a collective over the engine 
                  wraps it as SGLang's FlattenedTensorBucket and serializes it with
                  MultiprocessingSerializer (a CUDA IPC handle, not the bytes; needs
                  monkey_patch_torch_reductions(), applied for CUDA tensors only);
-  the owner      gathers the handles (one per engine TP rank, in GPU order) and calls
-                 Engine.update_weights_from_tensor(handles, load_format="flattened_bucket");
+  the owner      gathers (GPU, payload) from every member, orders the payloads so that entry i
+                 was made on GPU base_gpu_id + i (the GPU of engine TP rank i: a CUDA IPC
+                 handle must be opened by the rank on the GPU that made it), and calls
+                 Engine.update_weights_from_tensor(payloads, load_format="flattened_bucket");
                  SGLang TP rank i deserializes entry i and its model's weight loaders slice out
                  what that rank needs (plain HF names; separate q/k/v and gate/up, because a
                  fused qkv_proj name is dropped by SGLang's Qwen2 loader).
+
+Every SGLang call and the source line it was checked against: docs/weight_sync.md.
 
 Memory: around training, `release_memory()` frees weights, KV cache and CUDA graphs
 (needs enable_memory_saver=True); `resume_memory()` takes them back before the next update.
@@ -29,6 +33,7 @@ from typing import Any, Protocol, Sequence
 import torch
 import torch.distributed as dist
 
+from vapo_megatron import parallel
 from vapo_megatron.rollout.base import MEMORY_TAGS, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket
 
@@ -114,22 +119,48 @@ def expand_requests(prompt_ids: Sequence[Sequence[int]], p: SamplingParams) -> t
     return ids, sps, owners
 
 
-def parse_output(out: dict, prompt_index: int, fallback_version: int) -> RolloutOutput:
+def parse_output(out: dict, prompt_index: int, version: int) -> RolloutOutput:
+    """One generate result: {"output_ids": [...], "meta_info": {"finish_reason": {"type": ...},
+    "output_token_logprobs": [(logprob, token_id, text or None), ...], ...}}
+    (tokenizer_manager.py: the output dict and detokenize_logprob_tokens). `version` is the
+    weight version the wrapper loaded: sglang.Engine has no call that sets meta_info's
+    "weight_version" (update_weights_from_tensor does not forward the request's field)."""
     meta = out["meta_info"]
     reason = meta["finish_reason"]["type"] if isinstance(meta["finish_reason"], dict) else meta["finish_reason"]
     if reason not in ("stop", "length"):
         raise RuntimeError(f"SGLang request for prompt {prompt_index} ended with finish_reason={meta['finish_reason']!r}")
+    token_ids = list(out["output_ids"])
     logprobs = None
     if "output_token_logprobs" in meta and meta["output_token_logprobs"] is not None:
-        logprobs = [float(x[0]) for x in meta["output_token_logprobs"]]
-    version = meta["weight_version"] if "weight_version" in meta else None
-    return RolloutOutput(
-        prompt_index=prompt_index,
-        token_ids=list(out["output_ids"]),
-        finish_reason=reason,
-        logprobs=logprobs,
-        weight_version=int(version) if version not in (None, "", "default") else fallback_version,
-    )
+        pairs = meta["output_token_logprobs"]
+        if [int(x[1]) for x in pairs] != token_ids:
+            raise RuntimeError(f"SGLang output for prompt {prompt_index}: output_token_logprobs token ids "
+                               f"do not match output_ids ({len(pairs)} vs {len(token_ids)} tokens)")
+        logprobs = [float(x[0]) for x in pairs]
+    return RolloutOutput(prompt_index=prompt_index, token_ids=token_ids, finish_reason=reason, logprobs=logprobs,
+                         weight_version=version)
+
+
+def order_by_engine_rank(entries: Sequence[tuple[int | None, bytes | str]], base_gpu_id: int | None) -> list:
+    """The payloads of an engine group's members, in engine TP rank order.
+
+    `entries[r]` = (CUDA device index of group member r, or None for a CPU payload; payload).
+    SGLang TP rank i runs on GPU base_gpu_id + i and deserializes entry i: with CUDA payloads
+    that must be the handle made on its own GPU (another GPU's handle would open memory across
+    devices), so entry i is the payload made on GPU base_gpu_id + i, whatever the members'
+    order. Device indices are those every process of the node sees (one CUDA_VISIBLE_DEVICES
+    for the trainer and, inherited, for the engine's schedulers). CPU payloads, and engines not
+    started by `colocated` (base_gpu_id None: an HTTP server), keep rank order."""
+    gpus = [g for g, _ in entries]
+    if base_gpu_id is None or all(g is None for g in gpus):  # CPU payloads, or an engine started elsewhere
+        return [p for _, p in entries]
+    want = list(range(base_gpu_id, base_gpu_id + len(entries)))
+    if None in gpus or sorted(gpus) != want:
+        raise RuntimeError(f"engine group payloads come from GPUs {gpus}, but the SGLang engine's TP ranks run on "
+                           f"GPUs {want} (base_gpu_id={base_gpu_id}): each TP rank must get the CUDA IPC handle "
+                           "made on its own GPU")
+    by_gpu = dict(entries)
+    return [by_gpu[g] for g in want]
 
 
 def check(result: Any, what: str) -> None:
@@ -148,10 +179,16 @@ def check(result: Any, what: str) -> None:
         raise RuntimeError(f"SGLang {what} failed: {msg}")
 
 
+def _cuda_device() -> int | None:
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
 # ---- the engine --------------------------------------------------------------------------------
 
 class EngineLike(Protocol):
-    """The part of sglang.Engine's API this module calls (sglang_http.HttpEngine has it too)."""
+    """The part of sglang.Engine's API this module calls, always by keyword except
+    named_tensors (sglang_http.HttpEngine has it too). tests/test_sglang_api.py checks every
+    call against sglang/srt/entrypoints/engine.py."""
 
     def generate(self, *, input_ids, sampling_params, return_logprob): ...
     def begin_weight_update(self): ...
@@ -170,19 +207,31 @@ class SGLangEngineConfig:
     mem_fraction_static: float
     dtype: str = "bfloat16"
     random_seed: int = 0
+    deterministic: bool = False
+    load_format: str = "auto"  # "dummy": no weights read from model_path (the first sync loads them)
 
 
-def start_engine(cfg: SGLangEngineConfig):
-    """A colocated sglang.Engine (GPU only). enable_memory_saver lets the trainer release the
-    engine's weights, KV cache and CUDA graphs while it trains; skip_tokenizer_init because the
-    trainer sends token ids and reads token ids."""
-    import sglang
-
-    return sglang.Engine(
+def engine_kwargs(cfg: SGLangEngineConfig) -> dict:
+    """sglang.Engine(**kwargs) = ServerArgs fields (checked against sglang.srt.server_args).
+    enable_memory_saver lets the trainer release the engine's weights, KV cache and CUDA graphs
+    while it trains (needs the torch_memory_saver package on the GPU machine);
+    skip_tokenizer_init because the trainer sends and reads token ids.
+    enable_deterministic_inference (trainer.deterministic): SGLang uses the per-request
+    sampling_seed only then (sampling_batch_info.py builds the seed tensor only under it);
+    without it samples depend on batching, as on any SGLang server."""
+    return dict(
         model_path=cfg.model_path, tp_size=cfg.tp_size, base_gpu_id=cfg.base_gpu_id,
         mem_fraction_static=cfg.mem_fraction_static, enable_memory_saver=True, dtype=cfg.dtype,
         random_seed=cfg.random_seed, skip_tokenizer_init=True,
+        enable_deterministic_inference=cfg.deterministic, load_format=cfg.load_format,
     )
+
+
+def start_engine(cfg: SGLangEngineConfig):
+    """A colocated sglang.Engine (GPU only)."""
+    import sglang
+
+    return sglang.Engine(**engine_kwargs(cfg))
 
 
 class SGLangEngine(RolloutEngine):
@@ -193,8 +242,9 @@ class SGLangEngine(RolloutEngine):
     remembers when the weights were released: their contents are gone (the memory saver frees
     them), so generate refuses to run until a weight update has loaded them again."""
 
-    def __init__(self, engine: EngineLike | None, *, group=None) -> None:
+    def __init__(self, engine: EngineLike | None, *, group=None, base_gpu_id: int | None = None) -> None:
         self.group = group
+        self.base_gpu_id = base_gpu_id  # the owner's engine's base GPU (colocated engines)
         self.group_rank = dist.get_rank(group) if group is not None else 0
         self.group_size = dist.get_world_size(group) if group is not None else 1
         self.owner = self.group_rank == 0
@@ -207,23 +257,23 @@ class SGLangEngine(RolloutEngine):
 
     @classmethod
     def colocated(cls, *, model_path: str, tp_size: int, mem_fraction: float, dtype: str, seed: int,
-                  start=start_engine) -> "SGLangEngine":
+                  deterministic: bool = False, load_format: str = "auto", start=start_engine) -> "SGLangEngine":
         """Collective over the world. One engine per block of `tp_size` consecutive ranks of a
         TP group (parallel.init_engine_groups); the block's first rank starts it on its own GPU
         and the next tp_size - 1 ones. Everything the engine holds is released at once, so the
         trainer's models can be built; the first weight sync loads the weights.
         `start` builds the engine from an SGLangEngineConfig (start_engine; tests pass a double)."""
-        from vapo_megatron import parallel
-
         group = parallel.init_engine_groups(tp_size)
         engine = None
+        base_gpu_id = _cuda_device()
         if dist.get_rank(group) == 0:
             engine = start(SGLangEngineConfig(
-                model_path=model_path, tp_size=tp_size, base_gpu_id=torch.cuda.current_device() if torch.cuda.is_available() else 0,
-                mem_fraction_static=mem_fraction, dtype=dtype, random_seed=seed,
+                model_path=model_path, tp_size=tp_size, base_gpu_id=base_gpu_id if base_gpu_id is not None else 0,
+                mem_fraction_static=mem_fraction, dtype=dtype, random_seed=seed, deterministic=deterministic,
+                load_format=load_format,
             ))
-        dist.barrier()  # every engine is up before any rank builds its models
-        wrapper = cls(engine, group=group)
+        parallel.barrier()  # every engine is up before any rank builds its models
+        wrapper = cls(engine, group=group, base_gpu_id=base_gpu_id)
         wrapper.release_memory()
         return wrapper
 
@@ -241,7 +291,7 @@ class SGLangEngine(RolloutEngine):
         if self._weights_lost:
             raise RuntimeError("the engine's weights were released and not loaded again: run a weight update first")
         ids, sps, owners = expand_requests(prompt_ids, params)
-        outs = self.engine.generate(input_ids=ids, sampling_params=sps, return_logprob=True)
+        outs = self.engine.generate(input_ids=ids, sampling_params=sps, return_logprob=True)  # a list for a list
         if isinstance(outs, dict):
             outs = [outs]
         if len(outs) != len(ids):
@@ -254,16 +304,19 @@ class SGLangEngine(RolloutEngine):
             check(self.engine.begin_weight_update(), "begin_weight_update")
 
     def load_bucket(self, named_tensors: FlatBucket | Sequence[tuple[str, torch.Tensor]]) -> None:
-        payload = serialize_flattened_bucket(to_flattened_bucket(named_tensors))
+        fb = to_flattened_bucket(named_tensors)
+        flat = fb.get_flattened_tensor()
+        entry = (flat.device.index if flat.is_cuda else None, serialize_flattened_bucket(fb))
         if self.group_size == 1:
-            payloads = [payload]
+            entries = [entry]
         else:
-            # Handles in group-rank order = engine TP rank order (rank i sits on GPU base + i).
-            payloads = [None] * self.group_size if self.owner else None
-            dist.gather_object(payload, payloads, dst=dist.get_global_rank(self.group, 0), group=self.group)
+            # Entries in group-rank order = engine TP rank order (rank i sits on GPU base + i).
+            entries = [None] * self.group_size if self.owner else None
+            parallel.gather_object(entry, entries, dst=dist.get_global_rank(self.group, 0), group=self.group)
         error = None
         if self.owner:
             try:
+                payloads = order_by_engine_rank(entries, self.base_gpu_id)
                 check(self.engine.update_weights_from_tensor(payloads, load_format="flattened_bucket", flush_cache=False),
                       "update_weights_from_tensor")
             except RuntimeError as e:
@@ -271,7 +324,7 @@ class SGLangEngine(RolloutEngine):
         if self.group_size > 1:
             # Members must keep their buffers untouched until every engine rank has loaded.
             box = [error]
-            dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
+            parallel.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
             error = box[0]
         if error:
             raise RuntimeError(error)
@@ -280,9 +333,6 @@ class SGLangEngine(RolloutEngine):
         if self.owner:
             check(self.engine.end_weight_update(), "end_weight_update")
             check(self.engine.flush_cache(), "flush_cache")
-            set_version = getattr(self.engine, "update_weight_version", None)
-            if set_version is not None:
-                set_version(str(version))
         self._version = version
         self._weights_lost = False
 

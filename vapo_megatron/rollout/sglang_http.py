@@ -70,9 +70,6 @@ class HttpEngine:
         return self._post("update_weights_from_tensor", {"serialized_named_tensors": payloads,
                                                          "load_format": load_format, "flush_cache": flush_cache})
 
-    def update_weight_version(self, version: str):
-        return self._post("update_weight_version", {"new_version": version, "abort_all_requests": False})
-
     def release_memory_occupation(self, tags: list[str] | None = None):
         return self._post("release_memory_occupation", {"tags": tags})
 

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from model_providers.mapping import Row
+from vapo_megatron import parallel
 from vapo_megatron.rollout.buckets import MemoryMeter, nbytes
 
 SHM_DIR = "/dev/shm"
@@ -95,11 +96,11 @@ class CollectiveGather:
             bufs = [torch.empty_like(t) for _ in range(it.tp)] if self.rank == dst else None
             if bufs is not None:
                 self.meter.hold(it.full_bytes())
-            dist.gather(t, bufs, dst=dist.get_global_rank(self.group, dst), group=self.group)
+            parallel.gather(t, bufs, dst=dist.get_global_rank(self.group, dst), group=self.group)
         else:
             bufs = [torch.empty_like(t) for _ in range(it.tp)]
             self.meter.hold(it.full_bytes())
-            dist.all_gather(bufs, t, group=self.group)
+            parallel.all_gather(bufs, t, group=self.group)
         self._shards = bufs
 
     def shards(self, it: Item) -> list[Tensor]:
@@ -180,7 +181,7 @@ class SharedMemoryGather:
                 self._view(self.areas.own, it).copy_(it.param)
         # After this barrier batch k is staged everywhere. Every rank finished reading batch k-1
         # before it staged batch k, so once past it, half (k+1) % 2 may be overwritten.
-        dist.barrier(group=self.group)
+        parallel.barrier(group=self.group)
 
     def shards(self, it: Item) -> list[Tensor]:
         if not it.sharded:
@@ -218,8 +219,6 @@ def _create_area(size: int) -> tuple[str | None, Tensor | None, str | None]:
 def tp_gather(items: list[Item], *, need: bool, transport: str, meter: MemoryMeter):
     """The transport for one stage's stream (collective over the TP group), or None when no TP
     rank of the group needs full tensors. `need`: this rank needs them."""
-    from vapo_megatron import parallel
-
     if transport not in TRANSPORTS:
         raise ValueError(f"weight sync transport={transport!r}; known: {TRANSPORTS}")
     tp = parallel.tp_size()
@@ -233,7 +232,7 @@ def tp_gather(items: list[Item], *, need: bool, transport: str, meter: MemoryMet
     on_cpu = all(it.param.device.type == "cpu" for it in items)
     info = (socket.gethostname(), need, on_cpu, cached.needs if cached is not None else None)
     infos: list = [None] * tp
-    dist.all_gather_object(infos, info, group=group)
+    parallel.all_gather_object(infos, info, group=group)
     needs = [i[1] for i in infos]
     if not any(needs):
         return None
@@ -252,10 +251,10 @@ def tp_gather(items: list[Item], *, need: bool, transport: str, meter: MemoryMet
     writes = any(needs[o] for o in range(tp) if o != rank)
     path, own, error = _create_area(2 * half) if writes else (None, None, None)
     paths: list = [None] * tp
-    dist.all_gather_object(paths, (path, error), group=group)
+    parallel.all_gather_object(paths, (path, error), group=group)
     errors = [f"TP rank {r}: {e}" for r, (_, e) in enumerate(paths) if e]
     if errors:
-        dist.barrier(group=group)
+        parallel.barrier(group=group)
         if path is not None:
             os.unlink(path)
         if transport == "shm":
@@ -265,7 +264,7 @@ def tp_gather(items: list[Item], *, need: bool, transport: str, meter: MemoryMet
     if need:
         peers = [torch.from_file(p, shared=True, size=2 * half, dtype=torch.uint8) if p and r != rank else None
                  for r, (p, _) in enumerate(paths)]
-    dist.barrier(group=group)  # everyone mapped what it reads: the names can go
+    parallel.barrier(group=group)  # everyone mapped what it reads: the names can go
     if path is not None:
         os.unlink(path)
     areas = _Areas(tuple(needs), own, peers)

@@ -93,12 +93,12 @@ class _Sink:
 
 
 def _send_header(header, src: int, group) -> None:
-    dist.broadcast_object_list([header], src=src, group=group)
+    parallel.broadcast_object_list([header], src=src, group=group)
 
 
 def _recv_header(src: int, group):
     box = [None]
-    dist.broadcast_object_list(box, src=src, group=group)
+    parallel.broadcast_object_list(box, src=src, group=group)
     return box[0]
 
 
@@ -132,7 +132,7 @@ def _stream_stage(model_chunks, family, hf_cfg, sink: _Sink, *, send: bool, src:
                         place_shard(it.row, shard, r, len(shards), it.partition_dim, outs, hf_cfg)
                     if send:
                         _send_header((name, tuple(shape), it.param.dtype), src, group)
-                        dist.broadcast(outs[j], src=src, group=group)
+                        parallel.broadcast(outs[j], src=src, group=group)
                         stats.sent += 1
                     if out is not None:
                         if tmp is not None:
@@ -153,11 +153,11 @@ def _receive_stage(sink: _Sink, *, src: int, group, meter: MemoryMeter, stats: S
         out = sink.slot(name, torch.Size(shape), dtype)
         stats.largest_tensor_bytes = max(stats.largest_tensor_bytes, math.prod(shape) * dtype.itemsize)
         if out is not None and out.dtype == dtype:
-            dist.broadcast(out, src=src, group=group)
+            parallel.broadcast(out, src=src, group=group)
         else:
             tmp = torch.empty(shape, dtype=dtype, device=device)
             meter.hold(nbytes(tmp))
-            dist.broadcast(tmp, src=src, group=group)
+            parallel.broadcast(tmp, src=src, group=group)
             if out is not None:
                 out.copy_(tmp)
             meter.drop(nbytes(tmp))
@@ -190,7 +190,7 @@ def sync_weights(
     wants = [engine is not None]
     if pp > 1:
         flags: list = [None] * pp
-        dist.all_gather_object(flags, engine is not None, group=group)
+        parallel.all_gather_object(flags, engine is not None, group=group)
         wants = flags
     meter = MemoryMeter()
     sink = _Sink(engine, bucket_bytes, meter, stats)

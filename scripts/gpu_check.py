@@ -1,0 +1,351 @@
+"""The first thing to run on a GPU node: one line per check, PASS / FAIL / SKIP (reason).
+
+    python scripts/gpu_check.py [--model-preset tiny-qwen2] [--steps 2]
+    python scripts/gpu_check.py --cpu          # the same checks on the CPU (gloo), GPU-only parts SKIP
+
+Exit status: 0 no FAIL; 1 some FAIL; 2 no GPU visible (without --cpu) or bad arguments.
+Single process (world size 1): the NCCL process group of one GPU still takes CUDA tensors only,
+so every collective of the checks below runs through parallel.py's device-placing helpers.
+
+Checks (each calls the project's own code; a check is skipped only when its package is absent):
+  model_logits    megatron-core (TE layer spec when TE imports, else the local spec), bf16 on the
+                  GPU: logits of a random `--model-preset` model against transformers' Qwen2
+  vocab_parallel  vocab-parallel log-prob and entropy against torch.log_softmax, with the peak
+                  extra memory (torch.cuda.max_memory_allocated)
+  weight_sync     the actor streamed into an embedded engine on the device (and into a real
+                  colocated sglang.Engine when sglang imports, GPU only): engine logits and
+                  log-probs equal the trainer's; release/resume memory measured
+  vapo_steps      `--steps` VAPO steps of the demo task through train.py's Trainer, with
+                  torch.cuda.memory_reserved around every phase switch (engine release/resume)
+  plan_memory     vapo-plan's per-GPU training peak for that run's layout against the measured
+                  peak (torch.cuda.max_memory_allocated), ratio printed
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import math
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+if "--cpu" in sys.argv[1:]:  # before torch looks for GPUs: the CPU path must not use one that is present
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+import torch  # noqa: E402
+
+GIB = 1 << 30
+results: list[tuple[str, str, str]] = []
+
+
+def report(name: str, status: str, detail: str) -> None:
+    results.append((name, status, detail))
+    print(f"{status:<4}  {name:<15} {detail}", flush=True)
+
+
+def has(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+class Env:
+    """What the checks share: device, dtype, the preset's HF dir and the built actor."""
+
+    def __init__(self, cpu: bool, preset: str, work: Path):
+        self.cpu = cpu
+        self.device = torch.device("cpu") if cpu else torch.device("cuda", torch.cuda.current_device())
+        # bf16 on the GPU (production); float32 on the CPU, where bf16 matmuls are slow and loose.
+        self.dtype = torch.float32 if cpu else torch.bfloat16
+        self.preset = preset
+        self.work = work
+        self.hf_dir: Path | None = None
+        self.actor: list | None = None
+
+    def peak_reset(self) -> int:
+        if self.cpu:
+            return 0
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+
+    def peak_extra(self, base: int) -> int | None:
+        return None if self.cpu else torch.cuda.max_memory_allocated() - base
+
+
+def _tol(env: Env) -> dict:
+    # bf16 keeps 8 bits of mantissa: logits of a few-layer model differ by ~1e-2 between kernels.
+    return dict(atol=1e-4, rtol=1e-4) if env.dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)
+
+
+def _logits(chunks, ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Full logits [b, t, vocab] of a TP-sharded megatron actor (padding stripped)."""
+    from vapo_megatron import parallel
+
+    model = chunks[0].eval()
+    pos = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    with torch.no_grad():
+        out = model(ids, pos, None)
+    shards = parallel.all_gather([torch.empty_like(out) for _ in range(parallel.tp_size())], out.contiguous(),
+                                 group=parallel.tp_group())
+    return torch.cat(shards, dim=-1)[..., :vocab].float()
+
+
+def check_model_logits(env: Env) -> None:
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    import model_providers
+    from model_providers.build import build_chunks
+    from model_providers.presets import preset
+    from vapo_megatron.hf_import import load_hf_weights
+
+    hf = preset(env.preset)
+    torch.manual_seed(0)
+    cfg = Qwen2Config(**{k: v for k, v in hf.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    ref = AutoModelForCausalLM.from_config(cfg, dtype=env.dtype)
+    env.hf_dir = env.work / "model"
+    ref.save_pretrained(env.hf_dir)
+    hf_cfg = model_providers.load_hf_config(str(env.hf_dir))
+    chunks = build_chunks(hf_cfg, params_dtype=env.dtype, critic=False)
+    load_hf_weights(chunks, model_providers.family_for(hf_cfg), hf_cfg, str(env.hf_dir))
+    env.actor = chunks
+    qkv = type(chunks[0].decoder.layers[0].self_attention.linear_qkv)
+    spec = "TE" if qkv.__module__.endswith("transformer_engine") else "local"
+    ids = torch.randint(0, hf["vocab_size"], (2, 64), generator=torch.Generator().manual_seed(0)).to(env.device)
+    got = _logits(chunks, ids, hf["vocab_size"])
+    with torch.no_grad():
+        want = ref.to(env.device)(ids).logits.float()
+    del ref
+    err = (got - want).abs().max().item()
+    ok = torch.allclose(got, want, **_tol(env))
+    report("model_logits", "PASS" if ok else "FAIL",
+           f"{env.preset} {str(env.dtype).removeprefix('torch.')} on {env.device.type}, {spec} layer spec ({qkv.__name__}), "
+           f"backend {torch.distributed.get_backend()}: max |megatron - transformers| = {err:.3g} ({_tol(env)})")
+
+
+def check_collectives(env: Env) -> None:
+    """parallel.py's helpers on this backend: CPU tensors in and out of an NCCL group."""
+    from vapo_megatron import parallel
+
+    t = torch.arange(4, dtype=torch.float64)  # a CPU tensor, as the global counts are
+    parallel.all_reduce(t, group=parallel.dp_group())
+    parallel.broadcast(t, src=0, group=parallel.tp_group())
+    shards = parallel.all_gather([torch.empty(4, dtype=torch.float64)], t, group=parallel.tp_group())
+    ok = t.device.type == "cpu" and torch.equal(shards[0], torch.arange(4, dtype=torch.float64))
+    report("collectives", "PASS" if ok else "FAIL",
+           f"backend {torch.distributed.get_backend()}: CPU tensors through parallel.all_reduce/broadcast/all_gather "
+           f"(communicated on {parallel.backend_device(parallel.dp_group())}), results back on the CPU")
+
+
+def check_vocab_parallel(env: Env) -> None:
+    from vapo_megatron import parallel
+    from vapo_megatron.algorithms.vocab_parallel import vocab_parallel_logprobs_entropy
+
+    g = torch.Generator().manual_seed(1)
+    # GPU: a 32k vocabulary shard (Qwen2.5-32B at TP=8 has 19k); CPU: small, the machine is shared.
+    vocab, tokens = (8192, 1024) if env.cpu else (32768, 4096)
+    logits = (torch.randn(tokens, vocab, generator=g) * 3).to(env.device, env.dtype)
+    targets = torch.randint(0, vocab, (tokens,), generator=g).to(env.device)
+    base = env.peak_reset()
+    logp, entropy = vocab_parallel_logprobs_entropy(logits, targets, tp_group=parallel.tp_group(), vocab_start=0,
+                                                    temperature=0.7, chunk_tokens=1024)
+    extra = env.peak_extra(base)
+    ref = torch.log_softmax(logits.float() / 0.7, dim=-1)
+    want_logp = ref.gather(-1, targets[:, None])[:, 0]
+    want_ent = -(ref.exp() * ref).sum(-1)
+    err = max((logp - want_logp).abs().max().item(), (entropy - want_ent).abs().max().item())
+    ok = err < 1e-3
+    mem = "peak extra memory: n/a on the CPU" if extra is None else (
+        f"peak extra memory {extra / 2**20:.0f} MiB vs logits {logits.numel() * logits.element_size() / 2**20:.0f} MiB")
+    report("vocab_parallel", "PASS" if ok else "FAIL",
+           f"[{tokens}, {vocab}] {str(env.dtype).removeprefix('torch.')}: max error {err:.2g} vs torch.log_softmax; {mem}")
+
+
+def check_weight_sync(env: Env) -> None:
+    from transformers import AutoConfig
+
+    import model_providers
+    from vapo_megatron.rollout.embedded import EmbeddedEngine
+    from vapo_megatron.rollout.weight_sync import sync_weights
+
+    if env.actor is None:
+        report("weight_sync", "SKIP", "model_logits did not build the actor")
+        return
+    hf_cfg = model_providers.load_hf_config(str(env.hf_dir))
+    with torch.no_grad():  # a trained actor differs from its checkpoint: the engine must get these
+        for p in env.actor[0].parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    engine = EmbeddedEngine.from_hf_config(AutoConfig.from_pretrained(env.hf_dir), dtype=env.dtype, device=str(env.device))
+    stats = sync_weights(env.actor, model_providers.family_for(hf_cfg), hf_cfg, engine, version=1)
+    ids = torch.randint(0, hf_cfg["vocab_size"], (2, 48), generator=torch.Generator().manual_seed(2)).to(env.device)
+    trainer = _logits(env.actor, ids, hf_cfg["vocab_size"])
+    with torch.no_grad():
+        served = engine.model(ids).logits.float()
+    logit_err = (trainer - served).abs().max().item()
+    lp = lambda x: torch.log_softmax(x, -1)[:, :-1].gather(-1, ids[:, 1:, None])  # noqa: E731
+    logp_err = (lp(trainer) - lp(served)).abs().max().item()
+    ok = torch.allclose(trainer, served, **_tol(env)) and logp_err < 10 * _tol(env)["atol"]
+    report("weight_sync", "PASS" if ok else "FAIL",
+           f"embedded engine on {env.device.type}, {stats.tensors} tensors streamed: max |logits| "
+           f"diff {logit_err:.3g}, max |log-prob| diff {logp_err:.3g} (engine version {engine.weight_version})")
+    if env.cpu:
+        report("engine_memory", "SKIP", "release/resume memory is measured on the GPU only")
+    elif not has("sglang"):
+        report("engine_memory", "SKIP", "sglang is not importable: the embedded engine keeps its weights by design")
+    else:
+        check_sglang_engine(env, hf_cfg)
+
+
+def check_sglang_engine(env: Env, hf_cfg: dict) -> None:
+    """A real colocated sglang.Engine (project wrapper), synced from the actor; memory measured
+    around release and resume. Written for the first GPU node: it has not run yet."""
+    import model_providers
+    from vapo_megatron.rollout.base import SamplingParams
+    from vapo_megatron.rollout.sglang_engine import SGLangEngine
+    from vapo_megatron.rollout.weight_sync import sync_weights
+
+    engine = SGLangEngine.colocated(model_path=str(env.hf_dir), tp_size=1, mem_fraction=0.3, dtype="bfloat16", seed=0)
+    try:
+        free = lambda: torch.cuda.mem_get_info()[0]  # noqa: E731  (the engine's memory is not torch's)
+        released = free()
+        engine.resume_memory()
+        resumed = free()
+        sync_weights(env.actor, model_providers.family_for(hf_cfg), hf_cfg, engine, version=2)
+        prompt = [[1, 2, 3, 4]]
+        out = engine.generate(prompt, SamplingParams(n=1, max_new_tokens=8, temperature=1.0, seed=0))[0]
+        ids = torch.tensor([prompt[0] + list(out.token_ids)], device=env.device)
+        trainer = torch.log_softmax(_logits(env.actor, ids, hf_cfg["vocab_size"]), -1)
+        want = trainer[0, len(prompt[0]) - 1:-1].gather(-1, ids[0, len(prompt[0]):, None])[:, 0]
+        err = (want.cpu() - torch.tensor(out.logprobs)).abs().max().item()
+        engine.release_memory()
+        again = free()
+        ok = err < 0.1 and resumed < released and again > resumed
+        report("engine_memory", "PASS" if ok else "FAIL",
+               f"sglang: free GPU memory released {released / GIB:.2f} GiB -> resumed {resumed / GIB:.2f} GiB -> "
+               f"released {again / GIB:.2f} GiB; engine vs trainer log-prob max diff {err:.3g}")
+    finally:
+        if hasattr(engine.engine, "shutdown"):  # sglang.Engine's own
+            engine.engine.shutdown()
+
+
+def check_vapo_steps(env: Env, steps: int) -> dict | None:
+    from vapo_megatron.config import load_config
+    from vapo_megatron.data.synthetic import TinyModelSpec, write_demo_dir
+    from vapo_megatron.stop_signals import StopSignals
+    from vapo_megatron.train import Trainer
+
+    data = env.work / "demo"
+    write_demo_dir(str(data), seed=0, task="add", n_train=256, n_eval=16, n_sft=16, sft_noise=0.0,
+                   spec=TinyModelSpec(hidden_size=64, num_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      intermediate_size=256))
+    overrides = [
+        f"trainer.run_dir={env.work / 'run'}", f"model.hf_path={data}/model", f"data.train_files=[{data}/train.jsonl]",
+        "data.eval_files=[]", "sft.steps=0", "sft.files=[]", "parallel.tp=1", "algo.value_pretrain_steps=1",
+        f"trainer.total_steps={steps}", "rollout.prompts_per_step=16", "rollout.n_samples=4",
+        "trainer.tensorboard=false", f"trainer.save_every={steps + 1}",
+        f"model.dtype={'float32' if env.cpu else 'bfloat16'}",
+    ]
+    cfg = load_config(str(ROOT / "configs" / "demo_cpu.yaml"), overrides)
+    switches: list[str] = []
+    base = env.peak_reset()
+    with contextlib.redirect_stdout(sys.stderr):  # the trainer's own lines: stdout is one line per check
+        trainer = Trainer(cfg, StopSignals())
+    try:
+        engine = trainer.ctx.engine
+        if not env.cpu:  # torch.cuda.memory_reserved around every phase switch (issue 14)
+            for name in ("release_memory", "resume_memory"):
+                def measured(*a, _fn=getattr(engine, name), _name=name, **k):
+                    before = torch.cuda.memory_reserved()
+                    _fn(*a, **k)
+                    switches.append(f"{_name}: reserved {before / 2**20:.0f} -> {torch.cuda.memory_reserved() / 2**20:.0f} MiB")
+                setattr(engine, name, measured)
+        with contextlib.redirect_stdout(sys.stderr):
+            code = trainer.run()
+    finally:
+        trainer.close()
+    peak = env.peak_extra(base)
+    rewards = [line for line in (env.work / "run" / "metrics.jsonl").read_text().splitlines() if '"vapo"' in line]
+    ok = code == 0 and len(rewards) == steps
+    report("vapo_steps", "PASS" if ok else "FAIL",
+           f"{steps} VAPO steps (+1 value pretraining) of the demo task on {env.device.type}, exit {code}, "
+           f"{len(rewards)} vapo records" + ("" if env.cpu else f"; peak {peak / 2**20:.0f} MiB"))
+    if env.cpu:
+        report("phase_memory", "SKIP", "torch.cuda.memory_reserved is a GPU measurement")
+    else:
+        report("phase_memory", "PASS", "; ".join(switches[:4]) or "no engine release/resume seen")
+    return {"cfg": cfg, "peak": peak, "hf_dir": f"{data}/model"}
+
+
+def check_plan_memory(env: Env, run: dict | None) -> None:
+    import model_providers
+    from vapo_megatron import parallel
+    from vapo_megatron.plan import make_plan
+
+    if run is None:
+        report("plan_memory", "SKIP", "vapo_steps did not run")
+        return
+    parallel.destroy()  # vapo-plan builds each rank's shard in a fake process group of its own
+    hf = model_providers.load_hf_config(run["hf_dir"])
+    gpu = 80.0 if env.cpu else torch.cuda.get_device_properties(env.device).total_memory / GIB
+    plan = make_plan(run["cfg"], hf, hf, world_size=1, gpu_memory_gib=gpu, reserve_gib=0.0)
+    predicted = max(r.training for r in plan.ranks)
+    if env.cpu:
+        report("plan_memory", "SKIP", f"no CUDA memory counters on the CPU (vapo-plan predicts {predicted / 2**20:.1f} MiB "
+                                      "training peak for this layout, without reserve)")
+        return
+    ratio = run["peak"] / predicted
+    report("plan_memory", "PASS" if run["peak"] <= predicted else "FAIL",
+           f"measured peak {run['peak'] / 2**20:.1f} MiB vs vapo-plan {predicted / 2**20:.1f} MiB (no reserve): "
+           f"ratio measured/predicted {ratio:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="gpu_check", description=__doc__.split("\n")[0])
+    ap.add_argument("--cpu", action="store_true", help="run on the CPU with gloo; GPU-only parts are SKIP")
+    ap.add_argument("--model-preset", default="tiny-qwen2", help="model_providers.presets name for the model checks")
+    ap.add_argument("--steps", type=int, default=2, help="VAPO steps in vapo_steps")
+    args = ap.parse_args(argv)
+    if not args.cpu and not torch.cuda.is_available():
+        print("gpu_check: no CUDA GPU visible (torch.cuda.is_available() is False); "
+              "`--cpu` runs the CPU subset", file=sys.stderr)
+        return 2
+    if not has("megatron.core"):
+        print("gpu_check: megatron-core is not installed; nothing can be checked", file=sys.stderr)
+        return 2
+    from vapo_megatron import parallel
+
+    parallel.init_distributed(1, 1, seed=0)
+    device = "cpu (gloo)" if args.cpu else f"{torch.cuda.get_device_name()} ({torch.distributed.get_backend()})"
+    print(f"gpu_check: {device}; torch {torch.__version__}; preset {args.model_preset}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as work:
+        env = Env(args.cpu, args.model_preset, Path(work))
+        run = None
+        for name, check in (("collectives", lambda: check_collectives(env)),
+                            ("model_logits", lambda: check_model_logits(env)),
+                            ("vocab_parallel", lambda: check_vocab_parallel(env)),
+                            ("weight_sync", lambda: check_weight_sync(env)),
+                            ("vapo_steps", lambda: check_vapo_steps(env, args.steps)),
+                            ("plan_memory", lambda: check_plan_memory(env, run))):
+            if not has("transformers") and name in ("model_logits", "weight_sync", "vapo_steps"):
+                report(name, "SKIP", "transformers is not installed")
+                continue
+            try:
+                out = check()
+                if name == "vapo_steps":
+                    run = out
+            except Exception as e:  # noqa: BLE001 - one failing check must not hide the others
+                report(name, "FAIL", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                traceback.print_exc(file=sys.stderr)
+    parallel.destroy()
+    failed = [n for n, s, _ in results if s == "FAIL"]
+    print(f"gpu_check: {len(results) - len(failed)} of {len(results)} without FAIL" + (f"; FAIL: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main())

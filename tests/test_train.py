@@ -56,7 +56,7 @@ def test_demo_config_runs_end_to_end(full_run):
     # Every training step splits its wall time into phases that add up to it (phase_timer.py);
     # the value-pretraining step has no actor update; what runs after a step's record is in the next
     # record: the checkpoint after step 2 (save_every=2) in step 3's, the eval after step 3
-    # (eval_every=2 VAPO steps) in step 4's.
+    # (eval.every=2 VAPO steps) in step 4's.
     train_recs = {r["step"]: r for r in recs if r["phase"] in ("value_pretrain", "vapo")}
     for r in train_recs.values():
         assert all(r[k] >= 0.0 for k in PHASE_TIMES), r

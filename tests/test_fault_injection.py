@@ -25,6 +25,10 @@ from train_runs import Launch, checkpoint_tensors, launch, make_demo_data, recor
 CONFIG = "demo_cpu.yaml"
 VAPO_STEPS = 4
 FINAL = f"iter_{1 + VAPO_STEPS:07d}"  # one value-pretraining iteration (0), then VAPO iterations 1..4
+# torchrun checks its workers every 0.1 s by default and then sends SIGTERM to the rest. A trainer
+# only records SIGTERM (stop_signals.py), so a peer still reaches its fault point; the longer
+# interval just keeps the two ranks' ends alike (both die by their own SIGKILL, not mid-SIGTERM).
+TORCHRUN_ARGS = ("--monitor-interval", "2")
 
 
 def _settings(data: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -53,9 +57,7 @@ def reference(demo_data, tmp_path_factory) -> Path:
 
 
 def _faulty(data: Path, run_dir: Path, fault: str, *extra: str) -> Launch:
-    # torchrun's default monitor interval (0.1 s): it stops the other rank as soon as one is
-    # gone, which fault_point's barrier must make harmless (every rank announces before any dies).
-    return launch(CONFIG, _settings(data, run_dir, *extra), env={"VAPO_FAULT": fault})
+    return launch(CONFIG, _settings(data, run_dir, *extra), env={"VAPO_FAULT": fault}, torchrun_args=TORCHRUN_ARGS)
 
 
 def _worker_exit_codes(run: Launch) -> list[int]:

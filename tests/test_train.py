@@ -18,6 +18,8 @@ REQUIRED_METRICS = [
     "critic/value_loss", "critic/explained_variance", "rollout/logprob_diff", "perf/step_s",
     "perf/tokens_per_s", "perf/padding_ratio",
 ]
+PHASE_TIMES = [f"perf/{p}_s" for p in ("rollout", "reward", "score", "critic_update", "actor_update", "sync", "eval",
+                                       "checkpoint", "other")]
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +53,18 @@ def test_demo_config_runs_end_to_end(full_run):
         if r["phase"] == "vapo":
             missing = [k for k in REQUIRED_METRICS if k not in r]
             assert not missing, f"step {r['step']} lacks {missing}"
+    # Every training step splits its wall time into phases that add up to it (phase_timer.py);
+    # the value-pretraining step has no actor update; what runs after a step's record is in the next
+    # record: the checkpoint after step 2 (save_every=2) in step 3's, the eval after step 3
+    # (eval.every=2 VAPO steps) in step 4's.
+    train_recs = {r["step"]: r for r in recs if r["phase"] in ("value_pretrain", "vapo")}
+    for r in train_recs.values():
+        assert all(r[k] >= 0.0 for k in PHASE_TIMES), r
+        assert sum(r[k] for k in PHASE_TIMES) == pytest.approx(r["perf/step_s"], rel=1e-9)
+        assert all(r[f"perf/{p}_s"] > 0.0 for p in ("rollout", "reward", "score", "critic_update", "sync")), r
+    assert train_recs[1]["perf/actor_update_s"] == 0.0 and train_recs[2]["perf/actor_update_s"] > 0.0
+    assert [s for s, r in train_recs.items() if r["perf/checkpoint_s"] > 0.0] == [3]
+    assert [s for s, r in train_recs.items() if r["perf/eval_s"] > 0.0] == [4]
     evals = [r for r in recs if r["phase"] == "eval"]
     assert len(evals) >= 2 and all(0.0 <= r["eval/accuracy"] <= 1.0 for r in evals)
     assert (full_run / "checkpoints" / "latest").read_text().strip() == "iter_0000004"

@@ -6,7 +6,7 @@ at named points. Without the environment variable VAPO_FAULT every function here
 
 fires `point` while the trainer works on iteration N (0-based: the step that the metrics log as
 step N+1; a checkpoint point fires while writing the checkpoint saved right after that step).
-Every rank fires at the same point, as a whole-job crash would (after a barrier: fault_point).
+Every rank fires at the same point, as a whole-job crash would.
 
 Kill points (the process SIGKILLs itself: no handler, no cleanup, no flush):
     rollout          after the rollout engine returned its samples
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 KILL_POINTS = ("rollout", "critic_update", "actor_update", "weight_sync", "checkpoint")
 POISON_POINTS = ("nan_loss",)
@@ -54,30 +55,24 @@ def _armed(point: str) -> bool:
 
 
 def fault_point(point: str) -> None:
-    """SIGKILL this process if VAPO_FAULT names `point` at the current iteration (a signal point:
-    send that signal instead).
+    """SIGKILL this process if VAPO_FAULT names `point` at the current iteration, after one line
+    on stdout saying so (a signal point: send that signal instead).
 
-    Every rank announces its kill, then waits at a barrier until all ranks have announced, then
-    kills itself. Without the barrier the first rank to die could take down a peer that was still
-    a few instructions behind: the peer, still reading the last collective's data, saw the
-    connection reset (or hung on it until torchrun's SIGKILL 30 s later) and never reached its own
-    announcement; on a loaded machine that lag is long enough to matter. The barrier's own failure,
-    when a faster peer is already gone, is ignored: the kill follows regardless."""
+    The line goes out in ONE write(2). print() writes the text and its newline in two calls, and
+    under torchrun (workers run `python -u`, stdout unbuffered) every rank's stdout is one shared
+    file: two ranks announcing at the same moment could land as "...rank 0 at rollout@1[vapo]
+    VAPO_FAULT: killing rank 1 at rollout@1\n\n", which is no longer rank 0's line (the flaky
+    tests/test_fault_injection.py failure of issue 13). One write of a short line to a regular
+    file or a pipe is not split by another process's write."""
     if point in SIGNAL_POINTS:
         if _armed(point):
             os.kill(os.getpid(), SIGNAL_POINTS[point])
         return
     if _armed(point):
-        print(f"[vapo] VAPO_FAULT: killing rank {os.environ.get('RANK', '0')} at {point}@{_iteration}", flush=True)
-        try:
-            import torch.distributed as dist
-
-            from vapo_megatron import parallel
-
-            if dist.is_available() and dist.is_initialized():
-                parallel.barrier()
-        finally:
-            os.kill(os.getpid(), signal.SIGKILL)
+        line = f"[vapo] VAPO_FAULT: killing rank {os.environ.get('RANK', '0')} at {point}@{_iteration}\n"
+        sys.stdout.flush()  # anything printed before goes first
+        os.write(sys.stdout.fileno(), line.encode())
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def poisoned(point: str) -> bool:

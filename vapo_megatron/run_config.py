@@ -26,8 +26,8 @@ CONFIG_FILE = "config.yaml"
 # resumed steps compute or what the checkpoint holds, and is refused.
 MAY_CHANGE_ON_RESUME: dict[str, tuple[tuple[str, ...], str]] = {
     "length and cadence": (
-        ("trainer.total_steps", "trainer.save_every", "eval.every", "eval.n_samples", "eval.temperature",
-         "eval.max_prompts"),
+        ("trainer.total_steps", "trainer.save_every", "trainer.deadline", "trainer.deadline_margin_s",
+         "eval.every", "eval.n_samples", "eval.temperature", "eval.max_prompts"),
         "when the run stops, checkpoints and evaluates, and how it measures; no step computes differently",
     ),
     "logging and outputs": (

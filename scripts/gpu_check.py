@@ -16,7 +16,8 @@ Checks (each calls the project's own code; a check is skipped only when its pack
                   colocated sglang.Engine when sglang imports, GPU only): engine logits and
                   log-probs equal the trainer's; release/resume memory measured
   vapo_steps      `--steps` VAPO steps of the demo task through train.py's Trainer, with
-                  torch.cuda.memory_reserved around every phase switch (engine release/resume)
+                  torch.cuda.memory_reserved before and after every phase switch's cache release
+                  (gpu_memory.free_cached_memory, where rollout_collect and run_state call it)
   plan_memory     vapo-plan's per-GPU training peak for that run's layout against the measured
                   peak (torch.cuda.max_memory_allocated), ratio printed
 """
@@ -250,19 +251,20 @@ def check_vapo_steps(env: Env, steps: int) -> dict | None:
         f"model.dtype={'float32' if env.cpu else 'bfloat16'}",
     ]
     cfg = load_config(str(ROOT / "configs" / "demo_cpu.yaml"), overrides)
-    switches: list[str] = []
+    switches: list[tuple[str, int, int]] = []
     base = env.peak_reset()
     with contextlib.redirect_stdout(sys.stderr):  # the trainer's own lines: stdout is one line per check
         trainer = Trainer(cfg, StopSignals())
     try:
-        engine = trainer.ctx.engine
-        if not env.cpu:  # torch.cuda.memory_reserved around every phase switch (issue 14)
-            for name in ("release_memory", "resume_memory"):
-                def measured(*a, _fn=getattr(engine, name), _name=name, **k):
+        if not env.cpu:  # torch.cuda.memory_reserved before and after each phase switch's cache release
+            from vapo_megatron import rollout_collect, run_state
+
+            for module in (rollout_collect, run_state):
+                def measured(_free=module.free_cached_memory):
                     before = torch.cuda.memory_reserved()
-                    _fn(*a, **k)
-                    switches.append(f"{_name}: reserved {before / 2**20:.0f} -> {torch.cuda.memory_reserved() / 2**20:.0f} MiB")
-                setattr(engine, name, measured)
+                    _free()
+                    switches.append((sys._getframe(1).f_code.co_name, before, torch.cuda.memory_reserved()))
+                module.free_cached_memory = measured
         with contextlib.redirect_stdout(sys.stderr):
             code = trainer.run()
     finally:
@@ -276,7 +278,11 @@ def check_vapo_steps(env: Env, steps: int) -> dict | None:
     if env.cpu:
         report("phase_memory", "SKIP", "torch.cuda.memory_reserved is a GPU measurement")
     else:
-        report("phase_memory", "PASS", "; ".join(switches[:4]) or "no engine release/resume seen")
+        shown = "; ".join(f"{where}: {a / 2**20:.0f} -> {b / 2**20:.0f} MiB" for where, a, b in switches[:4])
+        ok = bool(switches) and all(b <= a for _, a, b in switches)
+        report("phase_memory", "PASS" if ok else "FAIL",
+               f"memory_reserved before -> after the cache release at {len(switches)} phase switches "
+               f"(first 4): {shown or 'none seen'}")
     return {"cfg": cfg, "peak": peak, "hf_dir": f"{data}/model"}
 
 

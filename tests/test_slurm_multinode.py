@@ -34,7 +34,7 @@ VAPO_STEPS = 12  # as tests/test_slurm.py: 1 value-pretraining + 12 VAPO iterati
 FINAL_ITER = 1 + VAPO_STEPS
 SAVE_EVERY = 5
 REQUEUE_EXIT = 75  # vapo_train.sbatch's per-node exit code asking for a requeue
-JOB_TIMEOUT = 300  # seconds; a job takes about 1 minute here alone, several on a loaded machine
+JOB_TIMEOUT = 600  # seconds, against hangs only: a job takes about 1 minute alone here, 2 to 6 on a loaded machine
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ def _base(demo: Path, run_dir: Path) -> list[str]:
         f"trainer.run_dir={run_dir}", f"model.hf_path={demo}/model", f"data.train_files=[{demo}/train.jsonl]",
         "data.eval_files=[]", "sft.files=[]", "sft.steps=0", "parallel.tp=1", "algo.value_pretrain_steps=0",
         "algo.mini_batches=1", "rollout.prompts_per_step=4", "rollout.n_samples=2", "rollout.max_new_tokens=4",
-        "trainer.total_steps=1", "trainer.tensorboard=false", "trainer.export_hf=false",
+        "trainer.total_steps=1", "trainer.tensorboard=false", "trainer.export_hf=false", "trainer.seed=1234",
     ]
 
 

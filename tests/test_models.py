@@ -125,8 +125,10 @@ def test_directory_without_megatron_metadata_is_named(tmp_path):
     from vapo_megatron import checkpoint_io, convert
 
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(checkpoint_io.CheckpointError, match=f"{tmp_path} is not a Megatron distributed checkpoint"):
+    # The CLI turns it into one line naming the directory (vapo-convert: error: ...), exit != 0.
+    with pytest.raises(SystemExit, match=f"vapo-convert: error: {tmp_path} is not a Megatron distributed checkpoint"):
         convert.main(["mcore-to-hf", "--ckpt", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
     with pytest.raises(checkpoint_io.CheckpointError, match="does not exist"):
         checkpoint_io.require_checkpoint(tmp_path / "nowhere")
 

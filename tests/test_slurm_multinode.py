@@ -67,8 +67,8 @@ def submit(cluster: Cluster, script: Path, args: list[str], log: Path, *, nodes:
     """sbatch on CPU nodes (no GPUs), `workers` per node; returns the job id."""
     env = dict(cluster.env, VAPO_PYTHON=sys.executable, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
                GPUS_PER_NODE=str(workers))
-    if run_dir is not None:
-        env["VAPO_RUN_DIR"] = str(run_dir)
+    if run_dir is not None:  # as users submit it: the last override names the run dir
+        args = [*args, f"trainer.run_dir={run_dir}"]
     out = cluster.run("sbatch", "--parsable", f"--nodes={nodes}", "--gpus-per-node=0", f"--output={log}",
                       str(script), *args, env=env, cwd=REPO)
     return out.stdout.strip().split(";")[0]

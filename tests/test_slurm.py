@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from slurm_cluster import wait_for
 from train_runs import checkpoint_tensors, hf_weights, records
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,16 +61,6 @@ def slurm_env(slurm_lock) -> dict[str, str]:
 def job_fields(job_id: str, env: dict[str, str]) -> dict[str, str]:
     out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, env=env, check=True).stdout
     return dict(item.split("=", 1) for item in out.split() if "=" in item)
-
-
-def wait_for(predicate, timeout: float, what: str, poll: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def wait_done(job_id: str, env: dict[str, str], timeout: float) -> dict[str, str]:

@@ -181,7 +181,7 @@ def test_usr1_checkpoints_on_every_node_requeues_and_resumes(to, cluster, demo_d
         assert (f"node {node}: SIGUSR1 received" in text) == (node in signalled), text[-4000:]
     # The trainer stopped all ranks at one step (one checkpoint, written collectively), and the
     # requeued job resumed from it on two nodes.
-    stopped = re.findall(r"stop requested by signal: checkpoint at iteration (\d+)", text)
+    stopped = re.findall(r"stop \(SIGUSR1\): checkpoint at iteration (\d+)", text)
     resumed = re.findall(r"resumed from .+ at iteration (\d+)", text)
     assert len(stopped) == 1 and resumed == stopped and 1 <= int(stopped[0]) < FINAL_ITER, text[-4000:]
     assert "restart 1 on" in text and text.count("(2 nodes x 1 workers)") == 2, text[-4000:]

@@ -14,17 +14,9 @@ import pytest
 
 from vapo_megatron import run_config
 from vapo_megatron.config import Config, load_config, to_dict
-from vapo_megatron.data.synthetic import TinyModelSpec, write_demo_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "demo_cpu.yaml"
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("demo") / "data"
-    write_demo_dir(str(out), seed=0, task="add", n_train=64, n_eval=8, n_sft=16, sft_noise=0.0, spec=TinyModelSpec())
-    return out
 
 
 def _base(demo: Path, run_dir: Path) -> list[str]:

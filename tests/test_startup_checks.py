@@ -18,18 +18,9 @@ from pathlib import Path
 import pytest
 
 from vapo_megatron.config import ConfigError, load_config
-from vapo_megatron.data.synthetic import TinyModelSpec, write_demo_dir
 from vapo_megatron.preflight import startup_problems
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> Path:
-    # Tiny Qwen2: 4 heads, 2 KV heads, 2 layers, FFN 256, context 128 (TinyModelSpec defaults).
-    out = tmp_path_factory.mktemp("demo") / "data"
-    write_demo_dir(str(out), seed=0, task="add", n_train=64, n_eval=8, n_sft=16, sft_noise=0.0, spec=TinyModelSpec())
-    return out
 
 
 def _base(demo: Path, run_dir: Path) -> list[str]:

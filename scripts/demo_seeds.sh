@@ -3,8 +3,9 @@
 #     bash scripts/demo_seeds.sh 5 [overrides...]
 # Each seed is a genuinely different run (scripts/run_demo.sh, VAPO_DEMO_SEED): its own tiny-model
 # init, data split, prompt order, sampling and value head, in runs/demo-seeds/seed<N>/ (its output
-# in seed<N>.log). Prints one line per seed, then `min/median/max gain`. Exits 1 when a seed gains
-# less than +0.20 or the median gain is under +0.30 (the demo's targets, issue 13).
+# in seed<N>.log; VAPO_DEMO_SEEDS_DIR=DIR puts them elsewhere, e.g. to compare settings). Prints
+# one line per seed, then `min/median/max gain`. Exits 1 when a seed gains less than +0.20 or the
+# median gain is under +0.30 (the demo's targets, issue 13).
 # VAPO_DEMO_JOBS=K runs K seeds at a time (default 1: one after another, so that each seed's wall
 # time is that of a lone `make demo`; with K > 1 the runs share the cores and their times grow).
 set -uo pipefail
@@ -12,7 +13,7 @@ cd "$(dirname "$0")/.."
 N=${1:?usage: scripts/demo_seeds.sh N [overrides...]}
 shift
 JOBS=${VAPO_DEMO_JOBS:-1}
-OUT=runs/demo-seeds
+OUT=${VAPO_DEMO_SEEDS_DIR:-runs/demo-seeds}
 mkdir -p "$OUT"
 
 run_seed() {

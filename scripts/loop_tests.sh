@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs the crash/restart tests N times in a row and tallies the rounds, to catch flaky ones:
 #     bash scripts/loop_tests.sh [N] [pytest node ids...]
-# Default tests: fault injection, stop signals, Slurm (under /tmp/slurm.lock: one local cluster
-# per machine) and the restart test. One line per round, then the tally; a failed round's pytest
-# output is kept in $LOG_DIR/round_K.log.
+# Default tests: fault injection, stop signals, Slurm on one and two nodes (the tests themselves
+# take tests/slurm_cluster.py's lock: one local cluster user per machine) and the restart test.
+# One line per round, then the tally; each round's pytest output is kept in $LOG_DIR/round_K.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-10}
@@ -11,24 +11,16 @@ shift || true
 TESTS=("$@")
 if [ ${#TESTS[@]} -eq 0 ]; then
   TESTS=(tests/test_fault_injection.py tests/test_stop_signals.py tests/test_slurm.py
-         tests/test_train.py::test_restart_after_checkpoint_reaches_same_weights)
+         tests/test_slurm_multinode.py tests/test_train.py::test_restart_after_checkpoint_reaches_same_weights)
 fi
 LOG_DIR=${LOG_DIR:-$(mktemp -d /tmp/loop_tests.XXXXXX)}
 export PYTHONPATH=$PWD OMP_NUM_THREADS=1
 passed=0
 for k in $(seq 1 "$N"); do
   start=$(date +%s)
-  # Only the Slurm tests hold the lock (others may need the cluster meanwhile).
-  slurm=() other=()
-  for t in "${TESTS[@]}"; do case "$t" in *test_slurm*) slurm+=("$t") ;; *) other+=("$t") ;; esac; done
   : >"$LOG_DIR/round_$k.log"
   ok=1
-  if [ ${#other[@]} -gt 0 ]; then
-    .venv/bin/python -m pytest -q -p no:cacheprovider "${other[@]}" >>"$LOG_DIR/round_$k.log" 2>&1 || ok=0
-  fi
-  if [ ${#slurm[@]} -gt 0 ]; then
-    flock /tmp/slurm.lock .venv/bin/python -m pytest -q -p no:cacheprovider "${slurm[@]}" >>"$LOG_DIR/round_$k.log" 2>&1 || ok=0
-  fi
+  .venv/bin/python -m pytest -q -p no:cacheprovider "${TESTS[@]}" >>"$LOG_DIR/round_$k.log" 2>&1 || ok=0
   if [ $ok -eq 1 ]; then
     passed=$((passed + 1)); verdict=pass
   else

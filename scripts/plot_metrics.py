@@ -2,8 +2,10 @@
 """Plot a run's main curves: scripts/plot_metrics.py RUN_DIR [--out FILE.png]
 
 Reads RUN_DIR/metrics.jsonl and writes RUN_DIR/curves.png (reward, response length, entropy,
-value loss, explained variance, eval accuracy), marking where each phase starts, and a stacked
-panel of each training step's wall time by phase (perf/<phase>_s, vapo_megatron/phase_timer.py).
+value loss, explained variance, eval accuracy), marking where each phase starts, the sampled
+held-out figures users report (eval/avg@K, the largest eval/pass@k, eval/maj@K; docs/evaluation.md),
+and a stacked panel of each training step's wall time by phase (perf/<phase>_s,
+vapo_megatron/phase_timer.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 import matplotlib
@@ -57,6 +60,29 @@ def plot_time_split(ax, records: list[dict]) -> None:
     ax.grid(alpha=0.3)
 
 
+def sampled_eval_keys(records: list[dict]) -> list[str]:
+    """eval/avg@K, the largest eval/pass@k and eval/maj@K, as logged (K is the config's eval.n_samples)."""
+    found: dict[str, tuple[int, str]] = {}
+    for r in records:
+        for key in r:
+            m = re.fullmatch(r"eval/(avg|pass|maj)@(\d+)", key)
+            if m and (m[1] not in found or int(m[2]) > found[m[1]][0]):
+                found[m[1]] = (int(m[2]), key)
+    return [found[kind][1] for kind in ("avg", "pass", "maj") if kind in found]
+
+
+def plot_sampled_eval(ax, records: list[dict]) -> None:
+    for key in sampled_eval_keys(records):
+        pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, "o-", label=key.removeprefix("eval/"), markersize=4)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    ax.set_title("held-out, sampled at the eval temperature")
+    ax.set_xlabel("iteration")
+    ax.grid(alpha=0.3)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir")
@@ -79,8 +105,8 @@ def main(argv=None) -> int:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    plot_time_split(axes.flat[len(PANELS)], records)
-    axes.flat[len(PANELS) + 1].axis("off")
+    plot_sampled_eval(axes.flat[len(PANELS)], records)
+    plot_time_split(axes.flat[len(PANELS) + 1], records)
     fig.tight_layout()
     out = args.out or os.path.join(args.run_dir, "curves.png")
     fig.savefig(out, dpi=90)

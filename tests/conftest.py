@@ -20,9 +20,6 @@ def slurm_lock():
     lock.close()
 
 
-import pytest  # noqa: E402
-
-
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """A tiny demo directory (data, tokenizer, Qwen2 model: 4 heads, 2 KV heads, 2 layers, FFN 256,

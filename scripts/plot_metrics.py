@@ -74,6 +74,8 @@ def sampled_eval_keys(records: list[dict]) -> list[str]:
 def plot_sampled_eval(ax, records: list[dict]) -> None:
     for key in sampled_eval_keys(records):
         pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        if not pts:  # logged only as null
+            continue
         xs, ys = zip(*pts)
         ax.plot(xs, ys, "o-", label=key.removeprefix("eval/"), markersize=4)
     if ax.get_legend_handles_labels()[0]:

@@ -11,8 +11,10 @@ $(STAMP): pyproject.toml scripts/setup_env.sh
 	bash scripts/setup_env.sh
 	touch $(STAMP)
 
+# Two workers (pytest-xdist): tests/conftest.py keeps each file, and both Slurm files, on one
+# worker. --durations: CI's log shows where the suite's time goes.
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
 
 demo: $(STAMP)
 	bash scripts/run_demo.sh

@@ -3,6 +3,8 @@
 #     bash scripts/loop_tests.sh [N] [pytest node ids...]
 # Default tests: fault injection, stop signals, Slurm on one and two nodes (the tests themselves
 # take tests/slurm_cluster.py's lock: one local cluster user per machine) and the restart test.
+# Each round runs as `make test` does: two pytest-xdist workers, each file (and both Slurm files
+# together) on one worker (tests/conftest.py), so a round sees the suite's own concurrency.
 # One line per round, then the tally; each round's pytest output is kept in $LOG_DIR/round_K.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +22,7 @@ for k in $(seq 1 "$N"); do
   start=$(date +%s)
   : >"$LOG_DIR/round_$k.log"
   ok=1
-  .venv/bin/python -m pytest -q -p no:cacheprovider "${TESTS[@]}" >>"$LOG_DIR/round_$k.log" 2>&1 || ok=0
+  .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile "${TESTS[@]}" >>"$LOG_DIR/round_$k.log" 2>&1 || ok=0
   if [ $ok -eq 1 ]; then
     passed=$((passed + 1)); verdict=pass
   else

@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import traceback
 
 import torch.multiprocessing as mp
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ports import free_port
 
 
 def _worker(rank, world_size, port, fn, args, queue):
@@ -38,7 +33,7 @@ def run_ranks(world_size: int, fn, *args, timeout: float = 600.0) -> list:
     """fn(*args) on `world_size` spawned processes; returns [result of rank 0, rank 1, ...]."""
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)]
     for p in procs:
         p.start()

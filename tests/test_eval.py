@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from train_runs import ROOT, free_port, launch, make_demo_data, records
+from ports import free_port
+from train_runs import ROOT, launch, make_demo_data, records
 from vapo_megatron import eval as vapo_eval
 
 SEED = 1234  # the trainer's seed: its eval samples with it, so vapo-eval can redraw the same samples

@@ -8,7 +8,6 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,14 +18,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from ports import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_demo_data(out: Path, *, n_train: int, n_eval: int, n_sft: int) -> Path:

@@ -19,6 +19,7 @@ from slurm_cluster import session_lock  # noqa: E402
 SLURM_FILES = {"test_slurm.py", "test_slurm_multinode.py"}
 
 
+@pytest.hookimpl(optionalhook=True)  # a bare `pytest` without xdist installed still runs
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None  # xdist's own scheduler

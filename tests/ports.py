@@ -19,7 +19,8 @@ def free_port() -> int:
         ephemeral_low = int(f.read().split()[0])
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
     high = ephemeral_low - 1000 * worker
-    candidates = list(range(max(1024, high - 1000), high))
+    low = max(1024, high - 1000)
+    candidates = list(range(low, high))
     random.shuffle(candidates)
     for port in candidates:
         with socket.socket() as s:
@@ -28,4 +29,4 @@ def free_port() -> int:
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"no free port in {candidates[0]}-{candidates[-1]} (xdist worker {worker})")
+    raise RuntimeError(f"no free port in {low}-{high - 1} (xdist worker {worker})")

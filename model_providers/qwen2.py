@@ -1,16 +1,14 @@
-"""Qwen2 / Qwen2.5 (and Qwen3 dense) on megatron-core: config translation and the weight table.
+"""Qwen2 / Qwen2.5 and Qwen3 dense: the name tables and the architecture megatron builds.
 
 Qwen2: RMSNorm, SwiGLU MLP without biases, GQA attention with q/k/v biases and no o_proj bias,
-RoPE. Qwen3 dense: the same without q/k/v biases, plus RMSNorm on each head's q and k.
+RoPE. Qwen3 dense: the same without q/k/v biases, plus RMSNorm on each head's q and k, and a
+head_dim that the config states (it may differ from hidden/heads). Pure Python: no torch here.
 """
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
-from model_providers.family import Family, tied_embeddings
-from model_providers.mapping import Row, head_dim
+from model_providers.family import Architecture, Family, HFConfigError, rope_theta, source, tied_embeddings
+from model_providers.table import Row, head_dim, query_groups
 
 L = "decoder.layers.{layer}."
 H = "model.layers.{layer}."
@@ -42,126 +40,52 @@ def _rows(qkv_bias: bool, qk_norm: bool) -> tuple[Row, ...]:
     return tuple(rows)
 
 
-# The critic's scalar value head <-> Qwen2ForTokenClassification(num_labels=1).score
+# The critic's scalar value head <-> <Family>ForTokenClassification(num_labels=1).score
 CRITIC_ROWS = (
     Row("value_head.weight", ("score.weight",), "copy"),
     Row("value_head.bias", ("score.bias",), "copy"),
 )
 
 
-def rope_theta(hf_cfg: dict) -> float:
-    """Qwen configs on the Hub carry `rope_theta`; transformers 5 writes `rope_parameters`."""
-    params = hf_cfg["rope_parameters"] if "rope_parameters" in hf_cfg else None
-    scaling = hf_cfg["rope_scaling"] if "rope_scaling" in hf_cfg else None
-    for spec in (params, scaling):
-        kind = spec["rope_type"] if spec and "rope_type" in spec else (spec["type"] if spec and "type" in spec else "default")
-        if kind != "default":
-            raise ValueError(f"RoPE scaling {spec} is not supported (only the default RoPE)")
-    if params and "rope_theta" in params:
-        return float(params["rope_theta"])
-    if "rope_theta" in hf_cfg:
-        return float(hf_cfg["rope_theta"])
-    raise ValueError("config has neither rope_theta nor rope_parameters.rope_theta")
-
-
-def _te_available() -> bool:
-    try:
-        import transformer_engine  # noqa: F401
-    except Exception:  # ImportError, or a broken CUDA install
-        return False
-    return True
-
-
-def layer_spec(config, vp_stage: int | None = None):
-    """Transformer Engine's spec on the GPU when it imports, megatron's local spec otherwise (a
-    CPU-initialized model, e.g. tests or vapo-plan's meta-device shards, never gets TE modules).
-    The local spec with sequence parallelism is a block spec with norms that support it
-    (sp_norm.py); TE's norms support it themselves."""
-    from megatron.core.models.gpt import gpt_layer_specs as specs
-    from megatron.core.transformer.transformer_block import get_num_layers_to_build
-
-    from model_providers.sp_norm import local_block_spec
-
-    if not config.use_cpu_initialization and _te_available():
-        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.qk_layernorm)
-    spec = specs.get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
-    if config.sequence_parallel:
-        return local_block_spec(spec, get_num_layers_to_build(config, vp_stage=vp_stage))
-    return spec
-
-
-def _transformer_config(hf_cfg: dict, *, tp: int, pp: int, vpp: int | None, params_dtype: torch.dtype,
-                        on_gpu: bool, recompute: bool, qkv_bias: bool, qk_layernorm: bool,
-                        sequence_parallel: bool = False):
-    from megatron.core.transformer import TransformerConfig
-
+def _architecture(hf_cfg: dict, *, qkv_bias: bool, qk_norm: bool) -> Architecture:
+    src = source(hf_cfg)
     if hf_cfg["hidden_act"] != "silu":
-        raise ValueError(f"config.json hidden_act={hf_cfg['hidden_act']!r}: only 'silu' (SwiGLU) is supported")
+        raise HFConfigError(f"{src}: hidden_act={hf_cfg['hidden_act']!r} is not supported (only 'silu', SwiGLU)")
     if "use_sliding_window" in hf_cfg and hf_cfg["use_sliding_window"]:
-        raise ValueError("config.json use_sliding_window=true is not supported")
-    for key, n in (("num_attention_heads", hf_cfg["num_attention_heads"]),
-                   ("num_key_value_heads", hf_cfg["num_key_value_heads"])):
-        if n % tp != 0:
-            raise ValueError(f"tensor parallel size {tp} does not divide the model's {key}={n}")
-    if hf_cfg["num_hidden_layers"] % (pp * (vpp or 1)) != 0:
-        raise ValueError(f"num_hidden_layers={hf_cfg['num_hidden_layers']} is not divisible by "
-                         f"pipeline parallel {pp} x virtual stages {vpp or 1}")
-    te = on_gpu and _te_available()
-    return TransformerConfig(
-        num_layers=hf_cfg["num_hidden_layers"],
-        hidden_size=hf_cfg["hidden_size"],
-        ffn_hidden_size=hf_cfg["intermediate_size"],
-        num_attention_heads=hf_cfg["num_attention_heads"],
-        num_query_groups=hf_cfg["num_key_value_heads"],
-        kv_channels=head_dim(hf_cfg),
-        layernorm_epsilon=hf_cfg["rms_norm_eps"],
-        normalization="RMSNorm",
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
-        add_qkv_bias=qkv_bias,
-        qk_layernorm=qk_layernorm,
-        hidden_dropout=0.0,
-        attention_dropout=hf_cfg["attention_dropout"],
-        init_method_std=hf_cfg["initializer_range"],
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        # Sequence parallelism shards the norm/dropout/residual activations [T, h] over TP along T;
-        # it has nothing to shard without TP (megatron refuses it there, Megatron-LM turns it off).
-        sequence_parallel=sequence_parallel and tp > 1,
-        virtual_pipeline_model_parallel_size=vpp,
-        params_dtype=params_dtype,
-        pipeline_dtype=params_dtype,
-        bf16=params_dtype == torch.bfloat16,
-        fp16=params_dtype == torch.float16,
-        use_cpu_initialization=not on_gpu,
-        # CPU: every fused kernel off (they are CUDA-only). GPU: megatron's fused bias-SwiGLU and
-        # bias-dropout-add; RoPE fusion and wgrad accumulation fusion need Transformer Engine.
-        bias_activation_fusion=on_gpu,
-        bias_dropout_fusion=on_gpu,
-        masked_softmax_fusion=on_gpu,
-        apply_rope_fusion=te,
-        gradient_accumulation_fusion=te,
-        persist_layer_norm=False,
-        # Full activation recomputation: each layer keeps only its input for the backward pass
-        # and recomputes the rest (a 32B model's activations at ~20k tokens per micro-batch do not
-        # fit otherwise; vapo-plan estimates both ways).
-        recompute_granularity="full" if recompute else None,
-        recompute_method="uniform" if recompute else None,
-        recompute_num_layers=1 if recompute else None,
+        raise HFConfigError(f"{src}: use_sliding_window=true is not supported")
+    return Architecture(
+        transformer=dict(
+            num_layers=hf_cfg["num_hidden_layers"],
+            hidden_size=hf_cfg["hidden_size"],
+            ffn_hidden_size=hf_cfg["intermediate_size"],
+            num_attention_heads=hf_cfg["num_attention_heads"],
+            num_query_groups=query_groups(hf_cfg),
+            kv_channels=head_dim(hf_cfg),
+            layernorm_epsilon=hf_cfg["rms_norm_eps"],
+            normalization="RMSNorm",
+            gated_linear_unit=True,
+            activation_func="silu",
+            add_bias_linear=False,
+            add_qkv_bias=qkv_bias,
+            qk_layernorm=qk_norm,
+            hidden_dropout=0.0,
+            attention_dropout=hf_cfg["attention_dropout"],
+            init_method_std=hf_cfg["initializer_range"],
+        ),
+        rotary_base=rope_theta(hf_cfg),
+        tied_embeddings=tied_embeddings(hf_cfg),
+        max_position_embeddings=hf_cfg["max_position_embeddings"],
     )
 
 
-def _qwen2_config(hf_cfg, *, tp, pp, vpp, params_dtype, on_gpu, recompute=False, sequence_parallel=False):
-    return _transformer_config(hf_cfg, tp=tp, pp=pp, vpp=vpp, params_dtype=params_dtype, on_gpu=on_gpu, recompute=recompute,
-                               qkv_bias=True, qk_layernorm=False, sequence_parallel=sequence_parallel)
+def _qwen2(hf_cfg: dict) -> Architecture:
+    return _architecture(hf_cfg, qkv_bias=True, qk_norm=False)
 
 
-def _qwen3_config(hf_cfg, *, tp, pp, vpp, params_dtype, on_gpu, recompute=False, sequence_parallel=False):
+def _qwen3(hf_cfg: dict) -> Architecture:
     if hf_cfg["attention_bias"]:
-        raise ValueError("Qwen3 config.json attention_bias=true is not supported")
-    return _transformer_config(hf_cfg, tp=tp, pp=pp, vpp=vpp, params_dtype=params_dtype, on_gpu=on_gpu, recompute=recompute,
-                               qkv_bias=False, qk_layernorm=True, sequence_parallel=sequence_parallel)
+        raise HFConfigError(f"{source(hf_cfg)}: attention_bias=true is not supported for Qwen3")
+    return _architecture(hf_cfg, qkv_bias=False, qk_norm=True)
 
 
 QWEN2 = Family(
@@ -172,7 +96,7 @@ QWEN2 = Family(
     critic_rows=CRITIC_ROWS,
     causal_lm_architecture="Qwen2ForCausalLM",
     token_classification_architecture="Qwen2ForTokenClassification",
-    transformer_config=_qwen2_config,
+    architecture=_qwen2,
 )
 
 QWEN3 = Family(
@@ -183,7 +107,7 @@ QWEN3 = Family(
     critic_rows=CRITIC_ROWS,
     causal_lm_architecture="Qwen3ForCausalLM",
     token_classification_architecture="Qwen3ForTokenClassification",
-    transformer_config=_qwen3_config,
+    architecture=_qwen3,
 )
 
-__all__ = ["QWEN2", "QWEN3", "rope_theta", "layer_spec", "tied_embeddings"]
+__all__ = ["QWEN2", "QWEN3"]

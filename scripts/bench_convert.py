@@ -163,8 +163,8 @@ def main() -> None:
         print(f"model: {args.preset} shape, {model_bytes / 2 / 1e9:.2f}B parameters, {model_bytes / 1e9:.2f} GB bf16 "
               f"in {args.shards} safetensors shards, tied embeddings: {tied}")
 
-        _, base, _ = run_child(["-c", "import vapo_megatron.convert, vapo_megatron.lazy_save, "
-                                "vapo_megatron.checkpoint_stream, model_providers.build"])
+        _, base, _ = run_child(["-c", "import vapo_megatron.convert, vapo_megatron.weights.convert, "
+                                "vapo_megatron.checkpoint.lazy_save, vapo_megatron.weights.from_checkpoint"])
         print(f"baseline (a process importing the converter): peak RSS {base / 1e9:.2f} GB")
         ratios = []
         for name, cmd in (

@@ -4,7 +4,7 @@ memory copy of the same bytes, side by side in one run.
 Two gloo ranks on the CPU (spawned by this script) build a Qwen2-shaped Megatron actor from a
 preset (random init; default qwen2.5-0.5b: 494M parameters, bf16) at TP=2. Rank 0 holds an
 EmbeddedEngine (a transformers Qwen2ForCausalLM of the same config). One timed sync is the real
-`sync_weights` call end to end: TP shards through the transport (shared memory here), q/k/v and
+`stream_weights` call end to end: TP shards through the transport (shared memory here), q/k/v and
 gate/up split and vocab padding dropped by the mapping table, written into the engine's
 parameters (or, with --buckets, through bounded flat buckets and engine.load_bucket), version
 set. Megatron's norms are float32 next to bf16 weights on the CPU; the engine casts them.
@@ -68,7 +68,7 @@ def _rank_main(rank: int, port: int, args, queue) -> None:
 
         queue.put((rank, "error", traceback.format_exc()))
     finally:
-        from vapo_megatron import parallel
+        from vapo_megatron.mcore import parallel
 
         parallel.destroy()
 
@@ -78,11 +78,11 @@ def _bench_rank(rank: int, args) -> dict:
     from transformers import AutoConfig
 
     from model_providers import family_for
-    from model_providers.build import build_chunks
+    from vapo_megatron.mcore.models import build_chunks
     from model_providers.presets import preset
-    from vapo_megatron import parallel
+    from vapo_megatron.mcore import parallel
     from vapo_megatron.rollout.embedded import EmbeddedEngine
-    from vapo_megatron.rollout.weight_sync import sync_weights
+    from vapo_megatron.rollout.weight_sync import stream_weights
 
     dtype = DTYPES[args.dtype]
     hf_cfg = preset(args.preset)
@@ -101,7 +101,7 @@ def _bench_rank(rank: int, args) -> dict:
 
     def sync(version: int):
         parallel.barrier()
-        return sync_weights(chunks, family, hf_cfg, engine, version=version, bucket_bytes=bucket_bytes,
+        return stream_weights(chunks, family, hf_cfg, engine, version=version, bucket_bytes=bucket_bytes,
                             transport=args.transport)
 
     params, dst = [], []
@@ -197,7 +197,7 @@ def main() -> None:
           f"build {max(results[r]['build_s'] for r in range(TP)):.1f} s")
     print(f"[weight_sync] delivered per sync: {r0['tensors']} tensors, {r0['bytes'] / gib:.3f} GiB, "
           f"{r0['buckets']} buckets")
-    print(f"[weight_sync] sync_weights into EmbeddedEngine: {sync_t:.3f} s  -> {sync_rate / gib:.3f} GiB/s, "
+    print(f"[weight_sync] stream_weights into EmbeddedEngine: {sync_t:.3f} s  -> {sync_rate / gib:.3f} GiB/s, "
           f"{r0['tensors'] / sync_t:.0f} tensors/s   (runs: {', '.join(f'{t:.3f}' for t in r0['sync_s'])})")
     print(f"[weight_sync] plain copy_ of the same tensors: {copy_t:.3f} s  -> {copy_rate / gib:.3f} GiB/s, "
           f"{r0['tensors'] / copy_t:.0f} tensors/s   (runs: {', '.join(f'{t:.3f}' for t in r0['copy_s'])})")

@@ -5,7 +5,7 @@
 
 Exit status: 0 no FAIL; 1 some FAIL; 2 no GPU visible (without --cpu) or bad arguments.
 Single process (world size 1): the NCCL process group of one GPU still takes CUDA tensors only,
-so every collective of the checks below runs through parallel.py's device-placing helpers.
+so every collective of the checks below runs through mcore/parallel.py's device-placing helpers.
 
 Checks (each calls the project's own code; a check is skipped only when its package is absent):
   model_logits    megatron-core (TE layer spec when TE imports, else the local spec), bf16 on the
@@ -15,9 +15,9 @@ Checks (each calls the project's own code; a check is skipped only when its pack
   weight_sync     the actor streamed into an embedded engine on the device (and into a real
                   colocated sglang.Engine when sglang imports, GPU only): engine logits and
                   log-probs equal the trainer's; release/resume memory measured
-  vapo_steps      `--steps` VAPO steps of the demo task through train.py's Trainer, with
+  vapo_steps      `--steps` VAPO steps of the demo task through the trainer's Trainer, with
                   torch.cuda.memory_reserved before and after every phase switch's cache release
-                  (gpu_memory.free_cached_memory, where rollout_collect and run_state call it)
+                  (mcore/memory.py's free_cached_memory, where rollout/generator.py calls it)
   plan_memory     vapo-plan's per-GPU training peak for that run's layout against the measured
                   peak (torch.cuda.max_memory_allocated), ratio printed
 """
@@ -85,7 +85,7 @@ def _tol(env: Env) -> dict:
 
 def _logits(chunks, ids: torch.Tensor, vocab: int) -> torch.Tensor:
     """Full logits [b, t, vocab] of a TP-sharded megatron actor (padding stripped)."""
-    from vapo_megatron import parallel
+    from vapo_megatron.mcore import parallel
 
     model = chunks[0].eval()
     pos = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
@@ -100,9 +100,9 @@ def check_model_logits(env: Env) -> None:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     import model_providers
-    from model_providers.build import build_chunks
+    from vapo_megatron.mcore.models import build_chunks
     from model_providers.presets import preset
-    from vapo_megatron.hf_import import load_hf_weights
+    from vapo_megatron.weights.hf_read import load_hf_weights
 
     hf = preset(env.preset)
     torch.manual_seed(0)
@@ -110,7 +110,7 @@ def check_model_logits(env: Env) -> None:
     ref = AutoModelForCausalLM.from_config(cfg, dtype=env.dtype)
     env.hf_dir = env.work / "model"
     ref.save_pretrained(env.hf_dir)
-    hf_cfg = model_providers.load_hf_config(str(env.hf_dir))
+    hf_cfg = model_providers.read_hf_config(str(env.hf_dir))
     chunks = build_chunks(hf_cfg, params_dtype=env.dtype, critic=False)
     load_hf_weights(chunks, model_providers.family_for(hf_cfg), hf_cfg, str(env.hf_dir))
     env.actor = chunks
@@ -130,7 +130,7 @@ def check_model_logits(env: Env) -> None:
 
 def check_collectives(env: Env) -> None:
     """parallel.py's helpers on this backend: CPU tensors in and out of an NCCL group."""
-    from vapo_megatron import parallel
+    from vapo_megatron.mcore import parallel
 
     t = torch.arange(4, dtype=torch.float64)  # a CPU tensor, as the global counts are
     parallel.all_reduce(t, group=parallel.dp_group())
@@ -143,7 +143,7 @@ def check_collectives(env: Env) -> None:
 
 
 def check_vocab_parallel(env: Env) -> None:
-    from vapo_megatron import parallel
+    from vapo_megatron.mcore import parallel
     from vapo_megatron.algorithms.vocab_parallel import vocab_parallel_logprobs_entropy
 
     g = torch.Generator().manual_seed(1)
@@ -171,17 +171,17 @@ def check_weight_sync(env: Env) -> None:
 
     import model_providers
     from vapo_megatron.rollout.embedded import EmbeddedEngine
-    from vapo_megatron.rollout.weight_sync import sync_weights
+    from vapo_megatron.rollout.weight_sync import stream_weights
 
     if env.actor is None:
         report("weight_sync", "SKIP", "model_logits did not build the actor")
         return
-    hf_cfg = model_providers.load_hf_config(str(env.hf_dir))
+    hf_cfg = model_providers.read_hf_config(str(env.hf_dir))
     with torch.no_grad():  # a trained actor differs from its checkpoint: the engine must get these
         for p in env.actor[0].parameters():
             p.add_(torch.randn_like(p) * 0.02)
     engine = EmbeddedEngine.from_hf_config(AutoConfig.from_pretrained(env.hf_dir), dtype=env.dtype, device=str(env.device))
-    stats = sync_weights(env.actor, model_providers.family_for(hf_cfg), hf_cfg, engine, version=1)
+    stats = stream_weights(env.actor, model_providers.family_for(hf_cfg), hf_cfg, engine, version=1)
     ids = torch.randint(0, hf_cfg["vocab_size"], (2, 48), generator=torch.Generator().manual_seed(2)).to(env.device)
     trainer = _logits(env.actor, ids, hf_cfg["vocab_size"])
     with torch.no_grad():
@@ -207,7 +207,7 @@ def check_sglang_engine(env: Env, hf_cfg: dict) -> None:
     import model_providers
     from vapo_megatron.rollout.base import SamplingParams
     from vapo_megatron.rollout.sglang_engine import SGLangEngine
-    from vapo_megatron.rollout.weight_sync import sync_weights
+    from vapo_megatron.rollout.weight_sync import stream_weights
 
     engine = SGLangEngine.colocated(model_path=str(env.hf_dir), tp_size=1, mem_fraction=0.3, dtype="bfloat16", seed=0)
     try:
@@ -215,7 +215,7 @@ def check_sglang_engine(env: Env, hf_cfg: dict) -> None:
         released = free()
         engine.resume_memory()
         resumed = free()
-        sync_weights(env.actor, model_providers.family_for(hf_cfg), hf_cfg, engine, version=2)
+        stream_weights(env.actor, model_providers.family_for(hf_cfg), hf_cfg, engine, version=2)
         prompt = [[1, 2, 3, 4]]
         out = engine.generate(prompt, SamplingParams(n=1, max_new_tokens=8, temperature=1.0, seed=0))[0]
         ids = torch.tensor([prompt[0] + list(out.token_ids)], device=env.device)
@@ -235,9 +235,9 @@ def check_sglang_engine(env: Env, hf_cfg: dict) -> None:
 
 def check_vapo_steps(env: Env, steps: int) -> dict | None:
     from vapo_megatron.config import load_config
-    from vapo_megatron.data.synthetic import TinyModelSpec, write_demo_dir
-    from vapo_megatron.stop_signals import StopSignals
-    from vapo_megatron.train import Trainer
+    from vapo_megatron.testing.demo_task import TinyModelSpec, write_demo_dir
+    from vapo_megatron.trainer.signals import StopSignals
+    from vapo_megatron.trainer.trainer import Trainer
 
     data = env.work / "demo"
     write_demo_dir(str(data), seed=0, task="add", n_train=256, n_eval=16, n_sft=16, sft_noise=0.0,
@@ -257,14 +257,13 @@ def check_vapo_steps(env: Env, steps: int) -> dict | None:
         trainer = Trainer(cfg, StopSignals())
     try:
         if not env.cpu:  # torch.cuda.memory_reserved before and after each phase switch's cache release
-            from vapo_megatron import rollout_collect, run_state
+            from vapo_megatron.rollout import generator
 
-            for module in (rollout_collect, run_state):
-                def measured(_free=module.free_cached_memory):
-                    before = torch.cuda.memory_reserved()
-                    _free()
-                    switches.append((sys._getframe(1).f_code.co_name, before, torch.cuda.memory_reserved()))
-                module.free_cached_memory = measured
+            def measured(_free=generator.free_cached_memory):
+                before = torch.cuda.memory_reserved()
+                _free()
+                switches.append((sys._getframe(1).f_code.co_name, before, torch.cuda.memory_reserved()))
+            generator.free_cached_memory = measured
         with contextlib.redirect_stdout(sys.stderr):
             code = trainer.run()
     finally:
@@ -288,14 +287,14 @@ def check_vapo_steps(env: Env, steps: int) -> dict | None:
 
 def check_plan_memory(env: Env, run: dict | None) -> None:
     import model_providers
-    from vapo_megatron import parallel
-    from vapo_megatron.plan import make_plan
+    from vapo_megatron.mcore import parallel
+    from vapo_megatron.sizing.plan import make_plan
 
     if run is None:
         report("plan_memory", "SKIP", "vapo_steps did not run")
         return
     parallel.destroy()  # vapo-plan builds each rank's shard in a fake process group of its own
-    hf = model_providers.load_hf_config(run["hf_dir"])
+    hf = model_providers.read_hf_config(run["hf_dir"])
     gpu = 80.0 if env.cpu else torch.cuda.get_device_properties(env.device).total_memory / GIB
     plan = make_plan(run["cfg"], hf, hf, world_size=1, gpu_memory_gib=gpu, reserve_gib=0.0)
     predicted = max(r.training for r in plan.ranks)
@@ -322,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     if not has("megatron.core"):
         print("gpu_check: megatron-core is not installed; nothing can be checked", file=sys.stderr)
         return 2
-    from vapo_megatron import parallel
+    from vapo_megatron.mcore import parallel
 
     parallel.init_distributed(1, 1, seed=0)
     device = "cpu (gloo)" if args.cpu else f"{torch.cuda.get_device_name()} ({torch.distributed.get_backend()})"

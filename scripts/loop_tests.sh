@@ -2,7 +2,7 @@
 # Runs the crash/restart tests N times in a row and tallies the rounds, to catch flaky ones:
 #     bash scripts/loop_tests.sh [N] [pytest node ids...]
 # Default tests: fault injection, stop signals, Slurm on one and two nodes (the tests themselves
-# take tests/slurm_cluster.py's lock: one local cluster user per machine) and the restart test.
+# take tests/helpers/slurm_cluster.py's lock: one local cluster user per machine) and the restart test.
 # Each round runs as `make test` does: two pytest-xdist workers, each file (and both Slurm files
 # together) on one worker (tests/conftest.py), so a round sees the suite's own concurrency.
 # One line per round, then the tally; each round's pytest output is kept in $LOG_DIR/round_K.log.
@@ -12,8 +12,8 @@ N=${1:-10}
 shift || true
 TESTS=("$@")
 if [ ${#TESTS[@]} -eq 0 ]; then
-  TESTS=(tests/test_fault_injection.py tests/test_stop_signals.py tests/test_slurm.py
-         tests/test_slurm_multinode.py tests/test_train.py::test_restart_after_checkpoint_reaches_same_weights)
+  TESTS=(tests/e2e/test_fault_injection.py tests/e2e/test_stop_signals.py tests/e2e/test_slurm.py
+         tests/e2e/test_slurm_multinode.py tests/e2e/test_train.py::test_restart_after_checkpoint_reaches_same_weights)
 fi
 LOG_DIR=${LOG_DIR:-$(mktemp -d /tmp/loop_tests.XXXXXX)}
 export PYTHONPATH=$PWD OMP_NUM_THREADS=1

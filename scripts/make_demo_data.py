@@ -10,7 +10,7 @@ The reward for this task is exact match ("exact" in vapo_megatron.rewards).
 import argparse
 import json
 
-from vapo_megatron.data.synthetic import TASKS, TinyModelSpec, write_demo_dir
+from vapo_megatron.testing.demo_task import TASKS, TinyModelSpec, write_demo_dir
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ Reads RUN_DIR/metrics.jsonl and writes RUN_DIR/curves.png (reward, response leng
 value loss, explained variance, eval accuracy), marking where each phase starts, the sampled
 held-out figures users report (eval/avg@K, the largest eval/pass@k, eval/maj@K; docs/evaluation.md),
 and a stacked panel of each training step's wall time by phase (perf/<phase>_s,
-vapo_megatron/phase_timer.py).
+vapo_megatron/trainer/timing.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from vapo_megatron.data.synthetic import TinyModelSpec, build_tiny_qwen2, build_tokenizer, make_splits
+from vapo_megatron.testing.demo_task import TinyModelSpec, build_tiny_qwen2, build_tokenizer, make_splits
 
 
 def prompt_ids(tok, prompt: str) -> list[int]:

@@ -21,7 +21,7 @@ if ! "$PY" -c "import json, sys; sys.exit(json.load(open(sys.argv[1]))['seed'] !
   "$PY" scripts/make_demo_data.py --out "$DATA" --seed "$SEED" >/dev/null
 fi
 # An interrupted demo resumes from its last checkpoint, a finished one is reported again; a
-# changed configuration is refused, naming each changed setting (vapo_megatron/run_config.py).
+# changed configuration is refused, naming each changed setting (vapo_megatron/config/resume.py).
 # To start over: rm -rf runs/demo/checkpoints runs/demo/metrics.jsonl (or another trainer.run_dir).
 "$PY" -m torch.distributed.run --nproc-per-node 2 --master-addr 127.0.0.1 --master-port "${VAPO_DEMO_PORT:-29517}" \
   -m vapo_megatron.train --config configs/demo_cpu.yaml \

@@ -34,7 +34,7 @@ fi
 # (flashinfer, sglang-kernel, cutlass, ~10 GB), which cannot run here, so sglang goes in with
 # --no-deps. Everything installed beside it is at versions sglang itself accepts: torch,
 # transformers and tokenizers are pinned in pyproject.toml to sglang's exact pins, and
-# tests/test_pins.py fails when any installed package disagrees with sglang's metadata.
+# tests/unit/test_pins.py fails when any installed package disagrees with sglang's metadata.
 .venv/bin/python -m pip install -q --no-deps "sglang==0.5.23"
 # The light packages sglang's modules import on the way to those classes, at the versions the
 # GPU resolution of '.[gpu]' picks (python-dateutil: sglang requires <3; matplotlib alone would

@@ -1,4 +1,4 @@
-"""VAPO's losses as SUMS over tokens (VAPO sec. 3, components 4-6; see ../../shared/VAPO.md).
+"""VAPO's losses as SUMS over tokens (VAPO sec. 3, components 4-6; docs/algorithm.md).
 
 Every function returns sums, never means: the caller divides by global counts (N response
 tokens, N_pos correct-response tokens, number of responses) that it all-reduces over the
@@ -174,7 +174,7 @@ def whiten(x: Tensor, mask: Tensor, moment_sums_global: Tensor, eps: float = 1e-
     """(x - mean) / sqrt(var + eps) with the GLOBAL masked mean and (unbiased) variance.
 
     moment_sums_global: masked_moment_sums() all-reduced over every rank and micro-batch of the
-    global batch, so every rank whitens with the same statistics (VAPO.md, parallel-aware form).
+    global batch, so every rank whitens with the same statistics (docs/algorithm.md, the parallel-aware form).
     Returns float32 [B, T], 0 on padding.
     """
     count, total, total_sq = (float(v) for v in moment_sums_global)

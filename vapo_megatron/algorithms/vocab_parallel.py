@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from vapo_megatron import parallel
+from vapo_megatron.mcore import parallel
 
 
 def _group_size(group) -> int:

@@ -1,1 +1,10 @@
-"""Rollout engines (embedded transformers on the CPU, SGLang on GPUs) and weight sync into them."""
+"""Rollout: the engines that sample responses, and the weight sync that keeps them on the newest actor.
+
+    generator.py      what the loop calls: engines of this replica, generate/collect, release, sync
+    base.py           the one interface every engine implements (RolloutEngine, SamplingParams)
+    embedded.py       transformers in this process (the CPU engine; also a single GPU)
+    sglang_engine.py  colocated sglang.Engine per block of a TP group (GPU); sglang_http.py: a server
+    weight_sync.py    Megatron shards -> full HF tensors -> engines, bounded memory
+    tp_gather.py      TP shards to the ranks that need full tensors (shared memory or collectives)
+    buckets.py        flat single-dtype weight buckets
+"""

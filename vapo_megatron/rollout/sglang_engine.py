@@ -33,7 +33,7 @@ from typing import Any, Protocol, Sequence
 import torch
 import torch.distributed as dist
 
-from vapo_megatron import parallel
+from vapo_megatron.mcore import parallel
 from vapo_megatron.rollout.base import MEMORY_TAGS, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket
 

@@ -3,7 +3,7 @@
 Weight sync walks a stage's exported parameters in batches (the same batches on every TP rank).
 `exchange(k, batch)` is collective over the TP group; afterwards `shards(item)` gives, on a rank
 that needs full tensors, every TP rank's shard of that parameter in rank order, and the caller
-places them into HF tensors (mapping.place_shard) without concatenating anything.
+places them into HF tensors (model_providers/layouts.py, place_shard) without concatenating anything.
 
 Two transports:
   SharedMemoryGather  CPU tensors, whole TP group on one host (the CPU trainer). Each rank whose
@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from model_providers.mapping import Row
-from vapo_megatron import parallel
+from model_providers.table import Row
+from vapo_megatron.mcore import parallel
 from vapo_megatron.rollout.buckets import MemoryMeter, nbytes
 
 SHM_DIR = "/dev/shm"
@@ -42,7 +42,7 @@ TRANSPORTS = ("auto", "shm", "collective")
 
 
 @dataclass(frozen=True, eq=False)
-class Item:
+class GatherItem:
     """One exported parameter of this pipeline stage."""
 
     param: Tensor                # this rank's tensor (a TP shard when partition_dim is set)
@@ -65,26 +65,26 @@ class Item:
         return nbytes(self.param) * (self.tp if self.sharded else 1)
 
 
-def make_items(params: list[tuple[Tensor, Row, int | None]], tp: int) -> list[Item]:
+def make_items(params: list[tuple[Tensor, Row, int | None]], tp: int) -> list[GatherItem]:
     items = []
     for param, row, layer in params:
         sharded = tp > 1 and getattr(param, "tensor_model_parallel", False)
-        items.append(Item(param.detach(), row, layer, param.partition_dim if sharded else None, tp))
+        items.append(GatherItem(param.detach(), row, layer, param.partition_dim if sharded else None, tp))
     return items
 
 
 class CollectiveGather:
     """One parameter per batch through torch.distributed; gathered shards live until done()."""
 
-    def __init__(self, items: list[Item], group, needs: list[bool], meter: MemoryMeter) -> None:
+    def __init__(self, items: list[GatherItem], group, needs: list[bool], meter: MemoryMeter) -> None:
         self.items, self.group, self.needs, self.meter = items, group, needs, meter
         self.rank = dist.get_rank(group) if group is not None else 0  # group None: TP=1, nothing sharded
         self._shards: list[Tensor] | None = None
 
-    def batches(self) -> list[list[Item]]:
+    def batches(self) -> list[list[GatherItem]]:
         return [[it] for it in self.items]
 
-    def exchange(self, k: int, batch: list[Item]) -> None:
+    def exchange(self, k: int, batch: list[GatherItem]) -> None:
         (it,) = batch
         self._shards = None
         if not it.sharded:
@@ -103,10 +103,10 @@ class CollectiveGather:
             parallel.all_gather(bufs, t, group=self.group)
         self._shards = bufs
 
-    def shards(self, it: Item) -> list[Tensor]:
+    def shards(self, it: GatherItem) -> list[Tensor]:
         return [it.param] if not it.sharded else self._shards
 
-    def done(self, batch: list[Item]) -> None:
+    def done(self, batch: list[GatherItem]) -> None:
         if self._shards is not None:
             self.meter.drop(batch[0].full_bytes())
         self._shards = None
@@ -138,7 +138,7 @@ def _align(offset: int, to: int) -> int:
 class SharedMemoryGather:
     """Shards through shared memory; build with `shared_memory_gather` (collective)."""
 
-    def __init__(self, items: list[Item], group, needs: list[bool], areas: _Areas, half: int,
+    def __init__(self, items: list[GatherItem], group, needs: list[bool], areas: _Areas, half: int,
                  meter: MemoryMeter) -> None:
         self.items, self.group, self.needs, self.areas, self.half = items, group, needs, areas, half
         self.rank = dist.get_rank(group)
@@ -151,7 +151,7 @@ class SharedMemoryGather:
         # doubling up to half), and the layers go first: the embedding, often the largest
         # shard and first in model order, would otherwise fill the first batch alone.
         self.offset: dict[int, int] = {}
-        self.plan: list[list[Item]] = [[]]
+        self.plan: list[list[GatherItem]] = [[]]
         used, cap = 0, max(1, half // 16)
         for it in sorted(items, key=lambda it: it.layer is None):  # stable: model order otherwise
             if it.sharded:
@@ -164,14 +164,14 @@ class SharedMemoryGather:
             self.plan[-1].append(it)
         self._k = 0
 
-    def batches(self) -> list[list[Item]]:
+    def batches(self) -> list[list[GatherItem]]:
         return self.plan
 
-    def _view(self, area: Tensor, it: Item) -> Tensor:
+    def _view(self, area: Tensor, it: GatherItem) -> Tensor:
         start = (self._k % 2) * self.half + self.offset[id(it)]
         return area[start : start + nbytes(it.param)].view(it.param.dtype).view(it.param.shape)
 
-    def exchange(self, k: int, batch: list[Item]) -> None:
+    def exchange(self, k: int, batch: list[GatherItem]) -> None:
         self._k = k
         staged = [it for it in batch if it.sharded]
         if not staged:
@@ -183,12 +183,12 @@ class SharedMemoryGather:
         # before it staged batch k, so once past it, half (k+1) % 2 may be overwritten.
         parallel.barrier(group=self.group)
 
-    def shards(self, it: Item) -> list[Tensor]:
+    def shards(self, it: GatherItem) -> list[Tensor]:
         if not it.sharded:
             return [it.param]
         return [it.param if r == self.rank else self._view(self.areas.peers[r], it) for r in range(it.tp)]
 
-    def done(self, batch: list[Item]) -> None:
+    def done(self, batch: list[GatherItem]) -> None:
         pass
 
     def close(self) -> None:
@@ -216,7 +216,7 @@ def _create_area(size: int) -> tuple[str | None, Tensor | None, str | None]:
     return path, torch.from_file(path, shared=True, size=size, dtype=torch.uint8), None
 
 
-def tp_gather(items: list[Item], *, need: bool, transport: str, meter: MemoryMeter):
+def tp_gather(items: list[GatherItem], *, need: bool, transport: str, meter: MemoryMeter):
     """The transport for one stage's stream (collective over the TP group), or None when no TP
     rank of the group needs full tensors. `need`: this rank needs them."""
     if transport not in TRANSPORTS:

@@ -1,12 +1,12 @@
 """Megatron actor shards -> full HF tensors -> rollout engines, in place, with bounded memory.
 
-Every rank runs `sync_weights` at the same point (it is collective):
-  1. each pipeline stage walks its own exported parameters (hf_export.exported_params: global
+Every rank runs `stream_weights` at the same point (it is collective):
+  1. each pipeline stage walks its own exported parameters (weights/params.py, exported_params: global
      layer numbers, rows of the shared mapping table) in batches; a TP transport (tp_gather)
      brings every TP rank's shard of each parameter to the TP ranks that need full tensors:
      shared memory on the CPU, torch.distributed gather/all_gather otherwise;
   2. those ranks write the shards straight into their places in the HF tensors
-     (mapping.place_shard: q/k/v and gate/up split, vocab padding dropped), never building the
+     (model_providers/layouts.py, place_shard: q/k/v and gate/up split, vocab padding dropped), never building the
      full Megatron tensor. The place is the engine's own parameter when the engine lends it
      (engine.weight_slot: the embedded engine), else a slot of one flat single-dtype bucket
      (buckets.FlatBucket, default 1 GiB) handed to engine.load_bucket when the next tensor would
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from model_providers.mapping import hf_shapes, place_shard
-from vapo_megatron import parallel
+from model_providers.layouts import hf_shapes, place_shard
+from vapo_megatron.mcore import parallel
 from vapo_megatron.rollout.base import RolloutEngine
 from vapo_megatron.rollout.buckets import FlatBucket, MemoryMeter, nbytes
 from vapo_megatron.rollout.tp_gather import make_items, tp_gather
@@ -105,7 +105,7 @@ def _recv_header(src: int, group):
 def _stream_stage(model_chunks, family, hf_cfg, sink: _Sink, *, send: bool, src: int, group, transport: str,
                   meter: MemoryMeter, stats: SyncStats) -> None:
     """This stage's weights into this rank's sink, and (send) broadcast to the other stages."""
-    from vapo_megatron.hf_export import exported_params
+    from vapo_megatron.weights.params import exported_params
 
     items = make_items(list(exported_params(model_chunks, family, hf_cfg)), parallel.tp_size())
     stats.largest_tensor_bytes = max([stats.largest_tensor_bytes] + [it.full_bytes() for it in items])
@@ -167,7 +167,7 @@ def _receive_stage(sink: _Sink, *, src: int, group, meter: MemoryMeter, stats: S
 
 
 @torch.no_grad()
-def sync_weights(
+def stream_weights(
     model_chunks: list,
     family,
     hf_cfg: dict,

@@ -1,0 +1,234 @@
+"""vapo-plan: the 32B config fits on 8 x 8 H100 80 GB and is refused on one node, with a message
+naming what does not fit; the meta-device shards it sizes have the right parameter counts.
+
+References: Qwen2.5-32B's parameter count from its published config.json values by a naive
+formula (written here, independent of model_providers), and the parameters of a real TP=2 model
+built on two gloo ranks. Each vapo-plan run happens in a spawned process (tests/dist_utils): it
+initializes torch.distributed with the fake backend and activates cpu_compat, which must not leak
+into the pytest process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from tests.helpers.dist_utils import run_ranks
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG_32B = str(REPO / "configs" / "qwen2.5_32b_vapo.yaml")
+
+# Qwen/Qwen2.5-32B's config.json: the fields that set parameter shapes as published (hidden 5120,
+# 64 layers, 40 query / 8 KV heads, FFN 27648, vocab 152064, untied); the others do not change shapes.
+QWEN25_32B = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 5120,
+    "intermediate_size": 27648, "num_hidden_layers": 64, "num_attention_heads": 40,
+    "num_key_value_heads": 8, "vocab_size": 152064, "tie_word_embeddings": False,
+    "max_position_embeddings": 131072, "rope_theta": 1000000.0, "rms_norm_eps": 1e-5,
+    "hidden_act": "silu", "attention_dropout": 0.0, "initializer_range": 0.02, "use_sliding_window": False,
+}
+
+
+def naive_count(c: dict, *, vocab: int, critic: bool) -> int:
+    """embedding + layers * (attention with q/k/v biases + SwiGLU MLP + 2 RMSNorms) + final norm +
+    lm_head (actor) or a 1-output value head with bias (critic)."""
+    h, f, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    d = h // c["num_attention_heads"]
+    kv = c["num_key_value_heads"] * d
+    attn = (h * h + h) + 2 * (h * kv + kv) + h * h  # q, k, v (with biases), o (no bias)
+    mlp = 3 * h * f  # gate, up, down
+    layer = attn + mlp + 2 * h
+    head = (h + 1) if critic else vocab * h
+    return vocab * h + L * layer + h + head
+
+
+def megatron_padded_vocab(vocab: int, tp: int) -> int:
+    # Megatron pads the vocabulary to a multiple of 128 * TP (make_vocab_size_divisible_by=128).
+    return math.ceil(vocab / (128 * tp)) * 128 * tp
+
+
+# ---- CLI runs (in one spawned process) -------------------------------------------------------------
+
+def _run_cli(arg_lists: list[list[str]]) -> list[tuple[int, str, str]]:
+    from vapo_megatron.plan import main
+
+    out = []
+    for args in arg_lists:
+        o, e = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+            rc = main(args)
+        out.append((rc, o.getvalue(), e.getvalue()))
+    return out
+
+
+def _shards(hf_cfg: dict, world: int, tp: int, pp: int, vpp):
+    from vapo_megatron.sizing.shards import shard_sizes
+
+    return shard_sizes(hf_cfg, hf_cfg, world_size=world, tp=tp, pp=pp, vpp=vpp, params_dtype=torch.bfloat16)
+
+
+def _cli_and_shards(tiny_dir: str):
+    base = ["--config", CONFIG_32B, "--preset", "qwen2.5-32b"]
+    runs = _run_cli([
+        base + ["--nodes", "8", "--gpus-per-node", "8"],
+        base + ["--nodes", "1", "--gpus-per-node", "8"],
+        base + ["--nodes", "1", "--gpus-per-node", "8", "parallel.pp=1"],
+        ["--config", CONFIG_32B, "--nodes", "8", "--gpus-per-node", "8"],  # no --preset, no model files
+        base + ["--nodes", "8", "--gpus-per-node", "8", "rollout.sglang_mem_fraction=0.75"],
+        # The CPU demo config, its model read from model.hf_path/config.json (embedded engine).
+        ["--config", str(REPO / "configs" / "demo_cpu.yaml"), "--nodes", "1", "--gpus-per-node", "2",
+         "--gpu-memory-gib", "8", "--reserve-gib", "1", f"model.hf_path={tiny_dir}"],
+    ])
+    return runs, _shards(QWEN25_32B, 64, 8, 4, None)
+
+
+def test_vapo_plan_32b(tmp_path):
+    from model_providers.presets import preset
+
+    (tmp_path / "config.json").write_text(json.dumps(preset("tiny-qwen2")))
+    ((runs, shards),) = run_ranks(1, _cli_and_shards, str(tmp_path))
+    (rc8, out8, err8), (rc1, out1, err1), (rc_pp1, out_pp1, _), (rc_nomodel, _, err_nomodel), (rc_kv, out_kv, _), \
+        (rc_tiny, out_tiny, err_tiny) = runs
+
+    # 8 nodes x 8 GPUs: fits, and says so with both phases' peaks.
+    assert rc8 == 0, out8 + err8
+    assert "TP=8 PP=4 VPP=- DP=2" in out8
+    assert "sequence parallel: on" in out8  # the 32B config's default
+    assert "fits: training peak" in out8 and "DOES NOT FIT" not in out8
+    assert "32 distinct (tp_rank, pp_rank) positions" in out8
+
+    # The same config on one node: TP*PP=32 cannot be laid out on 8 GPUs.
+    assert rc1 == 2 and out1 == ""
+    assert "parallel.tp * parallel.pp = 8 * 4 = 32 does not divide the world size 8" in err1
+
+    # One node with a layout that is valid there (PP=1): refused for memory, naming phase, rank,
+    # amount over and the largest component (Adam state of 4.1B parameters per GPU, DP=1).
+    assert rc_pp1 == 1
+    assert "DOES NOT FIT" in out_pp1
+    assert "training does not fit on rank tp=0 pp=0: needs" in out_pp1
+    assert "GiB over); largest parts: actor optimizer state" in out_pp1
+    assert "rollout does not fit on rank tp=0 pp=0" in out_pp1
+
+    # 8 x 8, but the engine's share leaves too little beside the resident actor and critic state
+    # (24 GiB per GPU) during rollout; training alone still fits.
+    assert rc_kv == 1
+    assert "rollout does not fit on rank" in out_kv and "training does not fit" not in out_kv
+    assert "SGLang engine (rollout.sglang_mem_fraction x GPU) 60.0 GiB" in out_kv
+
+    # The reserve, itemised per phase (worst rank): 5 NCCL communicators = world, TP, PP, DP and the
+    # engine's TP group; the allocator's share follows the activations (2.33 GiB with recompute and sequence parallelism).
+    assert "NCCL buffers (5 communicators)" in out8 and "CUDA context, engine" in out8
+    assert "allocator cache (0.25 x activations)                  0.58" in out8
+    # One checkpoint: every parameter of both models once, bf16 weights + fp32 master copy + Adam's
+    # two fp32 moments (2 + 4 + 4 + 4 bytes); 2 kept + the next one being written.
+    vocab8 = megatron_padded_vocab(QWEN25_32B["vocab_size"], 8)
+    ckpt = (naive_count(QWEN25_32B, vocab=vocab8, critic=False) + naive_count(QWEN25_32B, vocab=vocab8, critic=True)) * 14
+    assert 0.9e12 < ckpt < 0.91e12
+    assert f"checkpoints: {ckpt / 1e9:,.1f} GB per save" in out8 and f"{3 * ckpt / 1e12:,.2f} TB of disk at peak" in out8
+
+    # Without the model files and without --preset: a clear error, not a guess.
+    assert rc_nomodel == 2 and "model.hf_path=/path/to/Qwen2.5-32B has no config.json" in err_nomodel
+    assert "--preset NAME" in err_nomodel
+
+    # A model directory's config.json is read when there is no --preset; no SGLang to size.
+    assert rc_tiny == 0, out_tiny + err_tiny
+    assert f"model: {tmp_path / 'config.json'}" in out_tiny
+    assert "TP=2 PP=1 VPP=- DP=1; params float32" in out_tiny
+    assert "rollout.engine=embedded: no SGLang engine on these GPUs" in out_tiny
+    assert "reserve per GPU, GiB, worst rank (--reserve-gib)" in out_tiny  # the flat figure replaces the items
+
+    # Parameter counts of megatron's own shards against the naive formula (padded vocabulary).
+    vocab = megatron_padded_vocab(QWEN25_32B["vocab_size"], 8)
+    assert vocab == 152576
+    assert {(s.tp_rank, s.pp_rank) for s in shards} == {(t, p) for t in range(8) for p in range(4)}
+    assert sum(s.actor_unique for s in shards) == naive_count(QWEN25_32B, vocab=vocab, critic=False)
+    assert sum(s.critic_unique for s in shards) == naive_count(QWEN25_32B, vocab=vocab, critic=True)
+    # Unpadded: the published size, ~32.8B with embeddings.
+    assert 32.7e9 < naive_count(QWEN25_32B, vocab=152064, critic=False) < 32.8e9
+    # Activations are held for pp - pp_rank micro-batches under 1F1B (megatron's schedule, asked by
+    # vapo-plan; the textbook count here).
+    assert all(s.inflight_microbatches == 4 - s.pp_rank for s in shards)
+    # Per-rank memory counts: TP-replicated tensors (2 RMSNorms per layer, final norm, value head)
+    # sit on every TP rank.
+    h, per_stage = 5120, 16
+    for s in shards:
+        replicated_actor = per_stage * 2 * h + (h if s.pp_rank == 3 else 0)
+        replicated_critic = replicated_actor + (h + 1 if s.pp_rank == 3 else 0)
+        sharded_actor = s.actor_unique - (replicated_actor if s.tp_rank == 0 else 0)
+        sharded_critic = s.critic_unique - (replicated_critic if s.tp_rank == 0 else 0)
+        assert s.actor_params == sharded_actor + replicated_actor
+        assert s.critic_params == sharded_critic + replicated_critic
+
+
+# ---- the meta-device shards against a real TP=2 model -----------------------------------------------
+
+def _real_tp2_counts():
+    from vapo_megatron.mcore.models import build_chunks
+    from model_providers.presets import preset
+    from vapo_megatron.mcore import parallel
+
+    parallel.init_distributed(tp=2, pp=1)
+    hf = preset("tiny-qwen2")
+    counts = {}
+    for critic in (False, True):
+        chunks = build_chunks(hf, params_dtype=torch.float32, critic=critic)
+        counts[critic] = {name: tuple(p.shape) for c in chunks for name, p in c.named_parameters()}
+        assert all(p.device.type == "cpu" for c in chunks for p in c.parameters())
+    return parallel.tp_rank(), parallel.pp_rank(), counts
+
+
+def _meta_tp2_counts():
+    from model_providers.presets import preset
+
+    return _shards(preset("tiny-qwen2"), 2, 2, 1, None)
+
+
+def test_meta_shards_match_a_real_tp2_model():
+    real = run_ranks(2, _real_tp2_counts)
+    (meta,) = run_ranks(1, _meta_tp2_counts)
+    by_pos = {(s.tp_rank, s.pp_rank): s for s in meta}
+    assert set(by_pos) == {(0, 0), (1, 0)}
+    for tp_rank, pp_rank, shapes in real:
+        s = by_pos[(tp_rank, pp_rank)]
+        assert s.actor_params == sum(math.prod(x) for x in shapes[False].values())
+        assert s.critic_params == sum(math.prod(x) for x in shapes[True].values())
+
+
+def test_sequence_parallel_splits_the_replicated_activations_over_tp():
+    """The activation formula of docs/slurm.md written out: sequence parallelism divides the four
+    replicated [T, h] tensors of a layer, and the input each layer keeps under full recompute, by TP."""
+    from vapo_megatron.sizing.memory import activation_bytes, layer_activation_bytes
+
+    hf = QWEN25_32B
+    h, f, a, g = hf["hidden_size"], hf["intermediate_size"], hf["num_attention_heads"], hf["num_key_value_heads"]
+    d, T, t, b = h // a, 22528, 8, 2
+    sharded = ((a + 2 * g) * d + a * d + 3 * f) // t
+    for sp, replicated in ((False, 4 * h), (True, 4 * h // t)):
+        layer = b * T * (replicated + sharded)
+        assert layer_activation_bytes(hf, tokens=T, tp=t, dtype_bytes=b, sequence_parallel=sp) == layer
+        kept = b * T * h // (t if sp else 1)
+        common = dict(tokens=T, tp=t, pp=4, vpp=None, inflight_microbatches=4, dtype_bytes=b, logits_vocab=0, chunk_tokens=1024,
+                      sequence_parallel=sp)
+        assert activation_bytes(hf, recompute=True, **common) == 4 * 16 * kept + layer
+        assert activation_bytes(hf, recompute=False, **common) == 4 * 16 * layer
+
+
+def test_reserve_items_follow_the_phase_and_the_layout():
+    from vapo_megatron.config import parse_config
+    from vapo_megatron.sizing.memory import GIB, reserve_parts
+
+    cfg = parse_config(CONFIG_32B, [])[0]
+    train = reserve_parts(cfg, world_size=64, dp=2, activations=int(16 * GIB), phase="training")
+    roll = reserve_parts(cfg, world_size=64, dp=2, activations=int(16 * GIB), phase="rollout")
+    assert train["allocator cache (0.25 x activations)"] == int(4 * GIB)
+    assert "SGLang buffers outside its static share" in roll and "SGLang buffers outside its static share" not in train
+    assert train["NCCL buffers (5 communicators)"] == roll["NCCL buffers (5 communicators)"]
+    # No colocated engine, one GPU: only the trainer's context and the allocator remain.
+    solo = reserve_parts(parse_config(CONFIG_32B, ["rollout.engine=embedded", "parallel.tp=1", "parallel.pp=1"])[0],
+                         world_size=1, dp=1, activations=0, phase="rollout")
+    assert set(solo) == {"CUDA context, trainer", "NCCL buffers (0 communicators)", "allocator cache (emptied at the switch)"}

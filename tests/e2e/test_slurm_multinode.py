@@ -1,0 +1,246 @@
+"""slurm/vapo_train.sbatch across two Slurm nodes, each in its own network namespace.
+
+scripts/slurm_local.sh with VAPO_SLURM_NODES=2 starts a cluster whose nodes look like two hosts:
+their own hostname, address (10.213.0.11, .12), slurmd, and /etc/hosts naming both; the run
+directory is on the filesystem they share. The job is the same sbatch script users submit,
+unchanged: one srun task per node, torchrun on each with one CPU worker, the trainer with TP=2
+across the two nodes (configs/demo_cpu.yaml, shortened as in tests/test_slurm.py).
+
+The reference is a one-node job of the same layout and seed on the same cluster (two workers on
+one node). Every two-node run must end with bitwise its actor and critic: run to the end; stopped
+by SIGUSR1 mid-run and requeued; and failed by a worker killed with SIGKILL, then resubmitted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers.slurm_cluster import REPO, Cluster, start_cluster, stop_cluster, wait_for
+from tests.helpers.train_runs import checkpoint_tensors, hf_weights, make_demo_data, records
+
+TRAIN_SBATCH = REPO / "slurm" / "vapo_train.sbatch"
+CONVERT_SBATCH = REPO / "slurm" / "convert.sbatch"
+DEMO_CONFIG = REPO / "configs" / "demo_cpu.yaml"
+VAPO_STEPS = 12  # as tests/test_slurm.py: 1 value-pretraining + 12 VAPO iterations, a few seconds
+FINAL_ITER = 1 + VAPO_STEPS
+SAVE_EVERY = 5
+REQUEUE_EXIT = 75  # vapo_train.sbatch's per-node exit code asking for a requeue
+JOB_TIMEOUT = 600  # seconds, against hangs only: a job takes about 1 minute alone here, 2 to 6 on a loaded machine
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm_lock) -> Cluster:
+    cluster, started = start_cluster(nodes=2)
+    if cluster is None:
+        pytest.skip(f"no two-node Slurm cluster possible here: {started}")
+    yield cluster
+    if started:  # leave a cluster someone else started alone
+        stop_cluster(cluster)
+
+
+@pytest.fixture(scope="module")
+def demo_data(tmp_path_factory) -> Path:
+    return make_demo_data(tmp_path_factory.mktemp("demo") / "data", n_train=128, n_eval=8, n_sft=32)
+
+
+def demo_args(data: Path) -> list[str]:
+    return [
+        str(DEMO_CONFIG),
+        f"model.hf_path={data}/model", f"data.train_files=[{data}/train.jsonl]", f"data.eval_files=[{data}/eval.jsonl]",
+        f"sft.files=[{data}/sft.jsonl]", "sft.steps=2", "sft.batch_size=8", "algo.value_pretrain_steps=1",
+        "rollout.prompts_per_step=8", "rollout.n_samples=4", "eval.max_prompts=4", f"trainer.save_every={SAVE_EVERY}",
+        "eval.every=100", "trainer.tensorboard=false", f"trainer.total_steps={VAPO_STEPS}",
+    ]
+
+
+def submit(cluster: Cluster, script: Path, args: list[str], log: Path, *, nodes: int, workers: int,
+           run_dir: Path | None = None) -> str:
+    """sbatch on CPU nodes (no GPUs), `workers` per node; returns the job id."""
+    env = dict(cluster.env, VAPO_PYTHON=sys.executable, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
+               GPUS_PER_NODE=str(workers))
+    if run_dir is not None:  # as users submit it: the last override names the run dir
+        args = [*args, f"trainer.run_dir={run_dir}"]
+    out = cluster.run("sbatch", "--parsable", f"--nodes={nodes}", "--gpus-per-node=0", f"--output={log}",
+                      str(script), *args, env=env, cwd=REPO)
+    return out.stdout.strip().split(";")[0]
+
+
+def train(cluster, data, run_dir: Path, log: Path, nodes: int) -> str:
+    # TP=2 either way: two workers on one node, or one on each of two nodes
+    return submit(cluster, TRAIN_SBATCH, demo_args(data), log, nodes=nodes, workers=2 // nodes, run_dir=run_dir)
+
+
+def final_checkpoint(run_dir: Path) -> Path:
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"iter_{FINAL_ITER:07d}"
+    return run_dir / "checkpoints" / f"iter_{FINAL_ITER:07d}"
+
+
+def assert_same_weights(ref_dir: Path, run_dir: Path) -> None:
+    """Actor and critic (weights and optimizer state) bitwise equal at the final iteration."""
+    for model in ("actor", "critic"):
+        want = checkpoint_tensors(final_checkpoint(ref_dir) / model)
+        have = checkpoint_tensors(final_checkpoint(run_dir) / model)
+        assert want.keys() == have.keys()
+        differ = {k: float((want[k] - have[k]).abs().max()) for k in want if not torch.equal(want[k], have[k])}
+        assert not differ, f"{model}: tensors differ from the one-node run (max abs difference): {differ}"
+
+
+def logged_once(run_dir: Path) -> None:
+    steps = [r["step"] for r in records(run_dir) if r["phase"] in ("value_pretrain", "vapo")]
+    assert steps == list(range(1, FINAL_ITER + 1))
+
+
+def completed(fields: dict[str, str], log: Path, restarts: int = 0) -> str:
+    text = log.read_text(errors="replace")
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", str(restarts)), text[-4000:]
+    return text
+
+
+@pytest.fixture(scope="module")
+def one_node(cluster, demo_data, tmp_path_factory) -> Path:
+    """The reference: the same layout (TP=2) and seed as two workers on one node."""
+    base = tmp_path_factory.mktemp("one_node")
+    job = train(cluster, demo_data, base / "run", base / "job.out", nodes=1)
+    completed(cluster.wait_done(job, JOB_TIMEOUT), base / "job.out")
+    return base / "run"
+
+
+@pytest.fixture(scope="module")
+def two_nodes(cluster, demo_data, tmp_path_factory) -> tuple[Path, str, dict[str, str]]:
+    base = tmp_path_factory.mktemp("two_nodes")
+    job = train(cluster, demo_data, base / "run", base / "job.out", nodes=2)
+    return base / "run", completed(cluster.wait_done(job, JOB_TIMEOUT), base / "job.out"), cluster.job_fields(job)
+
+
+def node_names(cluster: Cluster, fields: dict[str, str]) -> list[str]:
+    return cluster.run("scontrol", "show", "hostnames", fields["NodeList"]).stdout.split()
+
+
+def test_two_node_job_equals_the_one_node_run(two_nodes, one_node, cluster):
+    run_dir, text, fields = two_nodes
+    nodes = node_names(cluster, fields)
+    assert len(nodes) == 2 and "(2 nodes x 1 workers)" in text, text[-4000:]
+    # The rendezvous is the first node's own address (its NodeAddr), not this machine's or a name.
+    head_addr = re.search(r"NodeAddr=(\S+)", cluster.run("scontrol", "show", "node", "-o", nodes[0]).stdout)[1]
+    assert f"rendezvous {head_addr}:" in text, text[-4000:]
+    assert not head_addr.startswith("127."), head_addr
+    assert json.loads((final_checkpoint(run_dir) / "state.json").read_text())["world_size"] == 2
+    assert_same_weights(one_node, run_dir)
+    want, have = hf_weights(one_node / "hf"), hf_weights(run_dir / "hf")
+    assert want.keys() == have.keys() and all(torch.equal(want[k], have[k]) for k in want)
+    logged_once(run_dir)
+
+
+def step_pids(node: str, job_id: str) -> list[int]:
+    """Every process of the job's step 0 on `node` (the processes in the node's network namespace,
+    which has the node's name, whose environment names the job and the step)."""
+    pids = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True, check=True).stdout.split()
+    found = []
+    for pid in pids:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={job_id}".encode() in environ and b"SLURM_STEP_ID=0" in environ:
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.parametrize("to", ["job", "second node"])
+def test_usr1_checkpoints_on_every_node_requeues_and_resumes(to, cluster, demo_data, one_node, tmp_path):
+    run_dir, log = tmp_path / "run", tmp_path / "job.out"
+    job = train(cluster, demo_data, run_dir, log, nodes=2)
+
+    def first_iteration_done() -> bool:  # the trainer's signal handlers are in place by then
+        return (run_dir / "metrics.jsonl").exists() and any(r["phase"] == "value_pretrain" for r in records(run_dir))
+
+    wait_for(first_iteration_done, JOB_TIMEOUT, "the first training iteration", poll=0.05)
+    nodes = node_names(cluster, cluster.job_fields(job))
+    if to == "job":
+        # What Slurm does at `--signal=USR1@T` (no B:): SIGUSR1 to every process of the job steps,
+        # on both nodes.
+        cluster.run("scancel", "--signal=USR1", job)
+        signalled = nodes
+    else:
+        # Only one node's step sees it (a signal lost or late on the others): the trainer's ranks
+        # agree on the stop all the same, and that one node's request requeues the job.
+        for pid in step_pids(nodes[1], job):
+            os.kill(pid, signal.SIGUSR1)
+        signalled = nodes[1:]
+    text = completed(cluster.wait_done(job, 2 * JOB_TIMEOUT), log, restarts=1)
+    for node in nodes:
+        assert (f"node {node}: SIGUSR1 received" in text) == (node in signalled), text[-4000:]
+    # The trainer stopped all ranks at one step (one checkpoint, written collectively), and the
+    # requeued job resumed from it on two nodes.
+    stopped = re.findall(r"stop \(SIGUSR1\): checkpoint at iteration (\d+)", text)
+    resumed = re.findall(r"resumed from .+ at iteration (\d+)", text)
+    assert len(stopped) == 1 and resumed == stopped and 1 <= int(stopped[0]) < FINAL_ITER, text[-4000:]
+    assert "restart 1 on" in text and text.count("(2 nodes x 1 workers)") == 2, text[-4000:]
+    assert_same_weights(one_node, run_dir)
+    logged_once(run_dir)
+
+
+def worker_pid(node: str) -> int | None:
+    """The trainer worker (`python -m vapo_megatron.train`, not torchrun) running on `node`: the
+    processes in the node's network namespace, which has the node's name."""
+    pids = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True, check=True).stdout.split()
+    for pid in pids:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[1:3] == [b"-m", b"vapo_megatron.train"]:
+            return int(pid)
+    return None
+
+
+def test_a_killed_worker_fails_the_job_promptly_and_a_resubmission_resumes(cluster, demo_data, one_node, tmp_path):
+    run_dir, log = tmp_path / "run", tmp_path / "job.out"
+    job = train(cluster, demo_data, run_dir, log, nodes=2)
+    latest = run_dir / "checkpoints" / "latest"
+    wait_for(latest.exists, JOB_TIMEOUT, "the first periodic checkpoint", poll=0.05)
+    nodes = node_names(cluster, cluster.job_fields(job))
+    pid = wait_for(lambda: worker_pid(nodes[1]), 30, f"the trainer worker on {nodes[1]}")
+    os.kill(pid, signal.SIGKILL)
+    # torchrun on the second node reports its worker's death and exits 1; srun (--kill-on-bad-exit=1)
+    # then ends the first node's task, whose worker would otherwise wait in a collective for the
+    # process-group timeout (30 min). The bound here is the job's, far below that.
+    fields = cluster.wait_done(job, 120)
+    text = log.read_text(errors="replace")
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("FAILED", "1:0", "0"), text[-4000:]
+    # The job's exit code is the failed node's (torchrun: 1), not srun's (137, from the node it killed).
+    assert f"node {nodes[1]} failed first (torchrun exited with 1)" in text, text[-4000:]
+    assert re.search(rf"srun: error: {nodes[1]}: task 1: Exited with exit code 1", text), text[-4000:]
+    saved = int(latest.read_text().strip().removeprefix("iter_"))
+    assert saved % SAVE_EVERY == 0 and saved < FINAL_ITER
+
+    # The same command again (same run dir) resumes from the last checkpoint and ends like the rest.
+    log2 = tmp_path / "job2.out"
+    job2 = train(cluster, demo_data, run_dir, log2, nodes=2)
+    text2 = completed(cluster.wait_done(job2, JOB_TIMEOUT), log2)
+    assert re.findall(r"resumed from .+ at iteration (\d+)", text2) == [str(saved)], text2[-4000:]
+    assert_same_weights(one_node, run_dir)
+    logged_once(run_dir)
+
+
+def test_convert_job_exports_a_two_node_checkpoint(two_nodes, cluster, tmp_path):
+    """The actor checkpoint the two nodes wrote, exported by convert.sbatch with two workers (TP=2)
+    on one node, equals the trainer's own HF export of the same weights."""
+    run_dir = two_nodes[0]
+    out, log = tmp_path / "actor hf", tmp_path / "convert.out"
+    args = ["mcore-to-hf", "--ckpt", str(final_checkpoint(run_dir) / "actor"), "--out", str(out), "--tp", "2"]
+    job = submit(cluster, CONVERT_SBATCH, args, log, nodes=1, workers=2)
+    fields = cluster.wait_done(job, JOB_TIMEOUT)
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), log.read_text(errors="replace")[-4000:]
+    want, have = hf_weights(run_dir / "hf"), hf_weights(out)
+    assert want.keys() == have.keys()
+    assert all(torch.equal(want[k], have[k]) for k in want), [k for k in want if not torch.equal(want[k], have[k])]

@@ -1,0 +1,75 @@
+"""SIGUSR1 sent to every process of a trainer, as Slurm does: the trainer records it and its helper
+processes live on (vapo_megatron/stop_signals.py). The helper here is the kind megatron starts for
+checkpoint writing: a multiprocessing Manager spawned after the signal handling is in place."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import json, multiprocessing as mp, sys, time
+from vapo_megatron.trainer.signals import StopSignals
+
+if __name__ == "__main__":
+    stop = StopSignals().install()
+    manager = mp.get_context("spawn").Manager()  # started after install(), like megatron's writer
+    queue = manager.Queue()
+    print("ready", flush=True)
+    deadline = time.monotonic() + 20
+    while stop.signum == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # a helper killed by the signal is gone by now
+    try:
+        queue.put("still answering")
+        reply = queue.get(timeout=5)
+    except Exception as e:  # the manager died: BrokenPipeError / ConnectionRefusedError / EOFError
+        reply = type(e).__name__
+    print(json.dumps({"signum": stop.signum, "helper": reply}), flush=True)
+"""
+
+
+def test_sigusr1_to_the_whole_process_group_stops_the_trainer_and_spares_its_helpers(tmp_path):
+    script = tmp_path / "trainer_like.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(REPO)), start_new_session=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        os.killpg(proc.pid, signal.SIGUSR1)  # the trainer and every process it started
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result == {"signum": int(signal.SIGUSR1), "helper": "still answering"}
+
+
+def test_sigusr1_during_the_final_step_finishes_the_run_without_a_requeue(tmp_path):
+    """The signal that Slurm sends before the time limit, arriving during the last step (test-only
+    fault point usr1, faults.py): the run does its final save and export and exits 0, and does not
+    ask the launcher for a requeue (which would redo them)."""
+    from tests.helpers.train_runs import make_demo_data, train
+
+    data = make_demo_data(tmp_path / "data", n_train=16, n_eval=4, n_sft=4)
+    run_dir, marker = tmp_path / "run", tmp_path / "requeue"
+    run = train(
+        "demo_cpu.yaml", f"trainer.run_dir={run_dir}", f"model.hf_path={data}/model",
+        f"data.train_files=[{data}/train.jsonl]", "data.eval_files=[]", "sft.files=[]", "sft.steps=0",
+        "algo.value_pretrain_steps=1", "rollout.prompts_per_step=4", "rollout.n_samples=2",
+        "rollout.max_new_tokens=4", "trainer.total_steps=1", "trainer.tensorboard=false",
+        env={"VAPO_FAULT": "usr1@1", "VAPO_REQUEUE_FILE": str(marker)},  # iteration 1 is the last (0: value pretraining)
+    )
+    assert "[vapo] SIGUSR1 during the final step: finishing the run" in run.output, run.output[-3000:]
+    assert "[vapo] stop (" not in run.output
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_0000002"
+    assert (run_dir / "hf" / "model.safetensors.index.json").is_file()
+    assert not marker.exists()

@@ -1,0 +1,152 @@
+"""The trainer end to end through its real entry point: torchrun, 2 ranks, TP=2, the embedded
+engine, a shortened demo config. Also: exact resume, and the vanilla-PPO config."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers.train_runs import ROOT, exported, hf_weights, make_demo_data, records, train
+
+REQUIRED_METRICS = [
+    "step", "phase", "reward/mean", "reward/accuracy", "response_length/mean", "response_length/max",
+    "actor/pg_loss", "actor/nll_loss", "actor/clipfrac", "actor/entropy", "actor/grad_norm",
+    "critic/value_loss", "critic/explained_variance", "rollout/logprob_diff", "perf/step_s",
+    "perf/tokens_per_s", "perf/padding_ratio", "actor/lr", "critic/lr",
+]
+# A warm-up and a decay for each model (OptimConfig): the runs below follow them, and a resume
+# continues them exactly. Explicit lr_decay_steps: the schedule does not depend on total_steps.
+LR_SCHEDULE = [
+    "actor_optim.warmup_steps=2", "actor_optim.lr_decay_style=linear", "actor_optim.lr_decay_steps=8",
+    "actor_optim.min_lr=3e-5", "critic_optim.warmup_steps=3", "critic_optim.lr_decay_style=cosine",
+    "critic_optim.lr_decay_steps=14", "critic_optim.min_lr=1e-4",
+]
+UPDATES_PER_STEP = 4  # configs/demo_cpu.yaml: algo.mini_batches=4, algo.ppo_epochs=1
+
+
+def _scheduled_lr(s: int, *, lr: float, min_lr: float, warmup: int, decay: int, style: str) -> float:
+    """The learning rate of optimizer update s (0-based), computed from the schedule's definition."""
+    if s <= warmup:
+        return lr * s / warmup
+    if s > decay:
+        return min_lr
+    r = (s - warmup) / (decay - warmup)
+    return min_lr + (lr - min_lr) * ((1 - r) if style == "linear" else (1 + math.cos(math.pi * r)) / 2)
+PHASE_TIMES = [f"perf/{p}_s" for p in ("rollout", "reward", "score", "critic_update", "actor_update", "sync", "eval",
+                                       "checkpoint", "other")]
+
+
+@pytest.fixture(scope="module")
+def demo_data(tmp_path_factory) -> Path:
+    return make_demo_data(tmp_path_factory.mktemp("demo") / "data", n_train=256, n_eval=32, n_sft=128)
+
+
+def _short(data: Path, run_dir: Path) -> list[str]:
+    return [
+        f"trainer.run_dir={run_dir}", f"model.hf_path={data}/model",
+        f"data.train_files=[{data}/train.jsonl]", f"data.eval_files=[{data}/eval.jsonl]",
+        f"sft.files=[{data}/sft.jsonl]", "sft.steps=4", "sft.batch_size=16",
+        "algo.value_pretrain_steps=1", "rollout.prompts_per_step=8", "rollout.n_samples=4",
+        "eval.max_prompts=16", "trainer.save_every=2", "eval.every=2", *LR_SCHEDULE,
+    ]
+
+
+@pytest.fixture(scope="module")
+def full_run(demo_data, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("full") / "run"
+    train("demo_cpu.yaml", *_short(demo_data, run_dir), "trainer.total_steps=3", "trainer.tensorboard=true")
+    return run_dir
+
+
+def test_demo_config_runs_end_to_end(full_run):
+    recs = records(full_run)
+    phases = [r["phase"] for r in recs]
+    assert phases.count("sft") == 4 and phases.count("value_pretrain") == 1 and phases.count("vapo") == 3
+    for r in recs:
+        if r["phase"] == "vapo":
+            missing = [k for k in REQUIRED_METRICS if k not in r]
+            assert not missing, f"step {r['step']} lacks {missing}"
+    # Every training step splits its wall time into phases that add up to it (phase_timer.py);
+    # the value-pretraining step has no actor update; what runs after a step's record is in the next
+    # record: the checkpoint after step 2 (save_every=2) in step 3's, the eval after step 3
+    # (eval.every=2 VAPO steps) in step 4's.
+    train_recs = {r["step"]: r for r in recs if r["phase"] in ("value_pretrain", "vapo")}
+    for r in train_recs.values():
+        assert all(r[k] >= 0.0 for k in PHASE_TIMES), r
+        assert sum(r[k] for k in PHASE_TIMES) == pytest.approx(r["perf/step_s"], rel=1e-9)
+        assert all(r[f"perf/{p}_s"] > 0.0 for p in ("rollout", "reward", "score", "critic_update", "sync")), r
+    assert train_recs[1]["perf/actor_update_s"] == 0.0 and train_recs[2]["perf/actor_update_s"] > 0.0
+    assert [s for s, r in train_recs.items() if r["perf/checkpoint_s"] > 0.0] == [3]
+    assert [s for s, r in train_recs.items() if r["perf/eval_s"] > 0.0] == [4]
+    evals = [r for r in recs if r["phase"] == "eval"]
+    assert len(evals) >= 2 and all(0.0 <= r["eval/accuracy"] <= 1.0 for r in evals)
+    assert (full_run / "checkpoints" / "latest").read_text().strip() == "iter_0000004"
+    # The final HF export loads in transformers and generates.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(full_run / "hf")
+    model = AutoModelForCausalLM.from_pretrained(full_run / "hf")
+    ids = tok.apply_chat_template([{"role": "user", "content": "12+34="}], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**ids, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] > ids["input_ids"].shape[1]
+    # The plot script reads the run.
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_metrics.py"), str(full_run)], check=True, capture_output=True)
+    assert (full_run / "curves.png").stat().st_size > 10_000
+
+
+def test_learning_rates_follow_the_schedule_in_metrics_and_tensorboard(full_run):
+    """actor/lr and critic/lr of every RL step: the mean rate of the step's updates, computed by
+    hand from the schedule (the actor does not update while value pretraining: its next rate)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    actor = dict(lr=3e-4, min_lr=3e-5, warmup=2, decay=8, style="linear")
+    critic = dict(lr=1e-3, min_lr=1e-4, warmup=3, decay=14, style="cosine")
+    want: dict[str, dict[int, float]] = {"actor/lr": {1: 0.0}, "critic/lr": {}}
+    for step in (1, 2, 3, 4):  # 1 value-pretraining step, then 3 VAPO steps
+        c = range((step - 1) * UPDATES_PER_STEP, step * UPDATES_PER_STEP)
+        want["critic/lr"][step] = sum(_scheduled_lr(s, **critic) for s in c) / UPDATES_PER_STEP
+        if step > 1:
+            a = range((step - 2) * UPDATES_PER_STEP, (step - 1) * UPDATES_PER_STEP)
+            want["actor/lr"][step] = sum(_scheduled_lr(s, **actor) for s in a) / UPDATES_PER_STEP
+    recs = {r["step"]: r for r in records(full_run) if r["phase"] in ("value_pretrain", "vapo")}
+    events = EventAccumulator(str(full_run / "tensorboard"), size_guidance={"scalars": 0}).Reload()
+    for key, by_step in want.items():
+        for step, lr in by_step.items():
+            assert recs[step][key] == pytest.approx(lr, rel=1e-9, abs=1e-15), (key, step)
+        logged = {e.step: e.value for e in events.Scalars(key)}
+        assert logged.keys() == by_step.keys(), (key, logged)
+        assert all(logged[k] == pytest.approx(v, rel=1e-6, abs=1e-12) for k, v in by_step.items()), (key, logged)
+
+
+def test_restart_after_checkpoint_reaches_same_weights(full_run, demo_data, tmp_path):
+    run_dir = tmp_path / "run"
+    train("demo_cpu.yaml", *_short(demo_data, run_dir), "trainer.total_steps=1")   # stops at iteration 2
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_0000002"
+    proc = train("demo_cpu.yaml", *_short(demo_data, run_dir), "trainer.total_steps=3")
+    assert "resumed from" in proc.stdout + proc.stderr
+    for role in ("actor", "critic"):
+        want = exported(full_run / "checkpoints" / "iter_0000004" / role, tmp_path / f"want_{role}")
+        have = exported(run_dir / "checkpoints" / "iter_0000004" / role, tmp_path / f"have_{role}")
+        assert want.keys() == have.keys()
+        for name in want:
+            assert torch.equal(want[name], have[name]), f"{role} {name} differs after resume"
+    # The run's own final HF export is the actor of its last checkpoint.
+    final = hf_weights(run_dir / "hf")
+    actor = exported(run_dir / "checkpoints" / "iter_0000004" / "actor", tmp_path / "have_actor")
+    assert all(torch.equal(final[k], actor[k]) for k in actor) and final.keys() == actor.keys()
+    # The metrics of the redone steps are not duplicated.
+    steps = [r["step"] for r in records(run_dir) if r["phase"] == "vapo"]
+    assert steps == sorted(set(steps))
+
+
+def test_vanilla_ppo_config_runs(demo_data, tmp_path):
+    run_dir = tmp_path / "vanilla"
+    train("vanilla_ppo.yaml", *_short(demo_data, run_dir), "trainer.total_steps=2", "rollout.prompts_per_step=32",
+          "rollout.n_samples=1", "algo.value_pretrain_steps=0")
+    vapo = [r for r in records(run_dir) if r["phase"] == "vapo"]
+    assert len(vapo) == 2 and all("actor/pg_loss" in r for r in vapo)

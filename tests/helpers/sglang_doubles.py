@@ -1,0 +1,189 @@
+"""TEST DOUBLES for sglang.Engine, which needs a GPU; everything else about SGLang in them is real.
+
+Every method takes exactly the real Engine method's signature, read from SGLang's source
+(sglang_source.engine_method); payloads are rebuilt with SGLang's own classes, and names go
+through SGLang's Qwen2 weight-name mapping read from its source.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from tests.helpers.sglang_source import engine_method, engine_signature
+
+
+def hf_state():
+    cfg = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    return model, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def sglang_rank_view(payloads, tp_rank):
+    """What SGLang TP rank `tp_rank` does with load_format="flattened_bucket"
+    (engine.py _serialize_tensors_per_rank, tp_worker.py deserialize_own_rank,
+    model_runner_components/weight_updater.py _update_weights_from_flattened_bucket),
+    through SGLang's classes."""
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.utils.common import normalize_serialized_named_tensor_payloads
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+
+    raw = normalize_serialized_named_tensor_payloads(payloads)  # Engine._serialize_tensors_per_rank
+    data = MultiprocessingSerializer.deserialize(raw[tp_rank])  # TpModelWorker.deserialize_own_rank
+    meta = [FlattenedTensorMetadata(name=m.name, shape=m.shape, dtype=m.dtype, start_idx=m.start_idx, end_idx=m.end_idx,
+                                    numel=m.numel) for m in data["metadata"]]  # the weight updater's conversion
+    return FlattenedTensorBucket(flattened_tensor=data["flattened_tensor"], metadata=meta).reconstruct_tensors()
+
+
+class FakeSGLangEngineForTests:
+    """TEST DOUBLE for sglang.Engine, which needs a GPU. Every method it has takes exactly the
+    real Engine method's signature, read from SGLang's source (sglang_source.engine_method: a
+    call with an argument the real Engine lacks is a TypeError). Its update path does what
+    Engine.update_weights_from_tensor and each SGLang TP rank do with load_format=
+    "flattened_bucket" (sglang_rank_view), then what SGLang's Qwen2 `_legacy_load_weights` does
+    with each name (its stacked_params_mapping, read from qwen2.py): a name SGLang would drop
+    fails here, and every tensor must have the full HF shape its weight loader slices. It loads
+    into a transformers model; generate checks each request's sampling params with SGLang's own
+    SamplingParams class and answers in SGLang's output format."""
+
+    def __init__(self, model, tp_size=1):
+        from tests.helpers.sglang_source import sglang_param_names, stacked_params_mapping
+
+        self.model, self.tp_size, self.calls = model, tp_size, []
+        self.params = dict(model.named_parameters())  # tied embeddings: no lm_head.weight, as in SGLang
+        self.mapping = stacked_params_mapping("qwen2", "_legacy_load_weights")
+        self.sglang_params = sglang_param_names(self.params, self.mapping)
+
+    @engine_method
+    def begin_weight_update(self, selector):
+        assert selector == "all"
+        self.calls.append("begin")
+        return True, "ok"
+
+    @engine_method
+    def end_weight_update(self):
+        self.calls.append("end")
+        return True, "ok"
+
+    @engine_method
+    def flush_cache(self):
+        self.calls.append("flush")
+        return FlushCacheReqOutputForTests(success=True)
+
+    def load_weights(self, rank, named_tensors):
+        """SGLang TP rank `rank`'s model.load_weights for the names we push."""
+        from tests.helpers.sglang_source import legacy_load_target
+
+        loaded = {}
+        for name, t in named_tensors:
+            target = legacy_load_target(name, self.sglang_params, self.mapping)
+            assert target is not None, f"SGLang's Qwen2 loader would drop {name!r}"
+            assert tuple(t.shape) == tuple(self.params[name].shape), (name, t.shape)  # full HF tensor
+            loaded[name] = t
+        return loaded
+
+    def receive(self, named_tensors, load_format):
+        """Every engine TP rank's tensors, as SGLang rebuilds them: {rank: {name: tensor}}."""
+        assert load_format == "flattened_bucket"
+        assert len(named_tensors) == self.tp_size  # SGLang TP rank r reads entry r
+        return {r: self.load_weights(r, sglang_rank_view(named_tensors, r)) for r in range(self.tp_size)}
+
+    @engine_method
+    def update_weights_from_tensor(self, named_tensors, load_format, flush_cache):
+        self.calls.append("update")
+        with torch.no_grad():
+            for tensors in self.receive(named_tensors, load_format).values():
+                for name, t in tensors.items():
+                    self.params[name].copy_(t)
+        return True, "Success"
+
+    @engine_method
+    def release_memory_occupation(self, tags):
+        assert set(tags) <= {"weights", "kv_cache", "cuda_graph"}
+        self.calls.append(("release", tuple(tags)))
+
+    @engine_method
+    def resume_memory_occupation(self, tags):
+        assert set(tags) <= {"weights", "kv_cache", "cuda_graph"}
+        self.calls.append(("resume", tuple(tags)))
+
+    def check_generate_args(self, args):
+        """What our calls may set, and each sampling-params dict through SGLang's class."""
+        from sglang.srt.sampling.sampling_params import SamplingParams as SGLangSamplingParams
+
+        set_args = {k for k, v in args.items() if v != engine_signature("generate").parameters[k].default}
+        assert set_args <= {"input_ids", "sampling_params", "return_logprob"}, set_args
+        assert isinstance(args["input_ids"], list) and len(args["sampling_params"]) == len(args["input_ids"])
+        for sp in args["sampling_params"]:
+            SGLangSamplingParams(**sp).verify(self.model.config.vocab_size)
+
+    @engine_method
+    def generate(self, **args):
+        self.check_generate_args(args)
+        self.calls.append(("generate", len(args["input_ids"])))
+        return [{"output_ids": [7, 2], "meta_info": {"finish_reason": {"type": "stop", "matched": 2},
+                 "output_token_logprobs": [(-0.5, 7, None), (-0.25, 2, None)], "weight_version": "default"}}
+                for _ in args["input_ids"]]
+
+
+@dataclass
+class FlushCacheReqOutputForTests:
+    """Engine.flush_cache's answer (io_struct.FlushCacheReqOutput, which does not import here)."""
+
+    success: bool
+    message: str = ""
+
+
+class FakeColocatedSGLangEngineForTests(FakeSGLangEngineForTests):
+    """TEST DOUBLE for a colocated sglang.Engine (GPU only), built from an SGLangEngineConfig,
+    with the real Engine's signatures (see FakeSGLangEngineForTests). Each update deserializes
+    every engine TP rank's payload with SGLang's classes, puts each name through SGLang's Qwen2
+    name mapping, checks the ranks agree, and loads the tensors into a transformers model; it
+    tracks released memory and generate refuses to run on released weights."""
+
+    def __init__(self, hf_dir: Path, cfg):
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        torch.manual_seed(1000)  # a fresh initialization: only the sync can make it right
+        super().__init__(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf_dir)).eval(), cfg.tp_size)
+        self.released: set[str] = set()
+
+    @engine_method
+    def update_weights_from_tensor(self, named_tensors, load_format, flush_cache):
+        assert "weights" not in self.released
+        views = self.receive(named_tensors, load_format)
+        with torch.no_grad():
+            for name, t in views[0].items():
+                for r in range(1, self.tp_size):
+                    assert torch.equal(views[r][name], t), name  # every engine TP rank gets the full tensor
+                self.params[name].copy_(t)
+        self.calls.append("update")
+        return True, "Success"
+
+    @engine_method
+    def release_memory_occupation(self, tags):
+        super().release_memory_occupation(tags=tags)
+        self.released |= set(tags)
+
+    @engine_method
+    def resume_memory_occupation(self, tags):
+        super().resume_memory_occupation(tags=tags)
+        self.released -= set(tags)
+
+    @engine_method
+    def generate(self, **args):
+        assert not self.released, f"generate with {self.released} released"
+        self.check_generate_args(args)
+        self.calls.append(("generate", len(args["input_ids"])))
+        outs = []
+        with torch.no_grad():
+            for ids, sp in zip(args["input_ids"], args["sampling_params"]):
+                nxt = int(self.model(torch.tensor([ids])).logits[0, -1].argmax())
+                outs.append({"output_ids": [nxt, sp["sampling_seed"]],
+                             "meta_info": {"finish_reason": {"type": "length", "length": 2}, "weight_version": "default"}})
+        return outs

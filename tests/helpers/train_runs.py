@@ -1,0 +1,149 @@
+"""Shared by the tests that run the trainer end to end (test_train, test_fault_injection,
+test_slurm): demo data, a torchrun launch of `python -m vapo_megatron.train` that also reports
+processes the run left behind, and readers for what a run writes (metrics, checkpoints)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from tests.helpers.ports import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def make_demo_data(out: Path, *, n_train: int, n_eval: int, n_sft: int) -> Path:
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_demo_data.py"), "--out", str(out),
+         "--n-train", str(n_train), "--n-eval", str(n_eval), "--n-sft", str(n_sft)],
+        check=True, cwd=ROOT, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    return out
+
+
+@dataclass
+class Launch:
+    returncode: int  # torchrun's: 0, or 1 when a worker failed (the workers' codes are in its report)
+    stdout: str
+    stderr: str
+    leftovers: list[str]  # processes of the run still alive after torchrun exited (killed by launch)
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def _set_subreaper(on: bool) -> bool:
+    """Orphans of our descendants are re-parented to this process instead of init while on, so
+    that a launch can find what its processes left running. Linux only; False elsewhere."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _children() -> dict[int, str]:
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid, rest = stat.read_text().split(" (", 1)
+            if int(rest.rsplit(") ", 1)[1].split()[1]) == os.getpid():
+                out[int(pid)] = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return out
+
+
+def launch(config: str | Path, overrides: list[str], *, env: dict[str, str] | None = None, nproc: int = 2,
+           torchrun_args: tuple[str, ...] = (), timeout: float = 600, module: str = "vapo_megatron.train") -> Launch:
+    """`python -m torch.distributed.run -m vapo_megatron.train` on this machine (gloo, CPU); `module`:
+    another entry point taking the same arguments (tests/collective_audit.py)."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+        "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *torchrun_args,
+        "-m", module, "--config", str(ROOT / "configs" / config), *overrides,
+    ]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
+    reaping = _set_subreaper(True)
+    before = _children() if reaping else {}
+    # Output goes to files, not pipes: a process the run leaves behind would hold a pipe open and
+    # keep subprocess waiting for its end.
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        try:
+            returncode = subprocess.run(cmd, cwd=ROOT, env=full_env, stdout=out, stderr=err, timeout=timeout).returncode
+        finally:
+            leftovers = _end_orphans(before) if reaping else []
+        out.seek(0)
+        err.seek(0)
+        return Launch(returncode, out.read(), err.read(), leftovers)
+
+
+def _end_orphans(before: dict[int, str]) -> list[str]:
+    """Kill and reap the processes re-parented to us during a launch; returns them."""
+    time.sleep(0.2)  # a dying worker's helpers are re-parented as it exits
+    leftovers = {pid: cmdline for pid, cmdline in _children().items() if pid not in before}
+    for pid in leftovers:  # our own orphans: end them and collect their exit status
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    _set_subreaper(False)
+    return [f"{pid}: {c}" for pid, c in leftovers.items()]
+
+
+def train(config: str | Path, *overrides: str, env: dict[str, str] | None = None) -> Launch:
+    """A launch that must succeed and leave no process behind."""
+    run = launch(config, list(overrides), env=env)
+    assert run.returncode == 0, f"vapo-train failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+    assert not run.leftovers, f"processes left running after the run: {run.leftovers}"
+    return run
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a sharded HF safetensors export (through its index)."""
+    index = json.loads((hf_dir / "model.safetensors.index.json").read_text())
+    out = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        out.update(load_file(str(hf_dir / shard)))
+    assert out.keys() == index["weight_map"].keys()
+    return out
+
+
+def exported(ckpt: Path, out: Path) -> dict[str, torch.Tensor]:
+    """A trainer checkpoint's weights, through `vapo-convert mcore-to-hf` (one process)."""
+    if not out.exists():
+        subprocess.run([sys.executable, "-m", "vapo_megatron.convert", "mcore-to-hf", "--ckpt", str(ckpt), "--out", str(out)],
+                       check=True, cwd=ROOT, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return hf_weights(out)
+
+
+def checkpoint_tensors(ckpt: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a Megatron dist checkpoint (torch_dist format: weights and optimizer state),
+    read with torch.distributed.checkpoint in this process, without a process group."""
+    from torch.distributed.checkpoint import FileSystemReader, load
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    import vapo_megatron.checkpoint.dist_io  # noqa: F401 - installs the restricted unpickling first
+
+    reader = FileSystemReader(str(ckpt))
+    meta = reader.read_metadata().state_dict_metadata
+    out = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items() if isinstance(m, TensorStorageMetadata)}
+    load(out, storage_reader=reader, no_dist=True)
+    return out

@@ -1,0 +1,1 @@
+"""Tests of one piece at a time, in one process (no process group)."""

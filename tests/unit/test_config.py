@@ -1,0 +1,68 @@
+"""Loading a configuration: sections, overrides and every problem in one pass (config/load.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vapo_megatron.config import ConfigError, OptimConfig, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = str(ROOT / "configs" / "demo_cpu.yaml")
+
+
+def _write(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_a_section_given_in_part_keeps_its_own_defaults(tmp_path):
+    """critic_optim's default lr (2e-6, twice the actor's) is the section's, not OptimConfig's."""
+    cfg, problems = parse_config(_write(tmp_path, "critic_optim:\n  clip_grad: 0.5\nactor_optim:\n  clip_grad: 0.5\n"))
+    assert problems == []
+    assert cfg.critic_optim.lr == 2e-6 and cfg.critic_optim.clip_grad == 0.5
+    assert cfg.actor_optim.lr == 1e-6 == OptimConfig().lr
+
+
+@pytest.mark.parametrize("bare", ["algo.value_clip", "algo", "=3"])
+def test_an_override_must_be_key_equals_value(bare):
+    cfg, problems = parse_config(DEMO, [bare])
+    assert problems == [f"command-line override {bare!r} must be key=value (e.g. trainer.total_steps=10)"]
+    assert cfg.algo.value_clip == 0.5 and cfg.algo.alpha == parse_config(DEMO)[0].algo.alpha  # nothing changed
+
+
+def test_structural_and_value_problems_are_reported_together():
+    with pytest.raises(ConfigError) as e:
+        load_config(DEMO, ["algo.alpah=0.1", "algo.gamma=1.5", "trainer.save_every=0", "parallel.vpp=2"], check_paths=False)
+    msg = str(e.value)
+    assert msg.startswith("4 invalid settings:"), msg
+    for text in ("unknown config key algo.alpah", "algo.gamma=1.5 must be in [0, 1]", "trainer.save_every=0 must be >= 1",
+                 "parallel.vpp=2 must be null, or >= 1 with parallel.pp >= 2"):
+        assert text in msg, (text, msg)
+
+
+def test_lr_schedule_settings_are_checked():
+    with pytest.raises(ConfigError, match=r"actor_optim.lr_decay_steps=5 must be greater than actor_optim.warmup_steps=5"):
+        load_config(DEMO, ["actor_optim.warmup_steps=5", "actor_optim.lr_decay_steps=5"], check_paths=False)
+    with pytest.raises(ConfigError, match=r"critic_optim.lr_decay_style='step' is not allowed \(choose one of: constant, linear, cosine\)"):
+        load_config(DEMO, ["critic_optim.lr_decay_style=step"], check_paths=False)
+
+
+def test_a_resume_may_not_move_a_schedule_that_decays_over_the_run(tmp_path):
+    """trainer.total_steps may change on a resume, unless a learning rate decays over the run's
+    length (lr_decay_steps null): then the new length would change the updates already planned."""
+    from vapo_megatron.config import resume
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "iter_0000001").mkdir(parents=True)
+    base = [f"trainer.run_dir={run_dir}", "actor_optim.lr_decay_style=linear"]
+    resume.save(parse_config(DEMO, base)[0])
+    with pytest.raises(ConfigError) as e:
+        resume.check_resume(parse_config(DEMO, [*base, "trainer.total_steps=300"])[0], announce=False)
+    assert "  - trainer.total_steps: 200 in the run, 300 now" in str(e.value)
+    assert "actor_optim.lr_decay_style=linear with actor_optim.lr_decay_steps=null decays the learning rate" in str(e.value)
+    fixed = [f"trainer.run_dir={run_dir}", "actor_optim.lr_decay_style=linear", "actor_optim.lr_decay_steps=500"]
+    resume.save(parse_config(DEMO, fixed)[0])
+    resume.check_resume(parse_config(DEMO, [*fixed, "trainer.total_steps=300"])[0], announce=False)  # passes

@@ -1,0 +1,165 @@
+"""SGLang payloads through SGLang's own classes (CPU tensors), the engine wrapper's call order,
+and the HTTP client against a real loopback server that records requests."""
+
+import base64
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from tests.helpers.sglang_doubles import FakeSGLangEngineForTests, hf_state, sglang_rank_view
+from tests.helpers.sglang_source import check_request_body
+from vapo_megatron.rollout.base import SamplingParams
+from vapo_megatron.rollout.buckets import FlatBucket, group_into_buckets
+from vapo_megatron.rollout.sglang_engine import (
+    SGLangEngine, serialize_flattened_bucket, to_flattened_bucket,
+)
+from vapo_megatron.rollout.sglang_http import HttpEngine
+
+
+def test_flat_bucket_payload_round_trips_through_sglang():
+    _, state = hf_state()
+    received = {}
+    bucket = FlatBucket(4000)
+
+    def deliver():
+        # The payload shares the bucket's memory (as CUDA IPC does on a GPU): like SGLang's
+        # loaders, copy out before the buffer is reused for the next bucket.
+        received.update({n: t.clone() for n, t in sglang_rank_view([serialize_flattened_bucket(to_flattened_bucket(bucket))], 0)})
+
+    for name, t in state.items():
+        if not bucket.fits(t):
+            deliver()
+            bucket.clear()
+        bucket.add(name, t)
+    deliver()
+    assert list(received) == list(state)  # same HF names, same order
+    assert "model.layers.0.self_attn.q_proj.weight" in received and "model.layers.1.mlp.up_proj.weight" in received
+    assert not any("qkv_proj" in n or "gate_up_proj" in n for n in received)
+    for name, t in state.items():
+        assert torch.equal(received[name], t), name
+
+
+def test_list_buckets_and_base64_payloads_round_trip():
+    _, state = hf_state()
+    for group in group_into_buckets(state.items(), 3000):
+        fb = to_flattened_bucket(group)
+        as_text = serialize_flattened_bucket(fb, output_str=True)  # what the HTTP API carries
+        for name, t in sglang_rank_view([as_text], 0):
+            assert torch.equal(t, state[name])
+    with pytest.raises(ValueError, match="one dtype"):
+        to_flattened_bucket([("a", torch.zeros(2)), ("b", torch.zeros(2, dtype=torch.bfloat16))])
+
+
+def test_engine_wrapper_streams_buckets_and_keeps_the_order():
+    source, state = hf_state()
+    target, _ = hf_state()
+    with torch.no_grad():
+        for p in target.parameters():
+            p.zero_()
+    fake = FakeSGLangEngineForTests(target)
+    eng = SGLangEngine(fake)
+    eng.release_memory()
+    eng.resume_memory(("weights",))
+    stats = eng.update_weights(state.items(), version=3, bucket_bytes=5000)
+    assert stats.buckets > 1 and eng.weight_version == 3
+    assert fake.calls[:3] == [("release", ("weights", "kv_cache", "cuda_graph")), ("resume", ("weights",)), "begin"]
+    assert fake.calls[3:] == ["update"] * stats.buckets + ["end", "flush"]
+    for name, t in target.state_dict().items():
+        assert torch.equal(t, state[name]), name
+    outs = eng.generate([[1, 2], [3]], SamplingParams(n=2, max_new_tokens=4))
+    assert [o.prompt_index for o in outs] == [0, 0, 1, 1]
+    assert outs[0].token_ids == [7, 2] and outs[0].finish_reason == "stop" and outs[0].logprobs == [-0.5, -0.25]
+    assert outs[0].weight_version == 3
+
+
+# The io_struct request class each SGLang HTTP endpoint parses its body into (http_server.py).
+REQUEST_STRUCTS = {
+    "/generate": "GenerateReqInput", "/update_weights_from_tensor": "UpdateWeightsFromTensorReqInput",
+    "/begin_weight_update": "BeginWeightUpdateReqInput", "/end_weight_update": "EndWeightUpdateReqInput",
+    "/release_memory_occupation": "ReleaseMemoryOccupationReqInput",
+    "/resume_memory_occupation": "ResumeMemoryOccupationReqInput",
+}
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.requests.append((self.path, body))
+        if self.path in REQUEST_STRUCTS:
+            check_request_body(REQUEST_STRUCTS[self.path], body)  # the fields SGLang's request class has
+        if self.path == "/update_weights_from_tensor" and not self.server.fail_updates:
+            # Like a real server, load during the request: the payload points at the client's
+            # bucket buffer (shared memory here, CUDA IPC on a GPU), reused for the next bucket.
+            assert body["load_format"] == "flattened_bucket" and len(body["serialized_named_tensors"]) == 1
+            base64.b64decode(body["serialized_named_tensors"][0], validate=True)
+            self.server.loaded.update({n: t.clone() for n, t in sglang_rank_view(body["serialized_named_tensors"], 0)})
+        if self.path == "/flush_cache":
+            out, ctype = b"Cache flushed.\n", "text/plain"
+        elif self.path == "/generate":
+            out = json.dumps([{"output_ids": [5], "meta_info": {"finish_reason": {"type": "length", "length": 1},
+                                                                "output_token_logprobs": [[-1.0, 5, None]], "weight_version": "9"}}
+                              for _ in body["input_ids"]]).encode()
+            ctype = "application/json"
+        elif self.path == "/update_weights_from_tensor" and self.server.fail_updates:
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(json.dumps({"success": False, "message": "not in a weight-update session"}).encode())
+            return
+        else:
+            out, ctype = json.dumps({"success": True, "message": "ok"}).encode(), "application/json"
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    srv.requests, srv.loaded, srv.fail_updates = [], {}, False
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_http_client_sends_sglang_requests(server):
+    _, state = hf_state()
+    eng = SGLangEngine(HttpEngine(f"http://127.0.0.1:{server.server_address[1]}"))
+    eng.release_memory()  # as after start-up; the wrapper then resumes only what was released
+    eng.resume_memory(("weights",))
+    stats = eng.update_weights(state.items(), version=9, bucket_bytes=20000)
+    eng.resume_memory(("kv_cache", "cuda_graph"))
+    outs = eng.generate([[1, 2, 3]], SamplingParams(n=2, temperature=0.5, max_new_tokens=1, seed=4, stop_token_ids=(2,)))
+    eng.release_memory()
+    paths = [p for p, _ in server.requests]
+    assert paths == (["/release_memory_occupation", "/resume_memory_occupation", "/begin_weight_update"] + ["/update_weights_from_tensor"] * stats.buckets
+                     + ["/end_weight_update", "/flush_cache", "/resume_memory_occupation",
+                        "/generate", "/release_memory_occupation"])
+    got = server.loaded
+    assert list(got) == list(state) and all(torch.equal(got[n], state[n]) for n in state)
+    gen = dict(server.requests)["/generate"]
+    assert gen["input_ids"] == [[1, 2, 3]] * 2 and gen["return_logprob"] is True
+    assert [s["sampling_seed"] for s in gen["sampling_params"]] == [4, 5]
+    assert gen["sampling_params"][0]["stop_token_ids"] == [2] and gen["sampling_params"][0]["temperature"] == 0.5
+    assert [o.weight_version for o in outs] == [9, 9] and outs[0].finish_reason == "length"
+    server.fail_updates = True
+    eng.begin_weight_update()
+    with pytest.raises(RuntimeError, match="not in a weight-update session"):
+        eng.load_bucket(list(state.items())[:1])
+
+
+def test_http_client_refuses_other_hosts():
+    with pytest.raises(ValueError, match="loopback"):
+        HttpEngine("http://10.1.2.3:30000")
+    HttpEngine("http://localhost:30000")
+    HttpEngine("http://[::1]:30000")

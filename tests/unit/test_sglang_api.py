@@ -1,0 +1,148 @@
+"""Every call vapo_megatron/rollout makes into SGLang, checked against the installed SGLang's own
+source (sglang_source reads engine.py, io_struct.py and the Qwen2/Qwen3 model files with ast;
+ServerArgs and SamplingParams import here and are used directly). A new SGLang that renames an
+argument, a field or a weight mapping fails these tests. docs/weight_sync.md lists the calls."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
+
+from tests.helpers.sglang_source import (
+    engine_method, engine_signature, legacy_load_target, sglang_param_names, stacked_params_mapping,
+)
+from tests.helpers.sglang_doubles import FakeColocatedSGLangEngineForTests, FakeSGLangEngineForTests, hf_state
+from vapo_megatron.rollout.base import SamplingParams
+from vapo_megatron.rollout.sglang_engine import (
+    SGLangEngineConfig, engine_kwargs, expand_requests, order_by_engine_rank, parse_output,
+)
+
+ENGINE_CALLS = ("generate", "begin_weight_update", "end_weight_update", "update_weights_from_tensor",
+                "release_memory_occupation", "resume_memory_occupation", "flush_cache")
+
+
+def test_engine_kwargs_are_sglang_server_args():
+    from sglang.srt.server_args import ServerArgs
+
+    cfg = SGLangEngineConfig(model_path="/m", tp_size=2, base_gpu_id=4, mem_fraction_static=0.6, dtype="bfloat16",
+                             random_seed=3, deterministic=True, load_format="dummy")  # dummy: vapo-eval on a checkpoint
+    kwargs = engine_kwargs(cfg)
+    args = ServerArgs(**kwargs)  # what sglang.Engine(**kwargs) builds first; unknown names raise
+    for name, value in kwargs.items():
+        assert getattr(args, name) == value, name
+    assert args.enable_memory_saver and args.skip_tokenizer_init and args.enable_deterministic_inference
+    with pytest.raises(TypeError, match="bogus"):
+        ServerArgs(**kwargs, bogus=1)  # the check above would catch a misspelt name
+
+
+@pytest.mark.parametrize("double", [FakeSGLangEngineForTests, FakeColocatedSGLangEngineForTests])
+def test_test_doubles_take_the_real_engine_signatures(double):
+    methods = [n for n, f in inspect.getmembers(double, inspect.isfunction) if n in ENGINE_CALLS]
+    assert sorted(methods) == sorted(ENGINE_CALLS)  # every call we make is implemented
+    for name in methods:
+        assert inspect.signature(getattr(double, name)) == engine_signature(name), name
+    fake = FakeSGLangEngineForTests(hf_state()[0])
+    with pytest.raises(TypeError):  # a field of the request struct that Engine's method does not take
+        fake.update_weights_from_tensor([], load_format="flattened_bucket", weight_version="1")
+    with pytest.raises(TypeError):
+        fake.release_memory_occupation(["weights"], "extra")
+
+
+def test_engine_signature_is_read_from_source():
+    sig = engine_signature("update_weights_from_tensor")
+    assert list(sig.parameters) == ["self", "named_tensors", "load_format", "flush_cache"]
+    assert sig.parameters["flush_cache"].default is True and sig.parameters["load_format"].default is None
+    assert engine_signature("release_memory_occupation").parameters["tags"].default is None
+
+    class Double:
+        @engine_method
+        def begin_weight_update(self, selector):
+            return selector
+
+    assert Double().begin_weight_update() == "all"  # the real default arrives
+
+
+def test_sampling_params_are_sglang_sampling_params():
+    from sglang.srt.sampling.sampling_params import SamplingParams as SGLangSamplingParams
+
+    p = SamplingParams(n=2, temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=5, stop_token_ids=(2, 9), seed=10)
+    ids, sps, owners = expand_requests([[1, 2], [3]], p)
+    assert owners == [0, 0, 1, 1] and ids == [[1, 2], [1, 2], [3], [3]]
+    for k, sp in enumerate(sps):
+        s = SGLangSamplingParams(**sp)
+        s.verify(vocab_size=100)
+        assert s.max_new_tokens == 5 and s.temperature == 0.7 and s.top_p == 0.9
+        assert s.stop_token_ids == {2, 9} and s.no_stop_trim and not s.skip_special_tokens and s.n == 1
+        assert s.sampling_seed == 10 + k
+        assert s.top_k >= 1 << 30  # -1 -> SGLang's "whole vocabulary"
+    greedy = SGLangSamplingParams(**expand_requests([[1]], SamplingParams(temperature=0.0))[1][0])
+    assert greedy.top_k == 1  # SGLang turns temperature 0 into top_k=1
+
+
+def test_parse_output_reads_sglang_fields():
+    out = {"output_ids": [4, 2], "meta_info": {"finish_reason": {"type": "stop", "matched": 2},
+                                               "output_token_logprobs": [(-0.1, 4, None), (-0.2, 2, None)]}}
+    r = parse_output(out, prompt_index=3, version=5)
+    assert (r.prompt_index, r.token_ids, r.finish_reason, r.logprobs, r.weight_version) == (3, [4, 2], "stop", [-0.1, -0.2], 5)
+    out["meta_info"]["output_token_logprobs"] = [(-0.1, 4, None), (-0.2, 7, None)]
+    with pytest.raises(RuntimeError, match="do not match"):
+        parse_output(out, 0, 0)
+    with pytest.raises(RuntimeError, match="abort"):
+        parse_output({"output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "message": "x"}}}, 0, 0)
+
+
+def test_each_engine_rank_gets_the_handle_of_its_own_gpu():
+    # Members in group-rank order on GPUs 5, 4 (a launcher that numbered them the other way):
+    # engine TP rank 0 runs on base_gpu_id = 4 and must get the payload made on GPU 4.
+    assert order_by_engine_rank([(5, b"on5"), (4, b"on4")], base_gpu_id=4) == [b"on4", b"on5"]
+    assert order_by_engine_rank([(2, b"a"), (3, b"b")], base_gpu_id=2) == [b"a", b"b"]
+    assert order_by_engine_rank([(None, b"a"), (None, b"b")], base_gpu_id=0) == [b"a", b"b"]  # CPU payloads
+    with pytest.raises(RuntimeError, match="its own GPU"):
+        order_by_engine_rank([(0, b"a"), (2, b"b")], base_gpu_id=0)  # GPU 1 missing
+    with pytest.raises(RuntimeError, match="its own GPU"):
+        order_by_engine_rank([(1, b"a"), (2, b"b")], base_gpu_id=0)
+
+
+def _tiny(config_cls, tied: bool):
+    cfg = config_cls(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, tie_word_embeddings=tied, head_dim=4)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg)
+
+
+@pytest.mark.parametrize("config_cls", [Qwen2Config, Qwen3Config])
+@pytest.mark.parametrize("tied", [False, True])
+def test_hf_names_reach_sglang_qwen_parameters(config_cls, tied):
+    qwen2 = stacked_params_mapping("qwen2", "_legacy_load_weights")
+    assert stacked_params_mapping("qwen3", "load_weights") == qwen2  # one name flow for both families
+    model = _tiny(config_cls, tied)
+    params = dict(model.named_parameters())
+    sglang_params = sglang_param_names(params, qwen2)
+    assert ("lm_head.weight" in params) == (not tied)  # tied: SGLang fills lm_head from embed_tokens
+    fused = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+             "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+    for name in params:
+        target = legacy_load_target(name, sglang_params, qwen2)
+        assert target is not None, name
+        part = name.split(".")[-2]
+        if part in fused:
+            assert target == (name.replace(part, fused[part][0]), fused[part][1])
+        else:
+            assert target == (name, None)
+    if tied:  # in the state dict, but not a parameter of SGLang's model: hf_export skips it
+        assert "lm_head.weight" in model.state_dict()
+        assert legacy_load_target("lm_head.weight", sglang_params, qwen2) is None
+    # A fused name, as Megatron holds it, is dropped by SGLang (a log line only): we never push one.
+    assert legacy_load_target("model.layers.0.self_attn.qkv_proj.weight", sglang_params, qwen2) is None
+    assert legacy_load_target("model.layers.0.mlp.gate_up_proj.weight", sglang_params, qwen2) is None
+
+
+def test_memory_tags_are_sglangs():
+    from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
+
+    from vapo_megatron.rollout.base import MEMORY_TAGS
+
+    assert set(MEMORY_TAGS) == set(GPU_MEMORY_ALL_TYPES)

@@ -1,0 +1,177 @@
+"""Model weights as megatron dist checkpoints: written at one TP/PP layout, loadable at another.
+
+A checkpoint directory is a megatron.core.dist_checkpointing directory (metadata.json, common.pt,
+*.distcp) plus whatever files the caller adds (weights/hf_write.py's write_source_files: hf/ with
+the HF config and tokenizer, and vapo.json). Writes are atomic (atomic.py): everything goes into a
+staging directory beside the target, which is committed into place only once complete, so a
+crash never leaves a half-written checkpoint under the target name.
+
+The state is a dict of sharded state dicts; today {"model": ...} (or model0, model1, ... with
+virtual pipeline stages). The trainer adds optimizer state, RNG and data position under other keys
+of the same dict.
+
+Loading never runs unrestricted pickle: importing this module installs safe_unpickle's
+restrictions on megatron/torch DCP's unpickling (safe_unpickle.py).
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+from torch.distributed.checkpoint.api import CheckpointException
+
+from vapo_megatron.checkpoint import safe_unpickle
+from vapo_megatron.checkpoint.atomic import commit_dir, staging_dir
+from vapo_megatron.mcore import parallel
+from vapo_megatron.weights.params import unwrap
+
+safe_unpickle.install()  # before any load: no checkpoint file may run code
+
+
+class CheckpointError(ValueError):
+    """A directory that is not a usable checkpoint; the message names it."""
+
+
+def write_dist_checkpoint(sharded_state: dict, ckpt_dir: str | Path, strategy=None) -> None:
+    """Collective: megatron's synchronous dist checkpoint save into `ckpt_dir` (no renaming).
+    `strategy`: a megatron save strategy in place of its default torch_dist one (vapo-convert's
+    streaming lazy_save.LazySaveStrategy).
+
+    Megatron's torch_dist writer hands the write results of its writer threads back through a
+    queue that it creates at the first save from a multiprocessing Manager: a spawned process
+    that imports this program again (seconds of CPU and ~750 MB per rank), even though a
+    synchronous save never lets the results leave this process. That process also outlives a
+    rank killed by SIGKILL (an OOM kill, a node agent), orphaned. Every save here is synchronous,
+    so megatron gets an in-process queue instead; asynchronous saves would need the Manager.
+    """
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:  # megatron's lazily created module-level queue
+        filesystem_async._results_queue = queue.Queue()
+    dist_checkpointing.save(sharded_state, str(ckpt_dir), sharded_strategy=strategy)
+
+
+def model_sharded_state(model_chunks: list) -> dict:
+    """{"model": sd} for one chunk, {"model0": sd0, "model1": sd1, ...} with VPP (megatron's
+    convention). Keys inside are global (layer offsets applied), so the chunking may differ
+    between save and load."""
+    sds = [unwrap(c).sharded_state_dict() for c in model_chunks]
+    return {"model": sds[0]} if len(sds) == 1 else {f"model{i}": sd for i, sd in enumerate(sds)}
+
+
+def _barrier():
+    if dist.is_initialized():
+        parallel.barrier()
+
+
+def _rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def save(ckpt_dir: str | Path, sharded_state: dict, *, write_extra: Callable[[Path], None] | None = None,
+         strategy=None) -> Path:
+    """Collective over all ranks. `write_extra(staging_dir)` runs on rank 0 before the commit. A
+    failure on rank 0 removes the staging directory: nothing half-written stays behind."""
+    target = Path(ckpt_dir).absolute()
+    tmp = target.parent / f".{target.name}.tmp"
+    if _rank0():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging_dir(target)
+    _barrier()
+    try:
+        write_dist_checkpoint(sharded_state, tmp, strategy)
+        if _rank0() and write_extra is not None:
+            write_extra(tmp)
+    except BaseException:
+        if _rank0():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _barrier()
+    if _rank0():
+        commit_dir(tmp, target)
+    _barrier()
+    return target
+
+
+def require_checkpoint(ckpt_dir: str | Path) -> Path:
+    path = Path(ckpt_dir)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    if not dist_checkpointing.check_is_distributed_checkpoint(str(path)):
+        raise CheckpointError(
+            f"{path} is not a Megatron distributed checkpoint (no valid metadata.json); "
+            "convert an HF model with `vapo-convert hf-to-mcore` first"
+        )
+    return path
+
+
+def load(ckpt_dir: str | Path, sharded_state: dict, *, part: bool = False) -> dict:
+    """Collective. Returns the loaded state (same structure as `sharded_state`, plain tensors).
+
+    part=True: `sharded_state` is only part of what the ranks hold (vapo-convert's mcore-to-hf
+    reads a model in bounded groups of tensors). megatron's check that the ranks together request
+    every shard of every tensor exactly once is skipped, and with it the only collective: each
+    rank reads alone (torch DCP's no_dist load)."""
+    path = require_checkpoint(ckpt_dir)
+    try:
+        return dist_checkpointing.load(sharded_state, str(path), validate_access_integrity=not part)
+    except (Exception, CheckpointException) as e:
+        raise CheckpointError(f"{path}: {_describe_failure(e)}{_short_files(path)}") from e
+
+
+def _short_files(path: Path) -> str:
+    """'; FILE is truncated (...)' for each storage file that is missing or shorter than the
+    checkpoint's own metadata says (a write cut off by a crash or a full disk): torch DCP's read
+    error (an EOFError from deep inside torch.load) does not name the file."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        storage = FileSystemReader(str(path)).read_metadata().storage_data  # restricted unpickling
+        needed: dict[str, int] = {}
+        for info in storage.values():  # MetadataIndex -> _StorageInfo(relative_path, offset, length)
+            needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    except Exception:  # noqa: BLE001 - no usable metadata: the error itself says so
+        return ""
+    found = []
+    for name, size in sorted(needed.items()):
+        file = path / name
+        if not file.is_file():
+            found.append(f"{file} is missing")
+        elif file.stat().st_size < size:
+            found.append(f"{file} is truncated ({file.stat().st_size} bytes, the metadata needs {size})")
+    return "".join(f"; {f}" for f in found)
+
+
+def _describe_failure(e: BaseException) -> str:
+    """One line for a failed load. torch DCP wraps each rank's error in a CheckpointException (a
+    BaseException, which `except Exception` would let through) and folds a failed `.metadata`
+    read into an AssertionError's text; a refusal by safe_unpickle is found in either."""
+    if isinstance(e, CheckpointException) and e.failures:
+        e = next(iter(e.failures.values()))[0]
+    msg = str(e)
+    refused = re.search(r"\S+: (refused to unpickle [\w.]+|storage entry .*? points outside the checkpoint directory \(.*?\))", msg)
+    if refused:
+        return f"refused to load (possibly crafted to run code): {refused.group(0)}"
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", msg)
+    if found:  # torch's weights-only refusal spans many lines and suggests weights_only=False: keep the cause
+        return (f"refused to load (possibly crafted to run code): a pickled item needs {found.group(1)}, "
+                "which is not on torch's weights-only allow-list")
+    lines = msg.strip().splitlines()
+    return f"cannot load: {type(e).__name__}" + (f": {lines[-1]}" if lines else "")
+
+
+def save_model(ckpt_dir: str | Path, model_chunks: list, *, write_extra: Callable[[Path], None] | None = None) -> Path:
+    return save(ckpt_dir, model_sharded_state(model_chunks), write_extra=write_extra)
+
+
+def load_model(ckpt_dir: str | Path, model_chunks: list) -> None:
+    state = load(ckpt_dir, model_sharded_state(model_chunks))
+    keys = ["model"] if len(model_chunks) == 1 else [f"model{i}" for i in range(len(model_chunks))]
+    for chunk, key in zip(model_chunks, keys):
+        unwrap(chunk).load_state_dict(state[key], strict=True)

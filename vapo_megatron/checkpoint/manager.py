@@ -1,0 +1,291 @@
+"""The run's checkpoints: save, resume, and fall back past a damaged one.
+
+    ckpt = CheckpointManager(run_dir, {"actor": actor_model, "critic": critic_model}, config=to_dict(cfg))
+    ckpt.save(state)         collective: run_dir/checkpoints/iter_N, atomically
+    ckpt.load(state)         collective: resume from the newest loadable checkpoint (False: none)
+
+A checkpoint is run_dir/checkpoints/iter_NNNNNNN/ holding
+    actor/, critic/   each a Megatron dist checkpoint (weights + optimizer state) with hf/ and
+                      vapo.json, so `vapo-convert mcore-to-hf --ckpt .../actor` works on it
+    state.json        the RunState (trainer/state.py), each model's LR-schedule position, the config
+    rng/rank_R.safetensors   each rank's torch RNG state (uint8 tensor)
+It is written under a temporary name, flushed, and renamed into place when complete; then the
+`latest` pointer file is replaced atomically (atomic.py). A crash at any point leaves the previous
+checkpoint as the latest; a damaged one is detected on load and the previous one is used
+(docs/faults.md). Dist checkpoints load at any TP/PP layout.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from functools import partial
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.api import CheckpointException
+
+from vapo_megatron.checkpoint import dist_io  # also installs safe_unpickle: no checkpoint pickle runs code
+from vapo_megatron.checkpoint.atomic import commit_dir, fsync_path, staging_dir, write_atomic
+from vapo_megatron.mcore import parallel
+from vapo_megatron.mcore.model import TrainModel
+from vapo_megatron.mcore.optimizer import set_lr_steps
+from vapo_megatron.testing import faults
+from vapo_megatron.trainer.state import RunState
+from vapo_megatron.weights.hf_write import write_source_files
+
+KEEP_CHECKPOINTS = 2
+T = TypeVar("T")
+
+
+class CheckpointCorrupt(RuntimeError):
+    """A checkpoint that cannot be resumed from; the message names it."""
+
+
+# ---- one model's state: weights and optimizer (dist checkpoint), LR-schedule position ----------
+
+def _megatron_optimizers(optimizer) -> list:
+    """The per-param-group megatron optimizers (a ChainedOptimizer holds several)."""
+    return [o for o in getattr(optimizer, "chained_optimizers", [optimizer]) if o.optimizer is not None]
+
+
+def _drop_unstepped_state(model: TrainModel) -> None:
+    """Zero moments without a step count (an optimizer saved or loaded before its first step)
+    are dropped, so that Adam's next step initializes them as a fresh optimizer would."""
+    for opt in _megatron_optimizers(model.optimizer):
+        for p_state in opt.optimizer.state.values():
+            if "step" not in p_state:
+                p_state.clear()
+
+
+def _sharded_state(model: TrainModel, *, loading: bool) -> dict:
+    if not loading:
+        # An optimizer that has not stepped yet has no state; save zero moments so that the
+        # checkpoint has the keys a load asks for (megatron creates them when loading).
+        for opt in _megatron_optimizers(model.optimizer):
+            if opt.init_state_fn is not None:
+                opt.init_state_fn(opt.optimizer, opt.config)
+    state = dist_io.model_sharded_state(model.modules)
+    state["optimizer"] = model.optimizer.sharded_state_dict(state, is_loading=loading)
+    return state
+
+
+def _torch_optimizer_states(state) -> list[dict]:
+    """The torch optimizer state dicts ({"state", "param_groups"}) inside a loaded megatron
+    optimizer state: one for a plain optimizer, one per part of a ChainedOptimizer, nested
+    under "optimizer" for the mixed-precision one."""
+    if not isinstance(state, dict):
+        return []
+    if "state" in state and "param_groups" in state:
+        return [state]
+    return [s for v in state.values() for s in _torch_optimizer_states(v)]
+
+
+def _save_model(model: TrainModel, path: Path) -> None:
+    dist_io.write_dist_checkpoint(_sharded_state(model, loading=False), path)
+    _drop_unstepped_state(model)
+    if parallel.is_rank0():
+        write_source_files(path, model.hf_cfg, model.hf_dir, family_name=model.family.name, critic=model.critic,
+                           dtype=model.dtype)
+
+
+def _load_model(model: TrainModel, path: Path) -> None:
+    """Weights and optimizer state of one model from its dist checkpoint."""
+    loaded = dist_io.load(path, _sharded_state(model, loading=True))  # any failure is a CheckpointError
+    for chunk, key in zip(model.modules, [k for k in loaded if k.startswith("model")]):
+        chunk.load_state_dict(loaded[key], strict=True)
+    for opt_state in _torch_optimizer_states(loaded["optimizer"]):
+        if opt_state["state"] and "common_step" not in opt_state["state"]:
+            # Saved before this optimizer's first step: zero moments and no step count (megatron
+            # stores the step only once it is non-zero), which torch's Adam refuses to load. It
+            # was a fresh optimizer; it loads as one.
+            opt_state["state"] = {}
+    model.optimizer.load_state_dict(loaded["optimizer"])
+    _drop_unstepped_state(model)
+
+
+# ---- collective agreement ------------------------------------------------------------------------
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        parallel.barrier()
+
+
+def _one_line(e: BaseException) -> str:
+    """A short reason; torch DCP wraps each rank's error in a CheckpointException."""
+    if isinstance(e, CheckpointException) and e.failures:
+        e = next(iter(e.failures.values()))[0]
+    if isinstance(e, (CheckpointCorrupt, dist_io.CheckpointError)):  # already one line naming the file
+        return str(e)
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[-1] if lines else ''}"
+
+
+def _on_every_rank(step: Callable[[], T]) -> T:
+    """Collective: run one step of a resume on every rank and agree on its outcome before any
+    rank goes on. When it failed on some rank, it raises CheckpointCorrupt on all, with the
+    first failing rank's reason. Megatron reads each rank's shards without collectives, so a
+    damaged file fails only on the ranks that read it; a rank that went on alone would meet the
+    others' collectives of the next load (or of the fallback) out of step."""
+    result, reason = None, ""
+    try:
+        result = step()
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - any damage means: try an older one
+        reason = _one_line(e)
+    reasons = [""] * dist.get_world_size()
+    parallel.all_gather_object(reasons, reason)
+    bad = next((r for r in reasons if r), "")
+    if bad:
+        raise CheckpointCorrupt(bad)
+    return result
+
+
+# ---- the manager -------------------------------------------------------------------------------
+
+class CheckpointManager:
+    def __init__(self, run_dir: str | Path, models: dict[str, TrainModel], *, config: dict,
+                 keep: int = KEEP_CHECKPOINTS):
+        self.root = Path(run_dir) / "checkpoints"
+        self.models, self.config, self.keep = models, config, keep
+
+    def _remove_leftovers(self) -> None:
+        """A crashed save leaves `.iter_N.tmp` (or `.old`/`.del`) behind; nothing reads them."""
+        for p in self.root.glob(".iter_*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+    def save(self, state: RunState) -> Path:
+        """Collective. Writes iter_N under a temporary name, flushes it, renames it into place, then
+        moves `latest` to it; keeps the newest few. A crash at any point leaves `latest` naming a
+        complete checkpoint (docs/faults.md)."""
+        name = f"iter_{state.iteration:07d}"
+        target, tmp = self.root / name, self.root / f".{name}.tmp"
+        if parallel.is_rank0():
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._remove_leftovers()
+            (staging_dir(target) / "rng").mkdir()
+        _barrier()
+        for sub, model in self.models.items():
+            (tmp / sub).mkdir(exist_ok=True)
+            _barrier()
+            _save_model(model, tmp / sub)
+            if sub == "actor":
+                faults.fault_point("checkpoint")  # test-only (testing/faults.py): a crash mid-write
+        rng = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        rng_file = tmp / "rng" / f"rank_{dist.get_rank()}.safetensors"
+        save_file(rng, str(rng_file))
+        fsync_path(rng_file)  # each rank flushes what it wrote (megatron fsyncs its own .distcp files)
+        _barrier()
+        if parallel.is_rank0():
+            meta = {"state": state.to_json(), "lr_steps": {k: m.scheduler.num_steps for k, m in self.models.items()
+                                                           if m.scheduler is not None},
+                    "world_size": dist.get_world_size(), "config": self.config, "complete": True}
+            (tmp / "state.json").write_text(json.dumps(meta, indent=1))
+            commit_dir(tmp, target)  # the same iteration again (after a fallback) replaces the old one
+            write_atomic(self.root / "latest", name + "\n")
+            older = sorted(p for p in self.root.glob("iter_*") if p.name < name)
+            for old in older[: max(len(older) - (self.keep - 1), 0)]:
+                dead = self.root / f".{old.name}.del"
+                old.rename(dead)  # never a half-deleted iter_N
+                shutil.rmtree(dead, ignore_errors=True)
+            self._remove_leftovers()
+        _barrier()
+        return target
+
+    def _candidates(self) -> list[Path]:
+        """Checkpoints to try, newest first: the `latest` pointer, then older complete ones."""
+        if not self.root.exists():
+            return []
+        found = sorted((p for p in self.root.glob("iter_*") if p.is_dir()), reverse=True)
+        latest = self.root / "latest"
+        if latest.exists():
+            named = latest.read_text(errors="replace").strip()
+            if re.fullmatch(r"iter_\d{7}", named):
+                found = [self.root / named] + [p for p in found if p.name != named]
+            elif parallel.is_rank0():
+                print(f"[vapo] {latest} is damaged (holds {named[:40]!r}, not iter_NNNNNNN); ignoring it", flush=True)
+        return found
+
+    def _check_complete(self, path: Path) -> dict:
+        """The cheap checks, the same on every rank: state.json parses and names this iteration,
+        every model's dist checkpoint has its metadata. Damage inside tensor files shows at load."""
+        if not path.is_dir():
+            raise CheckpointCorrupt(f"{path} does not exist")
+        try:
+            meta = json.loads((path / "state.json").read_text())
+            RunState.check_json(meta["state"])
+            meta["world_size"], meta["complete"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointCorrupt(f"{path / 'state.json'} is unreadable or incomplete ({type(e).__name__}: {e})") from None
+        if meta["complete"] is not True:
+            raise CheckpointCorrupt(f"{path / 'state.json'}: not marked complete")
+        iteration = meta["state"]["iteration"]
+        if f"iter_{iteration:07d}" != path.name:
+            raise CheckpointCorrupt(f"{path / 'state.json'} records iteration {iteration}, not that of {path.name}")
+        for sub in self.models:
+            if not dist_checkpointing.check_is_distributed_checkpoint(str(path / sub)):
+                raise CheckpointCorrupt(f"{path / sub} is not a complete Megatron dist checkpoint (metadata.json missing or unreadable)")
+        return meta
+
+    def _rng_state(self, path: Path, meta: dict) -> dict | None:
+        """This rank's RNG state; None when the checkpoint was written by another world size (then
+        the RNG is not restored)."""
+        if meta["world_size"] != dist.get_world_size():
+            return None
+        rng_file = path / "rng" / f"rank_{dist.get_rank()}.safetensors"
+        if not rng_file.is_file():
+            raise CheckpointCorrupt(f"{rng_file} is missing")
+        return load_file(str(rng_file))
+
+    def load(self, state: RunState) -> bool:
+        """Resume from the newest loadable checkpoint into the models and `state`; False when the
+        run directory has none.
+
+        A damaged checkpoint (unreadable state.json, missing metadata, a truncated or missing tensor
+        file, ...) is reported by name and the next older one is tried. Every rank takes the same
+        decision after each step of the load: a damaged shard may be read by one rank only. When
+        checkpoints exist but none loads, the run stops rather than silently starting over."""
+        failures = []
+        for path in self._candidates():
+            try:
+                meta = _on_every_rank(partial(self._check_complete, path))
+                for sub, model in self.models.items():
+                    _on_every_rank(partial(_load_model, model, path / sub))
+                rng = _on_every_rank(partial(self._rng_state, path, meta))
+            except CheckpointCorrupt as e:
+                if parallel.is_rank0():
+                    print(f"[vapo] checkpoint {path} is damaged, falling back to an older one: {e}", flush=True)
+                failures.append(f"{path.name}: {e}")
+                continue
+            if rng is not None:
+                torch.set_rng_state(rng["cpu"])
+                if "cuda" in rng and torch.cuda.is_available():
+                    torch.cuda.set_rng_state(rng["cuda"])
+            elif parallel.is_rank0():
+                print(f"[vapo] {path} was written by {meta['world_size']} ranks, not {dist.get_world_size()}: "
+                      "random number generators are not restored (the run continues, not bitwise as before)", flush=True)
+            state.load_json(meta["state"])
+            # Checkpoints written before the LR schedule existed have no lr_steps: their runs had
+            # a constant learning rate, so the schedule starts at 0 updates.
+            steps = meta["lr_steps"] if "lr_steps" in meta else {}
+            for sub, model in self.models.items():
+                if model.scheduler is not None:
+                    set_lr_steps(model.scheduler, steps[sub] if sub in steps else 0)
+            if parallel.is_rank0():
+                print(f"[vapo] resumed from {path} at iteration {state.iteration}", flush=True)
+            return True
+        if failures:
+            raise CheckpointCorrupt(
+                f"no checkpoint in {self.root} can be loaded ({'; '.join(failures)}); "
+                f"move {self.root} away to start the run afresh"
+            )
+        return False
+
+
+__all__ = ["CheckpointCorrupt", "CheckpointManager", "KEEP_CHECKPOINTS"]

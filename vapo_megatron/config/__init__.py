@@ -1,0 +1,20 @@
+"""The run configuration: typed sections, loading, every check, and the rules for a resume.
+
+    schema.py     the dataclasses: every key and its one default
+    load.py       YAML + dotted overrides -> Config, with every problem collected
+    checks.py     values that need nothing else
+    layout.py     the one parallel-layout check (config, start-up, eval, convert, plan)
+    preflight.py  the config against the launch and the files, before anything is built
+    resume.py     run_dir/config.yaml, and what a resume may change
+
+Pure Python: vapo-train checks a command completely before it imports torch or megatron-core.
+"""
+
+from vapo_megatron.config.load import load_config, parse_config, problems_error, to_dict
+from vapo_megatron.config.schema import (AlgoConfig, Config, ConfigError, DataConfig, EvalConfig, ModelConfig,
+                                         OptimConfig, ParallelConfig, RewardConfig, RolloutConfig, SFTConfig,
+                                         TrainerConfig)
+
+__all__ = ["AlgoConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig",
+           "ParallelConfig", "RewardConfig", "RolloutConfig", "SFTConfig", "TrainerConfig", "load_config",
+           "parse_config", "problems_error", "to_dict"]

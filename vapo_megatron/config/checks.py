@@ -1,0 +1,122 @@
+"""Every check of a configuration's values that needs neither the launch nor the files' contents.
+
+    config_problems(cfg) -> list[str]      one message per problem, naming the key(s)
+
+The parallel layout's checks are layout.py's (one check for every command); preflight.py adds
+what needs the launch or the disk. Pure Python.
+"""
+
+from __future__ import annotations
+
+import os
+
+from vapo_megatron.config.schema import Config, OptimConfig
+
+
+def _is_iso_time(text: str) -> bool:
+    from vapo_megatron.trainer.deadline import parse_time
+
+    return parse_time(text) is not None
+
+
+def _optim_problems(key: str, o: OptimConfig) -> list[str]:
+    out = []
+    if o.lr < 0:
+        out.append(f"{key}.lr={o.lr} must be >= 0")
+    if not 0 <= o.min_lr <= max(o.lr, 0):
+        out.append(f"{key}.min_lr={o.min_lr} must be in [0, {key}.lr={o.lr}]")
+    if o.warmup_steps < 0:
+        out.append(f"{key}.warmup_steps={o.warmup_steps} must be >= 0")
+    if o.lr_decay_steps is not None and o.lr_decay_steps <= o.warmup_steps:
+        out.append(f"{key}.lr_decay_steps={o.lr_decay_steps} must be greater than {key}.warmup_steps={o.warmup_steps} "
+                   "(or null: decay over the whole run)")
+    if o.weight_decay < 0:
+        out.append(f"{key}.weight_decay={o.weight_decay} must be >= 0")
+    for name, beta in (("adam_beta1", o.adam_beta1), ("adam_beta2", o.adam_beta2)):
+        if not 0 <= beta < 1:
+            out.append(f"{key}.{name}={beta} must be in [0, 1)")
+    if o.adam_eps <= 0:
+        out.append(f"{key}.adam_eps={o.adam_eps} must be > 0")
+    if o.clip_grad < 0:
+        out.append(f"{key}.clip_grad={o.clip_grad} must be >= 0 (0 turns clipping off)")
+    return out
+
+
+def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
+    """Every invalid value or combination of values, each message naming the key(s) and what is
+    allowed. Also checks that the named files exist (cheap); preflight.py checks their contents."""
+    a, r, t, d, s = cfg.algo, cfg.rollout, cfg.trainer, cfg.data, cfg.sft
+    out: list[str] = []
+
+    def require(cond: bool, msg: str) -> None:
+        if not cond:
+            out.append(msg)
+
+    for key, value in [("algo.gamma", a.gamma), ("algo.lambda_critic", a.lambda_critic), ("algo.lambda_policy", a.lambda_policy)]:
+        require(0.0 <= value <= 1.0, f"{key}={value} must be in [0, 1]")
+    require(a.alpha > 0, f"algo.alpha={a.alpha} must be > 0")
+    require(0 <= a.eps_low < 1, f"algo.eps_low={a.eps_low} must be in [0, 1)")
+    require(a.eps_high >= 0, f"algo.eps_high={a.eps_high} must be >= 0")
+    require(a.dual_clip_c is None or a.dual_clip_c > 1.0, f"algo.dual_clip_c={a.dual_clip_c} must be > 1 (or null)")
+    require(a.nll_coef >= 0, f"algo.nll_coef={a.nll_coef} must be >= 0")
+    require(a.value_clip is None or a.value_clip > 0, f"algo.value_clip={a.value_clip} must be > 0 (or null)")
+    require(a.value_pretrain_steps >= 0, f"algo.value_pretrain_steps={a.value_pretrain_steps} must be >= 0")
+    require(a.value_pretrain_ev_threshold is None or a.value_pretrain_ev_threshold <= 1,
+            f"algo.value_pretrain_ev_threshold={a.value_pretrain_ev_threshold} must be <= 1 (or null)")
+    require(a.ppo_epochs >= 1, f"algo.ppo_epochs={a.ppo_epochs} must be >= 1")
+    require(a.mini_batches >= 1, f"algo.mini_batches={a.mini_batches} must be >= 1")
+    require(r.prompts_per_step >= 1, f"rollout.prompts_per_step={r.prompts_per_step} must be >= 1")
+    require(r.n_samples >= 1, f"rollout.n_samples={r.n_samples} must be >= 1")
+    require(a.mini_batches < 1 or r.prompts_per_step % a.mini_batches == 0,
+            f"rollout.prompts_per_step={r.prompts_per_step} is not divisible by algo.mini_batches={a.mini_batches} "
+            "(mini-batches keep each prompt's group together)")
+    require(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0")
+    require(0 < r.top_p <= 1, f"rollout.top_p={r.top_p} must be in (0, 1]")
+    require(r.top_k == -1 or r.top_k >= 1, f"rollout.top_k={r.top_k} must be -1 (off) or >= 1")
+    require(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens} must be >= 1")
+    require(r.weight_sync_bucket_mb >= 1, f"rollout.weight_sync_bucket_mb={r.weight_sync_bucket_mb} must be >= 1")
+    require(r.sglang_tp >= 1, f"rollout.sglang_tp={r.sglang_tp} must be >= 1")
+    require(r.engine != "sglang" or r.sglang_tp < 1 or cfg.parallel.tp % r.sglang_tp == 0,
+            f"rollout.sglang_tp={r.sglang_tp} must divide parallel.tp={cfg.parallel.tp} with rollout.engine=sglang "
+            "(each colocated engine lives on consecutive GPUs of one trainer TP group)")
+    require(0 < r.sglang_mem_fraction < 1, f"rollout.sglang_mem_fraction={r.sglang_mem_fraction} must be in (0, 1)")
+    require(r.engine != "sglang_http" or len(r.sglang_urls) > 0, "rollout.engine=sglang_http needs rollout.sglang_urls")
+    require(d.max_prompt_tokens >= 1, f"data.max_prompt_tokens={d.max_prompt_tokens} must be >= 1")
+    for key, value in [("eval.every", cfg.eval.every), ("eval.max_prompts", cfg.eval.max_prompts), ("eval.n_samples", cfg.eval.n_samples)]:
+        require(value >= 1, f"{key}={value} must be >= 1")
+    require(cfg.eval.temperature is None or cfg.eval.temperature > 0, f"eval.temperature={cfg.eval.temperature} must be > 0 (or null)")
+    require(t.micro_batch_tokens >= d.max_prompt_tokens + r.max_new_tokens,
+            f"trainer.micro_batch_tokens={t.micro_batch_tokens} must hold one full sequence: "
+            f"data.max_prompt_tokens + rollout.max_new_tokens = {d.max_prompt_tokens + r.max_new_tokens}")
+    require(t.logprob_chunk_tokens >= 1, f"trainer.logprob_chunk_tokens={t.logprob_chunk_tokens} must be >= 1")
+    require(t.total_steps >= 0, f"trainer.total_steps={t.total_steps} must be >= 0")
+    require(t.save_every >= 1, f"trainer.save_every={t.save_every} must be >= 1")
+    require(t.max_consecutive_skips >= 1, f"trainer.max_consecutive_skips={t.max_consecutive_skips} must be >= 1")
+    require(bool(t.run_dir), "trainer.run_dir must name a directory")
+    require(t.deadline in ("slurm", "none") or _is_iso_time(t.deadline),
+            f"trainer.deadline={t.deadline!r} must be 'slurm', 'none' or an ISO-8601 time such as 2026-11-23T10:00:00+00:00")
+    require(t.deadline_margin_s >= 0, f"trainer.deadline_margin_s={t.deadline_margin_s} must be >= 0")
+    out += _optim_problems("actor_optim", cfg.actor_optim)
+    out += _optim_problems("critic_optim", cfg.critic_optim)
+    require(bool(cfg.model.hf_path), "model.hf_path must name a Hugging Face model directory")
+    for key, paths in [("model.hf_path", [cfg.model.hf_path] if cfg.model.hf_path else []),
+                       ("model.critic_hf_path", [cfg.model.critic_hf_path] if cfg.model.critic_hf_path else []),
+                       ("data.train_files", d.train_files), ("data.eval_files", d.eval_files),
+                       ("sft.files", s.files if s.steps > 0 else ())]:  # not read without SFT steps
+        for p in paths if check_paths else []:
+            require(os.path.exists(p), f"{key}: {p} does not exist")
+    require(len(d.train_files) > 0 or t.total_steps == 0, "data.train_files is empty (needed when trainer.total_steps > 0)")
+    require(s.steps >= 0, f"sft.steps={s.steps} must be >= 0")
+    require(s.steps == 0 or len(s.files) > 0, f"sft.steps={s.steps} needs sft.files")
+    require(s.batch_size >= 1, f"sft.batch_size={s.batch_size} must be >= 1")
+    require(s.lr >= 0, f"sft.lr={s.lr} must be >= 0")
+    require(s.target_accuracy is None or 0 < s.target_accuracy <= 1,
+            f"sft.target_accuracy={s.target_accuracy} must be in (0, 1] (or null)")
+    require(s.eval_every >= 1, f"sft.eval_every={s.eval_every} must be >= 1")
+    require(s.eval_prompts >= 1, f"sft.eval_prompts={s.eval_prompts} must be >= 1")
+    require(cfg.reward.fn in ("math", "exact") or cfg.reward.fn.count(":") == 1,
+            f"reward.fn={cfg.reward.fn!r} must be 'math', 'exact' or 'package.module:function'")
+    require(cfg.reward.timeout_s > 0, f"reward.timeout_s={cfg.reward.timeout_s} must be > 0")
+    require(cfg.reward.correct_score > cfg.reward.incorrect_score,
+            f"reward.correct_score={cfg.reward.correct_score} must be greater than reward.incorrect_score={cfg.reward.incorrect_score}")
+    return out

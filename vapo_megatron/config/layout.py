@@ -1,0 +1,115 @@
+"""The one check of a parallel layout, for every command (vapo-train, vapo-eval, vapo-convert,
+vapo-plan) and for the process-group start-up itself.
+
+    layout_problems(world_size, tp, pp, vpp, model=hf_cfg)   -> list of messages ([] when it works)
+    check_layout(world_size, tp, pp, vpp, model=hf_cfg)      -> Layout, or ConfigError listing them
+
+Messages name the settings as the user wrote them: the config's keys (parallel.tp, ...) by
+default, a command's flags (--tp, ...) with `keys=CLI_KEYS`. Pure Python.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from vapo_megatron.config.schema import ConfigError
+
+
+@dataclass(frozen=True)
+class LayoutKeys:
+    """How the user spells each setting, for the messages."""
+
+    tp: str = "parallel.tp"
+    pp: str = "parallel.pp"
+    vpp: str = "parallel.vpp"
+
+
+CONFIG_KEYS = LayoutKeys()
+CLI_KEYS = LayoutKeys(tp="--tp", pp="--pp", vpp="--vpp")
+
+
+@dataclass(frozen=True)
+class Layout:
+    world_size: int
+    tp: int
+    pp: int
+    dp: int
+    vpp: int | None = None
+
+
+def launcher_env() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) from torchrun, else Slurm, else a single process.
+
+    Inside torchrun every worker sees the same SLURM_PROCID, so torchrun's variables win.
+    """
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    if "SLURM_PROCID" in os.environ and "SLURM_NTASKS" in os.environ:
+        return (
+            int(os.environ["SLURM_PROCID"]),
+            int(os.environ["SLURM_NTASKS"]),
+            int(os.environ.get("SLURM_LOCALID", 0)),
+        )
+    return 0, 1, 0
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def allowed(values: list[int]) -> str:
+    return ", ".join(map(str, values[:12])) + (", ..." if len(values) > 12 else "")
+
+
+def layout_problems(world_size: int | None, tp: int, pp: int, vpp: int | None = None, *, model: dict | None = None,
+                    model_key: str = "model.hf_path", keys: LayoutKeys = CONFIG_KEYS) -> list[str]:
+    """Every reason the layout cannot work. world_size None: the values alone (no launch known).
+    `model`: an HF config dict (model_providers.read_hf_config; its path under `_source`) whose
+    heads, FFN width and layers must split over TP and the pipeline stages."""
+    from model_providers.table import query_groups
+
+    out: list[str] = []
+    if tp < 1:
+        out.append(f"{keys.tp}={tp} must be >= 1")
+    if pp < 1:
+        out.append(f"{keys.pp}={pp} must be >= 1")
+    if vpp is not None and (vpp < 1 or pp < 2):
+        out.append(f"{keys.vpp}={vpp} must be null, or >= 1 with {keys.pp} >= 2 ({keys.pp}={pp})")
+    if out:
+        return out
+    if world_size is not None:
+        if world_size < 1:
+            out.append(f"world size {world_size} (ranks launched) must be >= 1")
+        elif world_size % (tp * pp):
+            out.append(f"{keys.tp} * {keys.pp} = {tp} * {pp} = {tp * pp} does not divide the world size {world_size} "
+                       f"(ranks launched); allowed {keys.tp} * {keys.pp}: {allowed(_divisors(world_size))}")
+    if model is not None:
+        src = model["_source"] if "_source" in model else "config.json"
+        for name, n in (("num_attention_heads", model["num_attention_heads"]),
+                        ("num_key_value_heads", query_groups(model)),
+                        ("intermediate_size", model["intermediate_size"])):
+            if n % tp:
+                out.append(f"{keys.tp}={tp} does not divide {name}={n} of {model_key} ({src}); "
+                           f"allowed {keys.tp}: {allowed(_divisors(n))}")
+        stages, layers = pp * (vpp or 1), model["num_hidden_layers"]
+        if layers % stages:
+            what = f"{keys.pp} * {keys.vpp} = {pp} * {vpp}" if vpp else f"{keys.pp}={pp}"
+            out.append(f"{what} does not divide num_hidden_layers={layers} of {model_key} ({src}); "
+                       f"allowed {f'{keys.pp} * {keys.vpp}' if vpp else keys.pp}: {allowed(_divisors(layers))}")
+    return out
+
+
+def check_layout(world_size: int, tp: int, pp: int, vpp: int | None = None, *, model: dict | None = None,
+                 model_key: str = "model.hf_path", keys: LayoutKeys = CONFIG_KEYS) -> Layout:
+    """The layout with DP derived (world_size / (tp * pp)); ConfigError listing every problem."""
+    from vapo_megatron.config.load import problems_error
+
+    problems = layout_problems(world_size, tp, pp, vpp, model=model, model_key=model_key, keys=keys)
+    if problems:
+        raise problems_error(problems)
+    return Layout(world_size=world_size, tp=tp, pp=pp, dp=world_size // (tp * pp), vpp=vpp)
+
+
+__all__ = ["CLI_KEYS", "CONFIG_KEYS", "ConfigError", "Layout", "LayoutKeys", "check_layout", "launcher_env",
+           "layout_problems"]

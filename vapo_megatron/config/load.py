@@ -1,0 +1,180 @@
+"""Configuration from a YAML file and dotted command-line overrides, every problem at once.
+
+    cfg = load_config("configs/demo_cpu.yaml", ["trainer.total_steps=5", "algo.nll_coef=0"])
+
+`parse_config` reads the file and the overrides into the schema and returns the problems it
+found (YAML, an override that is not key=value, unknown keys, wrong types); a field with a
+problem keeps its default, so the value checks (checks.py, layout.py) can still run and a user
+sees every problem of a command in one pass. Pure Python: vapo-train runs all of this before it
+imports torch or megatron-core.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from vapo_megatron.config.schema import Config, ConfigError
+
+MOVED_KEYS = {"trainer.eval_every": "eval.every", "data.eval_max_prompts": "eval.max_prompts"}
+
+
+def _from_dict(cls, data: dict, path: str, errors: list[str], base=None):
+    """Build dataclass `cls` from a plain dict, starting from `base` (the section's default as
+    its parent declares it: critic_optim's lr differs from actor_optim's) or cls(). Unknown keys
+    and wrong types are appended to `errors` (all of them, not just the first); their fields keep
+    the default."""
+    defaults = cls() if base is None else base
+    if not isinstance(data, dict):
+        errors.append(f"{path or 'config'}: expected a mapping, got {type(data).__name__}")
+        return defaults
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    where = f"{path}." if path else ""
+    for name in sorted(set(data) - set(fields)):
+        if f"{where}{name}" in MOVED_KEYS:
+            errors.append(f"config key {where}{name} is now {MOVED_KEYS[f'{where}{name}']}")
+        else:
+            errors.append(f"unknown config key {where}{name} (allowed: {', '.join(sorted(fields))})")
+    kwargs = {}
+    hints = {f.name: f.type for f in dataclasses.fields(cls)}
+    for name, value in data.items():
+        if name not in fields:
+            continue
+        key = f"{where}{name}"
+        default = getattr(defaults, name)
+        if dataclasses.is_dataclass(default):
+            kwargs[name] = _from_dict(type(default), value or {}, key, errors, base=default)
+            continue
+        try:
+            kwargs[name] = _coerce(value, default, hints[name], key)
+        except ConfigError as e:
+            errors.append(str(e))
+    return dataclasses.replace(defaults, **kwargs)
+
+
+def _coerce(value, default, hint: str, key: str):
+    allowed = hint.split("Literal[", 1)[1].rsplit("]", 1)[0] if "Literal[" in hint else None
+    if allowed is not None:
+        options = [o.strip().strip("'\"") for o in allowed.split(",")]
+        if value not in options:
+            raise ConfigError(f"{key}={value!r} is not allowed (choose one of: {', '.join(options)})")
+        return value
+    if value is None:
+        if "None" in hint:
+            return None
+        raise ConfigError(f"{key} may not be null")
+    if isinstance(default, tuple) or hint.startswith("tuple"):
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return tuple(str(v) for v in value)
+    if "bool" in hint:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if hint.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return value
+    if hint.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        return float(value)
+    if hint.startswith("str"):
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def problems_error(problems: list[str]) -> ConfigError:
+    """One ConfigError listing every problem (a user fixes them all in one go)."""
+    if len(problems) == 1:
+        return ConfigError(problems[0])
+    return ConfigError(f"{len(problems)} invalid settings:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _read_yaml(path: str, problems: list[str]) -> dict:
+    if not os.path.isfile(path):
+        problems.append(f"config file not found: {path}")
+        return {}
+    with open(path) as f:
+        try:
+            data = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            problems.append(f"{path}: invalid YAML: {e}")
+            return {}
+    if not isinstance(data, dict):
+        problems.append(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+        return {}
+    return data
+
+
+def _dotlist(overrides: list[str], problems: list[str]) -> list[str]:
+    """The overrides that are `section.key=value`; a bare key or section is a problem (OmegaConf
+    would read `algo.value_clip` as null and `algo` as an empty section, silently)."""
+    good = []
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        if not sep or not key.strip():
+            problems.append(f"command-line override {item!r} must be key=value (e.g. trainer.total_steps=10)")
+        else:
+            good.append(item)
+    return good
+
+
+def parse_config(path: str | None, overrides: list[str] = (), *,
+                 fallbacks: dict[str, str] | None = None) -> tuple[Config, list[str]]:
+    """(config, problems): the YAML file with the `a.b.c=value` overrides applied (values typed as
+    YAML), as the frozen schema. `fallbacks` maps dotted keys to a launcher's values that apply
+    only where neither the file nor an override sets the key (the Slurm job's run dir: the user's
+    choice wins). Fields with a problem keep their defaults."""
+    problems: list[str] = []
+    data = _read_yaml(path, problems) if path is not None else {}
+    merged = OmegaConf.create(data)
+    for item in _dotlist(list(overrides), problems):
+        try:
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+        except OmegaConfBaseException as e:
+            problems.append(f"bad command-line override {item!r}: {str(e).splitlines()[0]}")
+    for key, value in (fallbacks or {}).items():
+        if OmegaConf.select(merged, key) is None:
+            OmegaConf.update(merged, key, value)
+    cfg = _from_dict(Config, OmegaConf.to_container(merged, resolve=True), "", problems)
+    return cfg, problems
+
+
+def load_config(path: str | None, overrides: list[str] = (), *, check_paths: bool = True,
+                fallbacks: dict[str, str] | None = None) -> Config:
+    """parse_config, then every value check that needs neither the launch nor the files' contents
+    (checks.config_problems and the layout's own values); one ConfigError listing everything.
+    check_paths=False skips the checks that model and data paths exist (vapo-plan sizes a run on
+    a machine that has neither)."""
+    from vapo_megatron.config.checks import config_problems
+    from vapo_megatron.config.layout import layout_problems
+
+    cfg, problems = parse_config(path, overrides, fallbacks=fallbacks)
+    problems += config_problems(cfg, check_paths=check_paths)
+    problems += layout_problems(None, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp)
+    if problems:
+        raise problems_error(problems)
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict:
+    """The settings as plain YAML/JSON types (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+    """{"a": {"b": 1}} -> {"a.b": 1}: the dotted keys users write."""
+    out: dict[str, object] = {}
+    for k, v in tree.items():
+        out |= flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
+    return out

@@ -1,0 +1,145 @@
+"""Start-up checks of a run against its launch and its files, before anything is built.
+
+    startup_problems(cfg, world_size)   every problem found, one message each (pure Python)
+    hardware_problems(cfg, cuda=...)    what the settings need of the machine (CUDA, NCCL)
+
+vapo-train runs startup_problems first thing, on every rank, before it imports torch or
+megatron-core and before torch.distributed starts or any model, tokenizer, reward worker or
+rollout engine is built: a 32B run fails in seconds on a typo, not after minutes of loading.
+Besides checks.py (values alone) and layout.py (the layout against the world size and the
+model's heads and layers), it checks batch sizes against data parallelism, lengths against the
+model's context, that each model directory has a supported config.json, weights and a tokenizer,
+the data files, the run directory and the reward function. Each message names the key.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from vapo_megatron.config.checks import config_problems
+from vapo_megatron.config.layout import layout_problems
+from vapo_megatron.config.schema import Config
+
+PROMPT_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def _model(key: str, hf_dir: str, out: list[str]) -> dict | None:
+    """config.json of an HF model dir when its family is supported, else None; every problem of
+    the directory appended (an unsupported architecture and missing weights are both said)."""
+    from model_providers import HFConfigError, check_supported, read_hf_config
+
+    try:
+        hf_cfg = read_hf_config(hf_dir)
+    except HFConfigError as e:
+        out.append(f"{key}: {e}")
+        return None
+    try:
+        check_supported(hf_cfg)
+    except HFConfigError as e:
+        out.append(f"{key}: {e}")
+        hf_cfg = None
+    path = Path(hf_dir)
+    if not ((path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()):
+        out.append(f"{key}: {hf_dir} has no model.safetensors or model.safetensors.index.json "
+                   "(weights are read from safetensors only)")
+    return hf_cfg
+
+
+def _context(key: str, hf_cfg: dict, cfg: Config, out: list[str]) -> None:
+    ctx = hf_cfg["max_position_embeddings"] if "max_position_embeddings" in hf_cfg else None
+    need = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+    if isinstance(ctx, int) and need > ctx:
+        out.append(f"data.max_prompt_tokens + rollout.max_new_tokens = {cfg.data.max_prompt_tokens} + "
+                   f"{cfg.rollout.max_new_tokens} = {need} exceeds max_position_embeddings={ctx} of {key} "
+                   f"({hf_cfg['_source']})")
+
+
+def batch_problems(cfg: Config, dp: int) -> list[str]:
+    """Batch sizes against the data-parallel size: whole prompt groups per DP rank."""
+    r, a = cfg.rollout, cfg.algo
+    out = []
+    if a.mini_batches >= 1 and r.prompts_per_step % (dp * a.mini_batches):
+        out.append(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by data-parallel size * algo.mini_batches "
+                   f"= {dp} * {a.mini_batches} = {dp * a.mini_batches}: each DP rank takes whole prompt groups and "
+                   "splits them into equal mini-batches")
+    if cfg.sft.steps > 0 and cfg.sft.batch_size % dp:
+        out.append(f"sft.batch_size={cfg.sft.batch_size} must be divisible by the data-parallel size {dp}")
+    return out
+
+
+def _files(cfg: Config, out: list[str]) -> None:
+    for key, paths in (("data.train_files", cfg.data.train_files), ("data.eval_files", cfg.data.eval_files),
+                       ("sft.files", cfg.sft.files if cfg.sft.steps > 0 else ())):
+        for p in paths:
+            if not os.path.exists(p):
+                continue  # reported by config_problems
+            if not os.path.isfile(p):
+                out.append(f"{key}: {p} is not a file")
+            elif not p.endswith(PROMPT_SUFFIXES):
+                out.append(f"{key}: {p} has an unknown file type (allowed: {', '.join(PROMPT_SUFFIXES)})")
+            elif not os.access(p, os.R_OK):
+                out.append(f"{key}: {p} is not readable")
+    run_dir = Path(cfg.trainer.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        out.append(f"trainer.run_dir: {run_dir} exists and is not a directory")
+    else:
+        existing = next((p for p in [run_dir, *run_dir.absolute().parents] if p.exists()), None)
+        if existing is not None and not os.access(existing, os.W_OK):
+            out.append(f"trainer.run_dir: {run_dir} cannot be created or written ({existing} is not writable)")
+
+
+def _reward(cfg: Config, out: list[str]) -> None:
+    spec = cfg.reward.fn
+    if spec in ("math", "exact") or spec.count(":") != 1:
+        return  # builtin, or already reported
+    from vapo_megatron.rewards.pool import resolve_function
+
+    try:
+        resolve_function(spec)
+    except Exception as e:  # noqa: BLE001 - a user module may raise anything while importing
+        out.append(f"reward.fn={spec!r}: {e}")
+
+
+def hardware_problems(cfg: Config, *, cuda: bool) -> list[str]:
+    """What the settings need of the machine; `cuda`: whether CUDA GPUs are visible."""
+    if cuda:
+        return []
+    out = []
+    if cfg.rollout.engine == "sglang":
+        out.append("rollout.engine=sglang needs CUDA GPUs and none is visible; "
+                   "allowed here: embedded (or sglang_http with rollout.sglang_urls)")
+    for key, o in (("actor_optim", cfg.actor_optim), ("critic_optim", cfg.critic_optim)):
+        if o.distributed_optimizer:
+            out.append(f"{key}.distributed_optimizer=true needs CUDA GPUs (NCCL) and none is visible; allowed here: false")
+    return out
+
+
+def startup_problems(cfg: Config, world_size: int) -> list[str]:
+    """Every problem of `cfg` for a launch of `world_size` ranks (see the module docstring)."""
+    out = config_problems(cfg)
+    m = cfg.model
+    actor_cfg = _model("model.hf_path", m.hf_path, out) if m.hf_path and os.path.exists(m.hf_path) else None
+    critic_cfg = None
+    if m.critic_hf_path and os.path.exists(m.critic_hf_path):
+        critic_cfg = _model("model.critic_hf_path", m.critic_hf_path, out)
+    p = cfg.parallel
+    out += layout_problems(world_size, p.tp, p.pp, p.vpp, model=actor_cfg)
+    if critic_cfg is not None:
+        critic = layout_problems(world_size, p.tp, p.pp, p.vpp, model=critic_cfg, model_key="model.critic_hf_path")
+        out += [msg for msg in critic if msg not in out]  # the world-size ones are said once
+    if world_size >= 1 and p.tp >= 1 and p.pp >= 1 and world_size % (p.tp * p.pp) == 0:
+        out += batch_problems(cfg, world_size // (p.tp * p.pp))
+    if actor_cfg is not None:
+        _context("model.hf_path", actor_cfg, cfg, out)
+        if not any((Path(m.hf_path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+            out.append(f"model.hf_path: {m.hf_path} has no tokenizer (tokenizer.json or tokenizer_config.json)")
+    if actor_cfg is not None and critic_cfg is not None and critic_cfg["vocab_size"] < actor_cfg["vocab_size"]:
+        out.append(f"model.critic_hf_path has vocab_size={critic_cfg['vocab_size']} < vocab_size={actor_cfg['vocab_size']} "
+                   "of model.hf_path: the critic reads the policy's token ids")
+    _files(cfg, out)
+    _reward(cfg, out)
+    return out
+
+
+__all__ = ["PROMPT_SUFFIXES", "batch_problems", "hardware_problems", "startup_problems"]

@@ -1,0 +1,15 @@
+"""Megatron-Core as this trainer uses it: process groups, models, optimizer, schedule, the two roles.
+
+    parallel.py      distributed start-up, every process group and collective (the only user of
+                     megatron's parallel_state); cpu_compat.py lets megatron run on gloo
+    models.py        megatron models from a family's Architecture; every TransformerConfig field
+                     (critic_model.py: the value-head model; sp_norm.py: RMSNorm for sequence parallel)
+    model.py         TrainModel: chunks + DDP + optimizer + LR schedule; how parallelism is applied
+    optimizer.py     megatron's optimizer, OptimizerParamScheduler, the NaN-guarded step
+    schedule.py      one call of megatron's pipeline schedule; why the loss scaling is exactly global
+    update.py        the mini-batch / optimizer-step loop shared by both roles
+    actor.py         the policy: old log-probs, PPO + positive-example NLL update
+    critic.py        the value model: values, clipped value-loss update
+    memory.py        GPU memory handed back at the trainer <-> rollout-engine phase switches
+    dtypes.py        parameter dtypes by name
+"""

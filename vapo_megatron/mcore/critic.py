@@ -1,0 +1,61 @@
+"""The critic on Megatron: values V_t (step 4, forward only) and the clipped value-loss update (step 6).
+
+Value loss of the global mini-batch (token-level, like the policy loss, VAPO sec. 3):
+    L_V = (1/N) sum_i sum_t 0.5 * max((V - G)^2, (clip(V, V_old - c, V_old + c) - G)^2)
+Each micro-batch returns (value_loss_sum, its response tokens); finalize_model_grads divides
+by their global total N (schedule.py), so the gradient is exactly grad L_V. Returns G_t come
+from GAE with lambda_critic (1.0: Monte-Carlo returns, component 2).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from vapo_megatron.algorithms.losses import value_loss_sum
+from vapo_megatron.algorithms.normalization import GlobalCounts
+from vapo_megatron.data.batch import RolloutBatch
+from vapo_megatron.mcore.model import TrainModel
+from vapo_megatron.mcore.update import UpdateSettings, forward_only, optimize
+
+
+def value_outputs(mb: RolloutBatch, values: torch.Tensor):
+    # values: [b, S] float32, V at every position (masked to prediction positions)
+    zero = values.new_zeros(())
+    return zero, torch.tensor(1, dtype=torch.int), {"values": (values.detach().float() * mb.mask.to(values.device)).cpu()}
+
+
+def value_loss(mb: RolloutBatch, values: torch.Tensor, *, clip_range: float | None):
+    device = values.device
+    mask = mb.mask.to(device)
+    loss_sum, metrics = value_loss_sum(
+        values.float(), mb.values.to(device), mb.returns.to(device), mask, clip_range=clip_range,
+    )
+    logs = {  # sums; update.py divides by the global N
+        "critic/value_clipfrac_sum": metrics["clipped_tokens"],
+        "critic/value_mse_sum": metrics["squared_error_sum"],
+    }
+    logs["critic/value_loss_sum"] = loss_sum.detach()  # / N -> L_V
+    return loss_sum, mask.sum().int().cpu(), logs
+
+
+class Critic:
+    """The value model: a TrainModel with the value clip of its updates."""
+
+    def __init__(self, model: TrainModel, clip_range: float | None, update: UpdateSettings):
+        self.model, self.clip_range, self.settings = model, clip_range, update
+
+    def values(self, batch: RolloutBatch) -> torch.Tensor:
+        """Step 4: V_t at every prediction position, [B, S]."""
+        return forward_only(self.model, batch, value_outputs, ("values",), self.settings.max_tokens)["values"]
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        """Step 6: clipped value loss against `batch.returns`, token-level over each mini-batch."""
+        def loss_for(counts: GlobalCounts):
+            return partial(value_loss, clip_range=self.clip_range)
+
+        return optimize(self.model, "critic", batch, loss_for, self.settings)
+
+
+__all__ = ["Critic", "value_loss", "value_outputs"]

@@ -1,0 +1,299 @@
+"""Distributed start-up and every process group the trainer uses, in one place.
+
+Reads the launcher's environment (torchrun's RANK/WORLD_SIZE/LOCAL_RANK first, then Slurm's
+SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID), starts torch.distributed (NCCL on GPU, gloo on the
+CPU), and initializes Megatron's model parallelism. Data parallelism is derived:
+DP = world_size / (TP * PP). Other modules ask this module for groups, ranks and sizes and
+never reach into megatron's parallel_state themselves; every collective of the project goes
+through the helpers at the end of this file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import torch
+import torch.distributed as dist
+
+from vapo_megatron.config.layout import Layout, check_layout, launcher_env
+from vapo_megatron.mcore import cpu_compat
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(
+    tp: int = 1,
+    pp: int = 1,
+    vpp: int | None = None,
+    *,
+    seed: int = 1234,
+    timeout_minutes: int = 30,
+) -> Layout:
+    """Start torch.distributed and Megatron model parallelism; idempotent per process."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    rank, world_size, local_rank = launcher_env()
+    layout = check_layout(world_size, tp, pp, vpp)
+    on_gpu = torch.cuda.is_available()
+    if on_gpu:
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    else:
+        cpu_compat.activate()
+
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if world_size == 1:
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        elif "MASTER_PORT" not in os.environ:
+            raise RuntimeError("MASTER_PORT is not set: launch with torchrun or the slurm/ scripts")
+        dist.init_process_group(
+            backend="nccl" if on_gpu else "gloo",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(minutes=timeout_minutes),
+        )
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            virtual_pipeline_model_parallel_size=vpp,
+            distributed_timeout_minutes=timeout_minutes,
+        )
+    model_parallel_cuda_manual_seed(seed)
+    return layout
+
+
+def init_fake(world_size: int, rank: int, tp: int, pp: int, vpp: int | None = None) -> Layout:
+    """Megatron's parallel state for one rank of a `world_size` launch, inside this one process,
+    with torch's fake process group (collectives do nothing): vapo-plan builds each rank's shard on
+    the meta device this way, with no GPU and no peers. Call `destroy()` before the next rank."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    layout = check_layout(world_size, tp, pp, vpp)
+    if dist.is_initialized() or parallel_state.model_parallel_is_initialized():
+        raise RuntimeError("init_fake: torch.distributed is already initialized in this process; call destroy() first")
+    if not torch.cuda.is_available():
+        cpu_compat.activate()  # megatron's RNG tracker and RoPE ask for CUDA
+    dist.init_process_group(backend="fake", store=FakeStore(), rank=rank, world_size=world_size)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        create_gloo_process_groups=False,  # the fake backend has no gloo counterpart
+    )
+    model_parallel_cuda_manual_seed(0)
+    return layout
+
+
+def destroy() -> None:
+    from megatron.core import parallel_state
+
+    global _ENGINE_GROUP
+    _ENGINE_GROUP = None
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+# ---- groups, ranks and sizes (thin names over megatron's parallel_state) -------------------
+
+def _ps():
+    from megatron.core import parallel_state
+
+    return parallel_state
+
+
+def tp_group():
+    return _ps().get_tensor_model_parallel_group()
+
+
+def tp_rank() -> int:
+    return _ps().get_tensor_model_parallel_rank()
+
+
+def tp_size() -> int:
+    return _ps().get_tensor_model_parallel_world_size()
+
+
+def pp_group():
+    return _ps().get_pipeline_model_parallel_group()
+
+
+def pp_rank() -> int:
+    return _ps().get_pipeline_model_parallel_rank()
+
+
+def pp_size() -> int:
+    return _ps().get_pipeline_model_parallel_world_size()
+
+
+def dp_group():
+    return _ps().get_data_parallel_group()
+
+
+def dp_rank() -> int:
+    return _ps().get_data_parallel_rank()
+
+
+def dp_size() -> int:
+    return _ps().get_data_parallel_world_size()
+
+
+def model_parallel_group():
+    return _ps().get_model_parallel_group()
+
+
+def is_first_stage() -> bool:
+    return _ps().is_pipeline_first_stage()
+
+
+def is_last_stage() -> bool:
+    return _ps().is_pipeline_last_stage()
+
+
+def vp_size() -> int | None:
+    """Virtual pipeline stages per rank (None: no interleaving)."""
+    return _ps().get_virtual_pipeline_model_parallel_world_size()
+
+
+def is_stage(first: bool, vp_stage: int | None) -> bool:
+    """Whether (virtual) stage `vp_stage` of this rank is the pipeline's first (or last) one."""
+    if first:
+        return _ps().is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+    return _ps().is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+
+
+def is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def dp_share(items: list) -> tuple[int, list]:
+    """(index of the first item, items) of this DP rank's contiguous share: shares of
+    ceil(len / dp) items in DP-rank order, so whole prompt groups stay on one rank when the
+    length divides (rollouts, warm start), and the last shares may be short or empty (eval)."""
+    per = -(-len(items) // dp_size())
+    first = dp_rank() * per
+    return first, items[first : first + per]
+
+
+# ---- rollout engine groups ------------------------------------------------------------------
+
+_ENGINE_GROUP = None
+
+
+def init_engine_groups(size: int):
+    """Collective. Splits every TP group into consecutive blocks of `size` ranks, one colocated
+    rollout engine each (SGLang TP = size, engine TP rank i on the GPU of block rank i), and
+    returns this rank's block. `size` must divide TP: a TP group's ranks are consecutive global
+    ranks on one node (megatron's default rank order), so every block's GPUs are consecutive
+    local devices of one node, as sglang.Engine(base_gpu_id=..., tp_size=size) expects."""
+    global _ENGINE_GROUP
+    if tp_size() % size:
+        raise ValueError(f"rollout.sglang_tp={size} must divide parallel.tp={tp_size()} (engines live inside TP groups)")
+    tp_groups = [None] * dist.get_world_size()
+    all_gather_object(tp_groups, dist.get_process_group_ranks(tp_group()))
+    blocks = sorted({tuple(g[i : i + size]) for g in tp_groups for i in range(0, len(g), size)})
+    _ENGINE_GROUP, _ = dist.new_subgroups_by_enumeration([list(b) for b in blocks])
+    return _ENGINE_GROUP
+
+
+def engine_group():
+    """This rank's engine group (after init_engine_groups)."""
+    if _ENGINE_GROUP is None:
+        raise RuntimeError("init_engine_groups() has not run")
+    return _ENGINE_GROUP
+
+
+# ---- collectives: every torch.distributed call of the project goes through these -----------
+#
+# NCCL moves CUDA tensors only, gloo CPU tensors only (on GPUs the process groups are NCCL, on the
+# CPU gloo). Counts, metric sums and flags are small CPU tensors where they are made, so each
+# helper moves its tensors to the device the group's backend needs, runs the collective and
+# copies the result back into the caller's tensors, which stay where they were. A tensor already
+# on the right device (logits, weights) is used as it is, without a copy. The object collectives
+# and barrier are passed through: torch places their buffers itself (on the current CUDA device
+# for NCCL). tests/test_collectives.py fails when project code calls torch.distributed directly.
+
+def backend_device(group=None) -> torch.device | None:
+    """The device `group`'s backend communicates on: CUDA (the current device) for NCCL, the CPU
+    for gloo; None for any other backend (a mixed "cpu:gloo,cuda:nccl" group takes either, and
+    vapo-plan's fake group moves nothing), which leaves tensors where they are."""
+    backend = dist.get_backend(group)
+    if backend == dist.Backend.NCCL:
+        return torch.device("cuda", torch.cuda.current_device())
+    if backend == dist.Backend.GLOO:
+        return torch.device("cpu")
+    return None
+
+
+def _on(tensor: torch.Tensor, device: torch.device | None) -> torch.Tensor:
+    return tensor if device is None or tensor.device == device else tensor.to(device)
+
+
+def _back(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if src is not dst:
+        dst.copy_(src)
+
+
+def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None) -> torch.Tensor:
+    """In place on `tensor` (any device), as torch.distributed.all_reduce; returns it."""
+    work = _on(tensor, backend_device(group))
+    dist.all_reduce(work, op=op, group=group)
+    _back(tensor, work)
+    return tensor
+
+
+def broadcast(tensor: torch.Tensor, src: int, group=None) -> torch.Tensor:
+    """In place on `tensor`; `src` is a global rank, as in torch.distributed.broadcast."""
+    work = _on(tensor, backend_device(group))
+    dist.broadcast(work, src=src, group=group)
+    _back(tensor, work)
+    return tensor
+
+
+def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None) -> list[torch.Tensor]:
+    """Fills `tensor_list` (one tensor per group rank) as torch.distributed.all_gather."""
+    device = backend_device(group)
+    outs = [_on(t, device) for t in tensor_list]
+    dist.all_gather(outs, _on(tensor, device), group=group)
+    for dst, src in zip(tensor_list, outs):
+        _back(dst, src)
+    return tensor_list
+
+
+def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int = 0, group=None) -> None:
+    """torch.distributed.gather: `gather_list` on the global rank `dst` only."""
+    device = backend_device(group)
+    outs = None if gather_list is None else [_on(t, device) for t in gather_list]
+    dist.gather(_on(tensor, device), outs, dst=dst, group=group)
+    for out, src in zip(gather_list or [], outs or []):
+        _back(out, src)
+
+
+def all_gather_object(object_list: list, obj, group=None) -> None:
+    dist.all_gather_object(object_list, obj, group=group)
+
+
+def gather_object(obj, object_gather_list: list | None = None, dst: int = 0, group=None) -> None:
+    dist.gather_object(obj, object_gather_list, dst=dst, group=group)
+
+
+def broadcast_object_list(object_list: list, src: int, group=None) -> None:
+    dist.broadcast_object_list(object_list, src=src, group=group)
+
+
+def barrier(group=None) -> None:
+    dist.barrier(group=group)

@@ -1,0 +1,132 @@
+"""The optimizer loop shared by the critic update (step 6) and the actor update (step 7).
+
+Each update walks mini-batches of whole prompt groups (component 7), counts the global
+normalizers of the mini-batch once (algorithms/normalization.py: one all-reduce over DP), splits
+this rank's part into token-budget micro-batches, runs one schedule call (schedule.py) and one
+guarded optimizer step (optimizer.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from vapo_megatron.algorithms.normalization import GlobalCounts, count_sums
+from vapo_megatron.data.batch import RolloutBatch
+from vapo_megatron.data.microbatch import plan_micro_batches
+from vapo_megatron.mcore import parallel
+from vapo_megatron.mcore.model import TrainModel
+from vapo_megatron.mcore.optimizer import current_lr, optimizer_step
+from vapo_megatron.mcore.schedule import broadcast_from_last_stage, forward_backward, reduce_metric_sums
+from vapo_megatron.testing import faults
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    mini_batches: int           # optimizer steps per epoch (algo.mini_batches)
+    epochs: int                 # passes over the step's rollouts (algo.ppo_epochs)
+    max_tokens: int             # token budget of a micro-batch (trainer.micro_batch_tokens)
+    max_consecutive_skips: int  # trainer.max_consecutive_skips
+
+
+class NonFiniteError(RuntimeError):
+    """Too many optimizer steps in a row were skipped for NaN/Inf losses or gradients."""
+
+
+def micro_batches(batch: RolloutBatch, max_tokens: int) -> tuple[list[list[int]], list[RolloutBatch]]:
+    plan = plan_micro_batches(batch.seq_lens.tolist(), max_tokens)
+    return plan, [batch.select(rows) for rows in plan]
+
+
+def mini_batch_rows(batch: RolloutBatch, n: int) -> list[list[int]]:
+    """Split rows into n mini-batches of whole prompt groups (group_ids are contiguous)."""
+    groups = torch.unique_consecutive(batch.group_ids)
+    parts = torch.tensor_split(groups, n)
+    return [torch.nonzero(torch.isin(batch.group_ids, p)).flatten().tolist() for p in parts]
+
+
+def global_counts(batch: RolloutBatch) -> GlobalCounts:
+    """N, N_pos, M of the global mini-batch (every DP rank's part; one all-reduce)."""
+    sums = count_sums(batch.mask, batch.correct)
+    if parallel.dp_size() > 1:
+        parallel.all_reduce(sums, group=parallel.dp_group())
+    return GlobalCounts.from_sums(sums)
+
+
+def forward_only(model: TrainModel, batch: RolloutBatch, loss_fn: Callable, keys: tuple[str, ...],
+                 max_tokens: int) -> dict[str, torch.Tensor]:
+    """Step 4's forward passes: {key: [B, S] float32} on every pipeline stage, from the
+    last stage's per-micro-batch outputs (loss_fn returns them under `keys`)."""
+    plan, micro = micro_batches(batch, max_tokens)
+    with torch.no_grad():
+        outputs = forward_backward(model.chunks, loss_fn, micro, forward_only=True)
+    out = {}
+    for key in keys:
+        full = torch.zeros(batch.tokens.shape, dtype=torch.float32)
+        if parallel.is_last_stage():
+            for rows, o in zip(plan, outputs):
+                full[rows, : o[key].shape[1]] = o[key]
+        broadcast_from_last_stage([full])
+        out[key] = full * batch.mask
+    return out
+
+
+def _means(sums: dict[str, float], counts: GlobalCounts) -> dict[str, float]:
+    """Metric sums -> means over the right global count (N_pos for the NLL, else N)."""
+    out = {}
+    for key, value in sums.items():
+        name = key[: -len("_sum")] if key.endswith("_sum") else key
+        denom = counts.pos_tokens if name.endswith("nll_loss") else counts.tokens
+        out[name] = value / max(denom, 1)
+    return out
+
+
+def guarded_step(model: TrainModel, sums: dict[str, float], role: str, max_consecutive_skips: int) -> tuple[bool, float]:
+    """One optimizer step that is skipped (and counted) when a loss or the gradient norm is not
+    finite; after `max_consecutive_skips` skips in a row the run stops (NonFiniteError)."""
+    loss_finite = all(math.isfinite(v) for k, v in sums.items() if k.endswith("loss_sum"))
+    applied, grad_norm = optimizer_step(model.optimizer, model.chunks, loss_finite=loss_finite, scheduler=model.scheduler)
+    model.consecutive_skips = 0 if applied else model.consecutive_skips + 1
+    if model.consecutive_skips >= max_consecutive_skips:
+        raise NonFiniteError(
+            f"{role}: {model.consecutive_skips} optimizer steps in a row were skipped because a loss or the gradient "
+            f"norm was NaN/Inf (trainer.max_consecutive_skips={max_consecutive_skips}). The parameters are those of "
+            "the last good step and the checkpoints are untouched; lower the learning rate or check the data and "
+            "rewards, then resume from the latest checkpoint."
+        )
+    if not applied and parallel.is_rank0():
+        print(f"[vapo] {role}: optimizer step skipped (non-finite loss or gradient norm), "
+              f"{model.consecutive_skips} in a row", flush=True)
+    return applied, grad_norm
+
+
+def optimize(model: TrainModel, role: str, batch: RolloutBatch, loss_for: Callable[[GlobalCounts], Callable],
+             settings: UpdateSettings) -> dict[str, float]:
+    """One optimizer step per mini-batch and epoch. `loss_for(counts)` is the loss function of a
+    mini-batch with these global counts (docs/normalization.md). Logs are means over the steps,
+    except `<role>/skipped_steps`, which counts them; `<role>/lr` is the learning rate the steps
+    used (the schedule's next one when the model did not step)."""
+    logs: dict[str, list[float]] = {}
+    for _ in range(settings.epochs):
+        for rows in mini_batch_rows(batch, settings.mini_batches):
+            part = batch.select(rows)
+            counts = global_counts(part)
+            _, micro = micro_batches(part, settings.max_tokens)
+            lr = current_lr(model.optimizer)
+            sums = reduce_metric_sums(forward_backward(model.chunks, loss_for(counts), micro, forward_only=False))
+            applied, grad_norm = guarded_step(model, sums, role, settings.max_consecutive_skips)
+            faults.fault_point(f"{role}_update")  # test-only (testing/faults.py): a crash mid-update
+            step_logs = _means(sums, counts)
+            step_logs[f"{role}/grad_norm"] = grad_norm
+            step_logs[f"{role}/skipped_steps"] = 0.0 if applied else 1.0
+            step_logs[f"{role}/lr"] = lr
+            for k, v in step_logs.items():
+                logs.setdefault(k, []).append(v)
+    return {k: (sum(v) if k.endswith("skipped_steps") else sum(v) / len(v)) for k, v in logs.items()}
+
+
+__all__ = ["NonFiniteError", "UpdateSettings", "forward_only", "global_counts", "guarded_step", "micro_batches", "mini_batch_rows",
+           "optimize"]

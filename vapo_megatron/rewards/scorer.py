@@ -1,0 +1,71 @@
+"""Step 3 of the loop: the verifier's rewards for a rollout, and the rollout as batch tensors.
+
+    scorer = Scorer(reward_fn, tokenizer, stop_token_ids)
+    batch, logs = scorer.score(rollout)     RolloutBatch of this rank; reward/*, response_length/*
+
+The evaluation (evaluation/sampled.py) judges its samples with the same decode and reward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from vapo_megatron.data.batch import RolloutBatch, pack_sequences
+from vapo_megatron.mcore import parallel
+from vapo_megatron.rewards import RewardFn, score_batch
+
+
+class Scorer:
+    def __init__(self, reward_fn: RewardFn, tokenizer, stop_token_ids: tuple[int, ...]):
+        self.reward_fn, self.tokenizer, self.stop_token_ids = reward_fn, tokenizer, stop_token_ids
+
+    def decode(self, outputs) -> list[str]:
+        return [self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outputs]
+
+    def judge(self, prompt_texts: list[str], texts: list[str], answers: list[str]):
+        """(scores float32 [n], correct bool [n], counters) from the run's reward function."""
+        return score_batch(self.reward_fn, prompt_texts, texts, answers)
+
+    def score(self, rollout) -> tuple[RolloutBatch, dict[str, float]]:
+        """Rewards of this DP rank's rollout (rollout/generator.py: Rollout), its batch tensors,
+        and the reward and length figures over every DP rank."""
+        texts = self.decode(rollout.outputs)
+        owners = [rollout.prompts[o.prompt_index] for o in rollout.outputs]
+        scores, correct, counters = self.judge([p.prompt_text for p in owners], texts, [p.answer for p in owners])
+        # An empty response still occupies one position: the engine's stop token.
+        responses = [o.token_ids if o.token_ids else [self.stop_token_ids[0]] for o in rollout.outputs]
+        tokens, pl, rl = pack_sequences([p.prompt_ids for p in owners], responses)
+        batch = RolloutBatch(
+            tokens=tokens, prompt_lens=pl, response_lens=rl, rewards=scores.float(), correct=correct.bool(),
+            group_ids=torch.tensor([o.prompt_index for o in rollout.outputs], dtype=torch.long),
+        )
+        engine_logp = [o.logprobs for o in rollout.outputs]
+        if all(lp is not None for lp in engine_logp):
+            batch.extras["engine_logp"] = engine_logp
+        stats = torch.tensor([
+            float(scores.sum()), float(correct.sum()), float(len(texts)), float(rl.sum()),
+            float(sum(o.finish_reason == "length" for o in rollout.outputs)),
+            float(counters["reward/timeouts"]), float(counters["reward/errors"]),
+        ], dtype=torch.float64)
+        max_len = torch.tensor([float(rl.max())])
+        if parallel.dp_size() > 1:
+            parallel.all_reduce(stats, group=parallel.dp_group())
+            parallel.all_reduce(max_len, op=dist.ReduceOp.MAX, group=parallel.dp_group())
+        total, n_correct, count, length_sum, truncated, timeouts, errors = stats.tolist()
+        logs = {
+            "reward/mean": total / count,
+            "reward/accuracy": n_correct / count,
+            "reward/timeouts": timeouts,
+            "reward/errors": errors,
+            "response_length/mean": length_sum / count,
+            "response_length/max": float(max_len),
+            "response_length/clip_ratio": truncated / count,
+        }
+        return batch, logs
+
+    def close(self) -> None:
+        self.reward_fn.close()
+
+
+__all__ = ["Scorer"]

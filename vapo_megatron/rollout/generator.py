@@ -1,0 +1,158 @@
+"""Steps 2 and 8 of the loop: this model replica's rollout engines, and the calls the loop makes.
+
+    gen = Generator.build(cfg, stop_token_ids)      collective: engines start, generating ranks known
+    rollout = gen.collect(prompts, seed=...)        step 2: n samples per prompt of this DP rank
+    gen.release_weights()                           the engine's GPU memory goes to training
+    gen.sync_weights(actor_model, version=...)      step 8: the new actor weights into the engines
+
+Engine placement. The embedded engine and an SGLang HTTP server: one engine per model replica
+(DP rank), held by the replica's first rank (TP rank 0, PP stage 0). Colocated SGLang: one
+engine per block of rollout.sglang_tp ranks of every TP group, so a replica (TP x PP ranks)
+has TP*PP/sglang_tp engines (mcore/parallel.py, init_engine_groups). Either way the replica's
+prompts are split evenly over its generating ranks, and the token ids are then shared with every
+rank of the replica (the model-parallel group), which all need the batch. Sampling seeds are a
+pure function of (trainer seed, iteration, DP rank, prompt and sample index), whatever the
+split, so a resumed run draws the same rollouts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch.distributed as dist
+
+from vapo_megatron.config import Config, RolloutConfig
+from vapo_megatron.data.prompts import PromptRecord
+from vapo_megatron.mcore import parallel
+from vapo_megatron.mcore.dtypes import torch_dtype
+from vapo_megatron.mcore.memory import free_cached_memory
+from vapo_megatron.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from vapo_megatron.testing import faults
+
+
+@dataclass
+class Rollout:
+    """This DP rank's prompts and their sampled responses (n per prompt, grouped)."""
+
+    prompts: list[PromptRecord]
+    outputs: list[RolloutOutput]
+    n: int
+
+
+def build_engine(cfg: Config, *, with_weights: bool = True) -> RolloutEngine | None:
+    """Collective (colocated SGLang starts its engines together). None on ranks with no engine.
+    with_weights=False: model.hf_path holds only config and tokenizer (a trainer checkpoint's
+    hf/); the engine starts with placeholder weights, which the first weight sync replaces."""
+    r = cfg.rollout
+    if r.engine == "sglang":
+        from vapo_megatron.rollout.sglang_engine import SGLangEngine
+
+        return SGLangEngine.colocated(model_path=cfg.model.hf_path, tp_size=r.sglang_tp, mem_fraction=r.sglang_mem_fraction,
+                                      dtype=cfg.model.dtype, seed=cfg.trainer.seed,
+                                      deterministic=cfg.trainer.deterministic, load_format="auto" if with_weights else "dummy")
+    if not (parallel.tp_rank() == 0 and parallel.pp_rank() == 0):
+        return None
+    if r.engine == "embedded":
+        from transformers import AutoConfig
+
+        from vapo_megatron.rollout.embedded import EmbeddedEngine
+
+        dtype = torch_dtype(cfg.model.dtype)
+        if not with_weights:
+            return EmbeddedEngine.from_hf_config(AutoConfig.from_pretrained(cfg.model.hf_path), dtype=dtype, device=str(parallel.device()))
+        return EmbeddedEngine.from_pretrained(cfg.model.hf_path, dtype=dtype, device=str(parallel.device()))
+    from vapo_megatron.rollout.sglang_engine import SGLangEngine
+    from vapo_megatron.rollout.sglang_http import HttpEngine
+
+    return SGLangEngine(HttpEngine(r.sglang_urls[parallel.dp_rank() % len(r.sglang_urls)]))
+
+
+def generating_ranks(engine: RolloutEngine | None) -> list[int]:
+    """Collective over the model-parallel group: the global ranks of this replica that
+    generate, in group order (the order their prompt shares are assigned in)."""
+    mp_group = parallel.model_parallel_group()
+    flags = [False] * dist.get_world_size(mp_group)
+    parallel.all_gather_object(flags, engine is not None and engine.generates, group=mp_group)
+    ranks = [r for r, f in zip(dist.get_process_group_ranks(mp_group), flags) if f]
+    if not ranks:
+        raise RuntimeError("no rank of this model replica holds a rollout engine")
+    return ranks
+
+
+class Generator:
+    """The rollout engines of this model replica, seen from one of its ranks."""
+
+    def __init__(self, engine: RolloutEngine | None, rollout: RolloutConfig, stop_token_ids: tuple[int, ...]):
+        self.engine, self.cfg, self.stop_token_ids = engine, rollout, stop_token_ids
+        self.generators = generating_ranks(engine)  # global ranks of this replica that generate, in share order
+
+    @classmethod
+    def build(cls, cfg: Config, stop_token_ids: tuple[int, ...], *, with_weights: bool = True) -> "Generator":
+        """Collective: every rank's engines (build_engine), then the replica's generating ranks."""
+        return cls(build_engine(cfg, with_weights=with_weights), cfg.rollout, stop_token_ids)
+
+    def sampling(self, *, seed: int, greedy: bool = False, n: int | None = None,
+                 temperature: float | None = None) -> SamplingParams:
+        """The run's sampling settings (rollout.*); greedy: one sample at temperature 0."""
+        r = self.cfg
+        if greedy:
+            return SamplingParams(n=1, temperature=0.0, max_new_tokens=r.max_new_tokens, stop_token_ids=self.stop_token_ids, seed=seed)
+        return SamplingParams(n=r.n_samples if n is None else n, temperature=r.temperature if temperature is None else temperature,
+                              top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
+                              stop_token_ids=self.stop_token_ids, seed=seed)
+
+    def generate(self, prompts: list[PromptRecord], params: SamplingParams) -> list[RolloutOutput]:
+        """Collective over the replica. Each generating rank samples its contiguous share of
+        `prompts`; every rank of the replica gets all outputs, grouped by prompt. Seeds are offset
+        by the share's start, so the samples do not depend on how many engines there are."""
+        per = -(-len(prompts) // len(self.generators))
+        mine: list[RolloutOutput] = []
+        if self.engine is not None and self.engine.generates:
+            start = self.generators.index(dist.get_rank()) * per
+            share = prompts[start : start + per]
+            if share:
+                free_cached_memory()  # weight-sync buckets and training leftovers, before the KV cache returns
+                self.engine.resume_memory(("kv_cache", "cuda_graph"))
+                outs = self.engine.generate([p.prompt_ids for p in share], replace(params, seed=params.seed + start * params.n))
+                self.engine.release_memory(("kv_cache", "cuda_graph"))
+                mine = [replace(o, prompt_index=o.prompt_index + start) for o in outs]
+        mp_group = parallel.model_parallel_group()
+        if dist.get_world_size(mp_group) == 1:
+            return mine
+        gathered: list = [None] * dist.get_world_size(mp_group)
+        parallel.all_gather_object(gathered, mine, group=mp_group)
+        by_rank = dict(zip(dist.get_process_group_ranks(mp_group), gathered))
+        return [o for r in self.generators for o in by_rank[r]]
+
+    def collect(self, global_prompts: list[PromptRecord], *, seed: int) -> Rollout:
+        """Step 2: rollout.n_samples samples for each of this DP rank's prompts."""
+        _, prompts = parallel.dp_share(global_prompts)
+        outputs = self.generate(prompts, self.sampling(seed=seed))
+        return Rollout(prompts=prompts, outputs=outputs, n=self.cfg.n_samples)
+
+    def release_weights(self) -> None:
+        """Before the updates: the engine's weights make room for training; the weight sync that
+        ends the step loads them again (SGLang; the embedded engine keeps its weights)."""
+        if self.engine is not None:
+            self.engine.release_memory(("weights",))
+        free_cached_memory()  # the rollout phase's blocks: training starts from an empty cache
+
+    def sync_weights(self, model, *, version: int) -> None:
+        """Step 8: stream the actor's weights (HF names, full tensors) into the rollout engines
+        (weight_sync.py). `model`: the actor's TrainModel; `version`: the step they come from."""
+        from vapo_megatron.rollout.weight_sync import stream_weights
+
+        free_cached_memory()  # the updates' activations, before the engine takes its weights back
+        stream_weights(model.modules, model.family, model.hf_cfg, self.engine, version=version,
+                     bucket_bytes=self.cfg.weight_sync_bucket_mb << 20)
+        faults.fault_point("weight_sync")  # test-only (testing/faults.py): the engine is ahead of the checkpoint
+
+    def close(self) -> None:
+        from vapo_megatron.rollout.tp_gather import free_staging
+
+        free_staging()  # weight sync's shared-memory areas, kept between syncs
+        if self.engine is not None and hasattr(self.engine, "shutdown"):
+            self.engine.shutdown()
+
+
+__all__ = ["Generator", "Rollout", "build_engine", "generating_ranks"]

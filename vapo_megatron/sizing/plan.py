@@ -1,0 +1,139 @@
+"""The plan: each rank's memory in the two phases of a colocated run, and what does not fit.
+
+  training  actor + critic parameters, gradients and optimizer state (both stay on the GPU all the
+            time: the trainer offloads nothing) + the activations of the one model being trained;
+            the SGLang engine has released its weights, KV cache and CUDA graphs
+            (rollout/generator.py: the engine releases its memory after each generation).
+  rollout   the same resident trainer state + the engine's static share, sglang_mem_fraction x GPU
+            memory: SGLang sizes its KV cache as that share minus its weights (actor parameters in
+            bf16 / rollout.sglang_tp per GPU). Assumes one engine TP rank on every GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vapo_megatron.config import Config
+from vapo_megatron.mcore.dtypes import torch_dtype
+from vapo_megatron.sizing.memory import (GIB, activation_bytes, checkpoint_bytes, kv_bytes_per_token, reserve_parts,
+                                         state_bytes)
+from vapo_megatron.sizing.shards import ShardSize, shard_sizes
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Bytes on one rank position; parts maps a component name to bytes."""
+
+    tp_rank: int
+    pp_rank: int
+    parts: dict
+    training: int  # resident state + the larger of the two models' activations + reserve
+    rollout: int  # resident state + the engine's share + reserve
+    reserve: dict  # phase -> {item: bytes}
+
+
+@dataclass(frozen=True)
+class Plan:
+    world_size: int
+    gpu_bytes: int
+    flat_reserve: int | None  # --reserve-gib, replacing the itemised reserve
+    layout: tuple[int, int, int, int | None]  # tp, pp, dp, vpp
+    shards: list[ShardSize]
+    ranks: list[RankMemory]
+    engine_weights: int  # per GPU
+    engine_share: int  # per GPU: sglang_mem_fraction x GPU memory
+    kv_cache: int  # per GPU
+    kv_tokens: int  # per engine (= per GPU: every engine rank holds its share of every token)
+    sequence_tokens: int
+    checkpoint: int  # bytes of one checkpoint (all ranks)
+    problems: list[str]
+
+
+def _padded_vocab(hf_cfg: dict, tp: int) -> int:
+    from vapo_megatron.mcore.models import padded_vocab_size
+
+    return padded_vocab_size(hf_cfg, tp)
+
+
+def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, gpu_memory_gib: float,
+              reserve_gib: float | None = None) -> Plan:
+    """Size `cfg` for `world_size` GPUs; `problems` lists what does not fit (empty: it fits)."""
+    tp, pp, vpp = cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp
+    dp = world_size // (tp * pp)
+    params_dtype = torch_dtype(cfg.model.dtype)
+    dtype_bytes = params_dtype.itemsize
+    shards = shard_sizes(actor_hf, critic_hf, world_size=world_size, tp=tp, pp=pp, vpp=vpp, params_dtype=params_dtype)
+    gpu = int(gpu_memory_gib * GIB)
+    flat = None if reserve_gib is None else int(reserve_gib * GIB)
+    r = cfg.rollout
+    colocated = r.engine == "sglang"  # embedded: a CPU/test engine; sglang_http: servers elsewhere
+    engine_share = int(r.sglang_mem_fraction * gpu) if colocated else 0
+    engine_weights = sum(s.actor_unique for s in shards) * 2 // r.sglang_tp if colocated else 0  # bf16 / engine TP
+    kv_cache = engine_share - engine_weights
+    kv_tokens = max(0, kv_cache) // kv_bytes_per_token(actor_hf, sglang_tp=r.sglang_tp)
+    sequence = cfg.data.max_prompt_tokens + r.max_new_tokens
+    T = cfg.trainer.micro_batch_tokens
+    recompute = cfg.model.recompute_activations
+    sp = cfg.parallel.sequence_parallel and tp > 1  # off at tp=1 (config/schema.py)
+
+    ranks = []
+    for s in shards:
+        parts: dict[str, int] = {}
+        for name, hf_cfg, n, optim, is_critic in (("actor", actor_hf, s.actor_params, cfg.actor_optim, False),
+                                                  ("critic", critic_hf, s.critic_params, cfg.critic_optim, True)):
+            p, g, o = state_bytes(n, dtype_bytes=dtype_bytes, dp=dp, distributed_optimizer=optim.distributed_optimizer)
+            last = s.pp_rank == pp - 1
+            vocab = 0 if is_critic or not last else _padded_vocab(hf_cfg, tp)
+            act = {rc: activation_bytes(hf_cfg, tokens=T, tp=tp, pp=pp, vpp=vpp, inflight_microbatches=s.inflight_microbatches,
+                                        dtype_bytes=dtype_bytes, recompute=rc, logits_vocab=vocab, sequence_parallel=sp,
+                                        chunk_tokens=cfg.trainer.logprob_chunk_tokens) for rc in (True, False)}
+            parts.update({f"{name} count": n, f"{name} parameters": p, f"{name} gradients": g, f"{name} optimizer state": o,
+                          f"{name} activations": act[recompute], f"{name} activations, recompute": act[True],
+                          f"{name} activations, no recompute": act[False]})
+        resident = sum(parts[f"{m} {k}"] for m in ("actor", "critic") for k in ("parameters", "gradients", "optimizer state"))
+        act = max(parts["actor activations"], parts["critic activations"])
+        reserve = {ph: {"--reserve-gib": flat} if flat is not None else
+                   reserve_parts(cfg, world_size=world_size, dp=dp, activations=act, phase=ph) for ph in ("training", "rollout")}
+        ranks.append(RankMemory(s.tp_rank, s.pp_rank, parts, resident + act + sum(reserve["training"].values()),
+                                resident + engine_share + sum(reserve["rollout"].values()), reserve))
+
+    problems = []
+    for phase in ("training", "rollout"):
+        worst = max(ranks, key=lambda m: getattr(m, phase))
+        need = getattr(worst, phase)
+        if need > gpu:
+            problems.append(_overflow_message(phase, worst, need, gpu, sum(worst.reserve[phase].values()), engine_share, recompute))
+    if colocated and kv_cache <= 0:
+        problems.append(f"rollout: the SGLang engine's share rollout.sglang_mem_fraction={r.sglang_mem_fraction} x "
+                        f"{gpu / GIB:.1f} GiB = {engine_share / GIB:.1f} GiB does not hold its weights "
+                        f"({engine_weights / GIB:.1f} GiB per GPU at rollout.sglang_tp={r.sglang_tp}): no room for a KV "
+                        f"cache (short by {-kv_cache / GIB:.1f} GiB); raise sglang_mem_fraction or sglang_tp")
+    elif colocated and kv_tokens < sequence:
+        problems.append(f"rollout: the SGLang KV cache holds {kv_tokens} tokens per engine, less than one full "
+                        f"sequence of data.max_prompt_tokens + rollout.max_new_tokens = {sequence}; raise "
+                        f"rollout.sglang_mem_fraction or rollout.sglang_tp")
+    ckpt = checkpoint_bytes(sum(s.actor_unique for s in shards), sum(s.critic_unique for s in shards), dtype_bytes=dtype_bytes)
+    return Plan(world_size, gpu, flat, (tp, pp, dp, vpp), shards, ranks, engine_weights, engine_share,
+                kv_cache, kv_tokens, sequence, ckpt, problems)
+
+
+def _overflow_message(phase: str, m: RankMemory, need: int, gpu: int, reserve: int, engine_share: int,
+                      recompute: bool) -> str:
+    resident_keys = [f"{a} {k}" for a in ("actor", "critic") for k in ("parameters", "gradients", "optimizer state")]
+    items = {k: m.parts[k] for k in resident_keys}
+    if phase == "training":
+        model = "actor" if m.parts["actor activations"] >= m.parts["critic activations"] else "critic"
+        items[f"{model} activations" + (" (full recompute)" if recompute else " (no recompute)")] = m.parts[f"{model} activations"]
+    else:
+        items["SGLang engine (rollout.sglang_mem_fraction x GPU)"] = engine_share
+    items["reserve"] = reserve
+    top = sorted(items.items(), key=lambda kv: -kv[1])[:3]
+    hint = ""
+    if phase == "training" and not recompute:
+        hint = "; model.recompute_activations=true would cut activations"
+    return (f"{phase} does not fit on rank tp={m.tp_rank} pp={m.pp_rank}: needs {need / GIB:.1f} GiB of "
+            f"{gpu / GIB:.1f} GiB ({(need - gpu) / GIB:.1f} GiB over); largest parts: "
+            + ", ".join(f"{k} {v / GIB:.1f} GiB" for k, v in top) + hint)
+
+
+__all__ = ["Plan", "RankMemory", "make_plan"]

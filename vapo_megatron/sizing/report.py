@@ -1,0 +1,94 @@
+"""vapo-plan's report: the plan as the table a user reads before queueing a job."""
+
+from __future__ import annotations
+
+from vapo_megatron.config import Config
+from vapo_megatron.sizing.memory import GIB
+from vapo_megatron.sizing.plan import Plan
+
+
+def _yes(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def _g(x: int) -> str:
+    return f"{x / GIB:7.2f}"
+
+
+def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_per_node: int) -> str:
+    tp, pp, dp, vpp = plan.layout
+    r = cfg.rollout
+    lines = [
+        f"vapo-plan: {nodes} node(s) x {gpus_per_node} GPUs = {plan.world_size} GPUs of {plan.gpu_bytes / GIB:.1f} GiB",
+        f"model: {model_source}",
+        f"layout: TP={tp} PP={pp} VPP={vpp or '-'} DP={dp}; params {cfg.model.dtype}; "
+        f"distributed optimizer: actor {_yes(cfg.actor_optim.distributed_optimizer)}, critic {_yes(cfg.critic_optim.distributed_optimizer)}; "
+        f"full recompute: {_yes(cfg.model.recompute_activations)}; "
+        f"sequence parallel: {_yes(cfg.parallel.sequence_parallel and tp > 1)}; micro_batch_tokens={cfg.trainer.micro_batch_tokens}, "
+        f"logprob_chunk_tokens={cfg.trainer.logprob_chunk_tokens} (actor activations include its float32 buffer)",
+        f"shards built on the meta device: {len(plan.shards)} distinct (tp_rank, pp_rank) positions x 2 models;",
+        f"model parameters (TP-replicated ones once): actor {sum(s.actor_unique for s in plan.shards):,}, "
+        f"critic {sum(s.critic_unique for s in plan.shards):,} (megatron's padded vocabulary)",
+        "",
+    ]
+    worst = max(plan.ranks, key=lambda m: max(m.training, m.rollout))
+    lines.append(f"{'per GPU, GiB, worst rank (tp=' + str(worst.tp_rank) + ' pp=' + str(worst.pp_rank) + ')':<52}"
+                 f"{'actor':>7}   {'critic':>7}")
+    rows = [("parameters", "parameters"), ("gradients (fp32 main_grad)", "gradients"),
+            (f"optimizer state (Adam{', / DP=' + str(dp) if cfg.actor_optim.distributed_optimizer else ''})", "optimizer state"),
+            ("activations, full recompute", "activations, recompute"),
+            ("activations, no recompute", "activations, no recompute")]
+    for label, key in rows:
+        lines.append(f"  {label:<50}{_g(worst.parts['actor ' + key])}   {_g(worst.parts['critic ' + key])}")
+    lines.append(f"  {'(parameters on this rank, billions)':<50}{worst.parts['actor count'] / 1e9:7.3f}   "
+                 f"{worst.parts['critic count'] / 1e9:7.3f}")
+    lines.append("")
+    lines.append(f"{'per pipeline stage, GiB, worst TP rank':<52}{'training':>8}  {'rollout':>8}")
+    for pr in range(pp):
+        stage = [m for m in plan.ranks if m.pp_rank == pr]
+        tr, ro = max(m.training for m in stage), max(m.rollout for m in stage)
+        same = len({(m.training, m.rollout) for m in stage}) == 1
+        label = f"pp={pr} (tp ranks 0-{tp - 1}{' identical' if same else ' differ'})"
+        lines.append(f"  {label:<50}{_g(tr):>8}  {_g(ro):>8}")
+    if r.engine == "sglang":
+        engine_line = (
+            f"SGLang: {plan.world_size // r.sglang_tp} engine(s) of TP={r.sglang_tp}; share {r.sglang_mem_fraction} x GPU = "
+            f"{plan.engine_share / GIB:.1f} GiB per GPU: weights {plan.engine_weights / GIB:.1f} GiB (bf16 actor / "
+            f"{r.sglang_tp}), KV cache {max(plan.kv_cache, 0) / GIB:.1f} GiB = {plan.kv_tokens:,} tokens per engine "
+            f"({plan.kv_tokens // plan.sequence_tokens} full sequences of {plan.sequence_tokens:,} tokens at once)")
+    else:
+        engine_line = f"rollout.engine={r.engine}: no SGLang engine on these GPUs, none sized (rollout = resident state)"
+    from vapo_megatron.checkpoint.manager import KEEP_CHECKPOINTS
+
+    lines.append(f"  (each includes the reserve below; limit {plan.gpu_bytes / GIB:.1f} GiB)")
+    lines.append("")
+    lines.append(f"{'reserve per GPU, GiB, worst rank' + (' (--reserve-gib)' if plan.flat_reserve is not None else ''):<52}"
+                 f"{'training':>8}  {'rollout':>8}")
+    for item in dict.fromkeys([*worst.reserve["training"], *worst.reserve["rollout"]]):
+        tr, ro = worst.reserve["training"].get(item), worst.reserve["rollout"].get(item)
+        lines.append(f"  {item:<50}{_g(tr) if tr is not None else '':>8}  {_g(ro) if ro is not None else '':>8}")
+    lines.append(f"  {'total':<50}{_g(sum(worst.reserve['training'].values())):>8}  {_g(sum(worst.reserve['rollout'].values())):>8}")
+    ckpt = plan.checkpoint
+    lines += [
+        "",
+        f"checkpoints: {ckpt / 1e9:,.1f} GB per save (actor + critic: {cfg.model.dtype} weights + Adam state, all ranks); "
+        f"{KEEP_CHECKPOINTS} kept, the next written before the oldest goes: {(KEEP_CHECKPOINTS + 1) * ckpt / 1e12:,.2f} TB "
+        f"of disk at peak in trainer.run_dir; every trainer.save_every={cfg.trainer.save_every} steps",
+        engine_line,
+        "assumptions: actor and critic parameters, gradients and optimizer state stay on every GPU in both phases "
+        "(the trainer offloads nothing); during training the engine has released weights, KV cache and CUDA graphs; "
+        "during rollout no activations are held (the trainer empties its allocator cache at each switch); one engine TP rank per GPU; flash attention.",
+        "",
+    ]
+    if plan.problems:
+        lines.append("DOES NOT FIT:")
+        lines += [f"  - {p}" for p in plan.problems]
+    else:
+        tr = max(plan.ranks, key=lambda m: m.training)
+        ro = max(plan.ranks, key=lambda m: m.rollout)
+        lines.append(f"fits: training peak {tr.training / GIB:.1f} GiB (tp={tr.tp_rank} pp={tr.pp_rank}), "
+                     f"rollout peak {ro.rollout / GIB:.1f} GiB, of {plan.gpu_bytes / GIB:.1f} GiB per GPU")
+    return "\n".join(lines)
+
+
+__all__ = ["format_plan"]

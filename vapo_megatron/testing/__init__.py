@@ -1,0 +1,5 @@
+"""TEST AND DEMO ONLY: nothing here runs in a production job unless a test or the demo asks.
+
+    faults.py     fault injection at named points (VAPO_FAULT; a no-op without it)
+    demo_task.py  the demo's synthetic task, tokenizer and tiny random-init model
+"""

@@ -1,0 +1,12 @@
+"""The training loop and what runs around it.
+
+    trainer.py     Trainer: the run (warm start, value pretraining, VAPO steps, evals, saves) and
+                   one step that reads top to bottom
+    state.py       RunState: the loop's counters and the prompt sampler's position
+    warm_start.py  the optional supervised phase before RL
+    signals.py     SIGUSR1/SIGTERM, and the collective decision to stop after a step
+    deadline.py    does one more step and a checkpoint fit before the job's end?
+    metrics.py     metrics.jsonl, TensorBoard and the progress bar (rank 0)
+    timing.py      perf/<phase>_s of every step
+    dp_stats.py    figures of a step over every data-parallel rank
+"""

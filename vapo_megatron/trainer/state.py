@@ -1,0 +1,47 @@
+"""Where a run stands: the loop's counters and the prompt sampler's position.
+
+Saved in every checkpoint's state.json (checkpoint/manager.py) and restored on resume; each field
+is named once, here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from vapo_megatron.data.prompts import PromptSampler
+
+
+@dataclass
+class RunState:
+    sampler: PromptSampler = field(repr=False)  # the RL prompts' order and position
+    iteration: int = 0             # RL iterations done (value pretraining's included)
+    sft_steps_done: int = 0
+    sft_finished: bool = False
+    pretrain_steps_done: int = 0
+    pretrain_finished: bool = False
+
+    def to_json(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sampler"}
+        d["sampler"] = self.sampler.state_dict()
+        return d
+
+    @classmethod
+    def check_json(cls, d: dict) -> None:
+        """KeyError/TypeError unless `d` holds every field with its type (state.json's own check)."""
+        for f in dataclasses.fields(cls):
+            value = d[f.name]
+            want = dict if f.name == "sampler" else type(getattr(cls, f.name))
+            if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+                raise TypeError(f"{f.name}={value!r} is not a {want.__name__}")
+
+    def load_json(self, d: dict) -> None:
+        self.check_json(d)
+        for f in dataclasses.fields(self):
+            if f.name == "sampler":
+                self.sampler.load_state_dict(d["sampler"])
+            else:
+                setattr(self, f.name, d[f.name])
+
+
+__all__ = ["RunState"]

@@ -1,0 +1,251 @@
+"""The VAPO loop: a Trainer whose step reads top to bottom (docs/algorithm.md).
+
+Phases: optional supervised warm start ("sft"), value pretraining ("value_pretrain",
+component 1: critic only, frozen policy, Monte-Carlo targets), then VAPO ("vapo"). One step:
+    1. sample a group of prompts          5. decoupled, length-adaptive GAE
+    2. rollout                            6. critic update
+    3. rewards                            7. actor update (PPO + NLL)
+    4. old log-probs and values           8. weight sync into the rollout engines
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from model_providers import read_hf_config
+from vapo_megatron.algorithms.advantages import compute_advantages, policy_lambdas
+from vapo_megatron.checkpoint.manager import CheckpointManager
+from vapo_megatron.config import Config, to_dict
+from vapo_megatron.data.datasets import Datasets, stop_token_ids
+from vapo_megatron.data.prompts import PromptSampler
+from vapo_megatron.evaluation.sampled import greedy_accuracy, sample_eval
+from vapo_megatron.mcore import parallel
+from vapo_megatron.mcore.actor import Actor, PolicyLossSettings
+from vapo_megatron.mcore.critic import Critic
+from vapo_megatron.mcore.model import build_model, copy_trunk
+from vapo_megatron.mcore.update import UpdateSettings
+from vapo_megatron.rewards import build_reward_fn
+from vapo_megatron.rewards.answers import AnswerKey
+from vapo_megatron.rewards.scorer import Scorer
+from vapo_megatron.rollout.generator import Generator
+from vapo_megatron.testing import faults
+from vapo_megatron.trainer import dp_stats
+from vapo_megatron.trainer.deadline import Deadline, StepClock
+from vapo_megatron.trainer.metrics import MetricsLogger
+from vapo_megatron.trainer.signals import StopSignals, request_requeue, stop_reason
+from vapo_megatron.trainer.state import RunState
+from vapo_megatron.trainer.timing import PhaseTimer
+
+PREEMPTED_EXIT_CODE = 3  # checkpoint written after SIGUSR1/SIGTERM or at the deadline; the launcher may requeue
+NON_FINITE_EXIT_CODE = 4  # trainer.max_consecutive_skips optimizer steps in a row had NaN/Inf
+
+
+class Trainer:
+    def __init__(self, cfg: Config, stop: StopSignals):
+        self.cfg = cfg
+        self.stop = stop  # SIGUSR1/SIGTERM, acted on at the next safe point (end of a step)
+        self.deadline = Deadline.from_setting(cfg.trainer.deadline, cfg.trainer.deadline_margin_s)
+        self.clock = StepClock()  # longest step and save so far, for the deadline
+        parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, seed=cfg.trainer.seed)
+        torch.manual_seed(cfg.trainer.seed)
+        if cfg.trainer.deterministic:
+            torch.use_deterministic_algorithms(True)
+        a, t = cfg.algo, cfg.trainer
+        self.data = Datasets.load(cfg, read_hf_config(cfg.model.hf_path))   # tokenizer, every split
+        self.scorer = Scorer(build_reward_fn(cfg.reward.fn, correct_score=cfg.reward.correct_score,
+                                             incorrect_score=cfg.reward.incorrect_score, timeout_s=cfg.reward.timeout_s),
+                             self.data.tokenizer, stop_token_ids(self.data.tokenizer))
+        self.generator = Generator.build(cfg, self.scorer.stop_token_ids)   # the rollout engines
+        self.answers = AnswerKey(cfg.reward.fn, timeout_s=cfg.reward.timeout_s)  # maj@K; its pool starts at first use
+        updates = UpdateSettings(mini_batches=a.mini_batches, epochs=a.ppo_epochs, max_tokens=t.micro_batch_tokens,
+                                 max_consecutive_skips=t.max_consecutive_skips)
+        self.actor = Actor(build_model(cfg, critic=False), PolicyLossSettings(
+            eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c, loss_agg=a.loss_agg,
+            nll_coef=a.nll_coef, temperature=cfg.rollout.temperature, chunk_tokens=t.logprob_chunk_tokens), updates)
+        self.critic = Critic(build_model(cfg, critic=True), a.value_clip, updates)
+        self.state = RunState(sampler=PromptSampler(self.data.train, cfg.rollout.prompts_per_step, cfg.data.seed))
+        self.checkpoints = CheckpointManager(t.run_dir, {"actor": self.actor.model, "critic": self.critic.model},
+                                             config=to_dict(cfg))
+        self.checkpoints.load(self.state)                                     # resume, when there is a checkpoint
+        self.logger = MetricsLogger(t.run_dir, total_steps=self.total_iterations, start_step=self.state.iteration,
+                                    enabled=parallel.is_rank0(), tensorboard=t.tensorboard)
+        self.logger.truncate_after(self.state.iteration)
+        self.timer = PhaseTimer()  # perf/<phase>_s of every step (timing.py)
+        if self.state.iteration == 0 and self.state.sft_steps_done == 0:  # a fresh run: once
+            self.logger.log(0, "data", self.data.stats)
+        if parallel.is_rank0():
+            print("[vapo] data: " + ", ".join(f"{k.removeprefix('data/')}={v:g}" for k, v in self.data.stats.items()), flush=True)
+
+    @property
+    def total_iterations(self) -> int:
+        return self.cfg.algo.value_pretrain_steps + self.cfg.trainer.total_steps
+
+    # ---- the run ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        cfg = self.cfg
+        if not self.state.sft_finished and cfg.sft.steps > 0:
+            self.warm_start()
+            self.checkpoints.save(self.state)  # never redo SFT
+        self.generator.sync_weights(self.actor.model, version=self.state.iteration)
+        if self.state.iteration == 0 and self.data.eval:
+            self.log_eval("before_vapo")
+        if self.state.iteration >= self.total_iterations and parallel.is_rank0():
+            print(f"[vapo] the run in {cfg.trainer.run_dir} has finished all {self.total_iterations} iterations: "
+                  "nothing to train", flush=True)
+        self.timer.start()
+        while self.state.iteration < self.total_iterations:
+            t0 = time.perf_counter()
+            self.train_step()
+            self.state.iteration += 1
+            it = self.state.iteration
+            rl_step = it - cfg.algo.value_pretrain_steps
+            if self.data.eval and rl_step > 0 and rl_step % cfg.eval.every == 0 and it < self.total_iterations:
+                with self.timer("eval"):
+                    self.log_eval("periodic")
+            self.clock.add_step(time.perf_counter() - t0)
+            reason = stop_reason(self.stop, self.deadline, self.clock, final=it == self.total_iterations)
+            if reason:
+                self._save()
+                if reason != "SIGTERM":  # SIGTERM: preempted (Slurm requeues) or cancelled (it must not)
+                    request_requeue()
+                if parallel.is_rank0():
+                    print(f"[vapo] stop ({reason}): checkpoint at iteration {it} written, exiting with "
+                          f"{PREEMPTED_EXIT_CODE}", flush=True)
+                return PREEMPTED_EXIT_CODE
+            if it % cfg.trainer.save_every == 0 and it < self.total_iterations:
+                with self.timer("checkpoint"):
+                    self._save()
+        if self.data.eval:
+            self.log_eval("final")
+        self.checkpoints.save(self.state)
+        if cfg.trainer.export_hf:
+            self.export_hf()
+        return 0
+
+    def train_step(self) -> None:
+        algo, timed = self.cfg.algo, self.timer
+        pretraining = self.state.iteration < algo.value_pretrain_steps and not self.state.pretrain_finished
+        t0 = time.perf_counter()
+        faults.set_iteration(self.state.iteration)  # test-only fault injection (testing/faults.py)
+        with timed("rollout"):
+            prompts = self.state.sampler.next_batch()                                        # 1
+            rollout = self.generator.collect(prompts, seed=self._rollout_seed())             # 2
+            self.generator.release_weights()  # colocated SGLang: its GPU memory goes to training until step 8
+        faults.fault_point("rollout")
+        faults.fault_point("usr1")
+        with timed("reward"):
+            batch, reward_logs = self.scorer.score(rollout)                                  # 3
+        with timed("score"):
+            batch.old_logp, entropy = self.actor.log_probs(batch)                            # 4
+            batch.values = self.critic.values(batch)
+        batch.advantages, batch.returns = compute_advantages(batch, algo, value_pretrain=pretraining)  # 5
+        if algo.whiten_advantages:
+            batch.advantages = dp_stats.whiten_advantages(batch)
+        if faults.poisoned("nan_loss"):  # test-only: NaN losses and gradients in both models
+            batch.advantages = torch.full_like(batch.advantages, float("nan"))
+            batch.returns = torch.full_like(batch.returns, float("nan"))
+        ev = dp_stats.explained_variance(batch)
+        with timed("critic_update"):
+            critic_logs = self.critic.update(batch)                                          # 6
+        actor_logs: dict[str, float] = {}
+        if not pretraining:
+            with timed("actor_update"):
+                actor_logs = self.actor.update(batch)                                        # 7
+        else:
+            self.state.pretrain_steps_done += 1
+            threshold = algo.value_pretrain_ev_threshold
+            if threshold is not None and ev >= threshold:
+                self.state.pretrain_finished = True
+        with timed("sync"):  # also while value pretraining (actor unchanged): the engine released its weights
+            self.generator.sync_weights(self.actor.model, version=self.state.iteration + 1)   # 8
+        self._log_step("value_pretrain" if pretraining else "vapo", batch, entropy, ev, reward_logs, critic_logs,
+                       actor_logs, seconds=time.perf_counter() - t0)
+
+    def _log_step(self, phase: str, batch, entropy, ev: float, *parts: dict, seconds: float) -> None:
+        cfg = self.cfg
+        logs = {k: v for part in parts for k, v in part.items()}
+        logs |= {
+            "critic/explained_variance": ev,
+            "actor/entropy_rollout": dp_stats.global_mean(entropy, batch.mask),
+            "actor/lambda_policy_mean": float(policy_lambdas(batch.response_lens, cfg.algo).mean()),
+            # over the step's own phases, not the eval/checkpoint before it
+            "perf/tokens_per_s": dp_stats.global_sum(float(batch.seq_lens.sum())) / seconds,
+            "perf/padding_ratio": dp_stats.batch_padding_ratio(batch, cfg.trainer.micro_batch_tokens),
+        }
+        if "actor/lr" not in logs:  # no actor update this step: the rate its next update uses
+            logs["actor/lr"] = _lr(self.actor.model)
+        if "engine_logp" in batch.extras:
+            logs["rollout/logprob_diff"] = dp_stats.engine_logprob_diff(batch)
+        if "actor/entropy" not in logs:
+            logs["actor/entropy"] = logs["actor/entropy_rollout"]
+        logs |= self.timer.lap()  # perf/<phase>_s, perf/other_s, perf/step_s (timing.py)
+        self.logger.log(self.state.iteration + 1, phase, logs)
+
+    def warm_start(self) -> None:
+        """Optional supervised phase on correct examples before RL (the demo's base model
+        is random; the paper's base had been pretrained). Reuses the actor's NLL loss."""
+        from vapo_megatron.trainer.warm_start import sft_steps
+
+        for step, logs, finished in sft_steps(self.cfg, self.actor.model, self.data, self.generator, self.scorer,
+                                              start=self.state.sft_steps_done):
+            self.state.sft_steps_done = step + 1
+            self.state.sft_finished = finished
+            self.logger.log(0, "sft", logs, tb_step=step + 1)
+        if self.cfg.model.critic_hf_path:
+            self.actor.model.optimizer.reload_model_params()
+        else:  # the critic starts from the policy that RL starts from (component 1)
+            copy_trunk(self.actor.model, self.critic.model)
+
+    def log_eval(self, when: str) -> None:
+        """Greedy accuracy and the sampled figures (eval/avg@K, eval/pass@k, eval/maj@K). The
+        sampled eval always uses the same seed: checkpoints are compared on the same draws."""
+        acc = greedy_accuracy(self.generator, self.scorer, self.data.eval)
+        e = self.cfg.eval
+        sampled = sample_eval(self.generator, self.scorer, self.answers, self.data.eval, n=e.n_samples,
+                              seed=self.cfg.trainer.seed,
+                              temperature=self.cfg.rollout.temperature if e.temperature is None else e.temperature)
+        figures = {f"eval/{k}": v for k, v in sampled.summary.items()} if sampled is not None else {}  # rank 0 only
+        self.logger.log(self.state.iteration, "eval", {"eval/accuracy": acc, f"eval/accuracy_{when}": acc, **figures})
+        if parallel.is_rank0():
+            K = e.n_samples
+            print(f"[vapo] eval ({when}) at iteration {self.state.iteration}: accuracy {acc:.3f}, avg@{K} "
+                  f"{figures[f'eval/avg@{K}']:.3f}, pass@{K} {figures[f'eval/pass@{K}']:.3f}, maj@{K} {figures[f'eval/maj@{K}']:.3f}", flush=True)
+
+    def export_hf(self):
+        """The final actor as an HF directory, run_dir/hf (weights/convert.py)."""
+        from pathlib import Path
+
+        from vapo_megatron.weights.convert import export_hf_dir
+
+        m = self.actor.model
+        return export_hf_dir(m.modules, m.family, m.hf_cfg, Path(self.cfg.trainer.run_dir) / "hf", files_src=m.hf_dir,
+                             critic=False, dtype=m.dtype)
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _rollout_seed(self) -> int:
+        # A pure function of (seed, iteration, DP rank): a resumed run samples the same rollouts.
+        return (self.cfg.trainer.seed * 1_000_003 + self.state.iteration * 7919 + parallel.dp_rank()) % (2**31 - 1)
+
+    def _save(self) -> None:
+        t0 = time.perf_counter()
+        self.checkpoints.save(self.state)
+        self.clock.add_save(time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self.logger.close()
+        self.answers.close()
+        self.generator.close()
+        self.scorer.close()
+
+
+def _lr(model) -> float:
+    from vapo_megatron.mcore.optimizer import current_lr
+
+    return current_lr(model.optimizer)
+
+
+__all__ = ["NON_FINITE_EXIT_CODE", "PREEMPTED_EXIT_CODE", "Trainer"]

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from vapo_megatron.data.prompts import PromptDataError
     from vapo_megatron.mcore import parallel
     from vapo_megatron.mcore.update import NonFiniteError
-    from vapo_megatron.trainer.signals import StopSignals
+    from vapo_megatron.trainer.signals import StopSignals, leave_together
     from vapo_megatron.trainer.trainer import NON_FINITE_EXIT_CODE, Trainer
 
     if launcher_env()[0] == 0:
@@ -84,22 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         trainer.close()
         parallel.destroy()
         raise
-    _leave_together(parallel)
+    leave_together()
     trainer.close()
     parallel.destroy()
     return code
-
-
-def _leave_together(parallel) -> None:
-    """Every rank ends with its own exit code. The ranks decided together to stop; under torchrun
-    the first rank to exit with a non-zero code makes the agent SIGTERM the others, and a rank
-    already tearing down dies of it (Python restores SIGTERM's default action at exit): its exit
-    code became -15 instead of 3 or 4 (tests/e2e/test_fault_injection.py saw it). So each rank
-    ignores SIGTERM before the barrier, and none leaves it before all have."""
-    import signal
-
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    parallel.barrier()
 
 
 if __name__ == "__main__":

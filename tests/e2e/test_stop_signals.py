@@ -73,3 +73,50 @@ def test_sigusr1_during_the_final_step_finishes_the_run_without_a_requeue(tmp_pa
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_0000002"
     assert (run_dir / "hf" / "model.safetensors.index.json").is_file()
     assert not marker.exists()
+
+
+EXIT_RACE = """
+import os, signal, sys, time
+import torch.distributed as dist
+from vapo_megatron.trainer.signals import StopSignals, leave_together
+
+StopSignals().install()  # as vapo-train: SIGTERM recorded, not fatal, while the program runs
+dist.init_process_group("gloo")
+if os.environ["MODE"] == "together":
+    leave_together()
+else:
+    dist.barrier()
+if dist.get_rank() == 1:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL) if os.environ["MODE"] == "plain" else None  # shutting down
+    time.sleep(6)  # a slower teardown than rank 0's (the agent reacts within its 0.5 s monitor interval)
+sys.exit(4)
+"""
+
+
+def _exit_codes(output: str) -> list[int]:
+    import re
+
+    by_pid = {pid: int(code) for code, pid in re.findall(r"exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)", output)}
+    return sorted(by_pid.values())
+
+
+def test_ranks_that_stop_together_each_keep_their_exit_code(tmp_path):
+    """Both ranks end with exit code 4 (as after a non-finite stop); rank 1's teardown is slower. The
+    first non-zero exit makes torchrun's agent SIGTERM rank 1: in plain mode, where SIGTERM is fatal
+    again (Python restores its default action when it shuts down), rank 1 reports -15; after
+    leave_together (vapo-train's way out), it keeps its own 4."""
+    from tests.helpers.ports import free_port
+
+    script = tmp_path / "exit_race.py"
+    script.write_text(EXIT_RACE)
+    codes = {}
+    for mode in ("plain", "together"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+             "--master-port", str(free_port()), "--monitor-interval", "0.5", str(script)],
+            env=dict(os.environ, PYTHONPATH=str(REPO), MODE=mode, OMP_NUM_THREADS="1"),
+            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        codes[mode] = _exit_codes(proc.stdout + proc.stderr)
+        assert proc.returncode != 0 and codes[mode], (mode, proc.stdout[-2000:], proc.stderr[-4000:])
+    assert codes["plain"] == [-15, 4], codes  # the race this guards against, reproduced
+    assert codes["together"] == [4, 4], codes

@@ -128,5 +128,5 @@ def optimize(model: TrainModel, role: str, batch: RolloutBatch, loss_for: Callab
     return {k: (sum(v) if k.endswith("skipped_steps") else sum(v) / len(v)) for k, v in logs.items()}
 
 
-__all__ = ["NonFiniteError", "UpdateSettings", "forward_only", "global_counts", "guarded_step", "micro_batches", "mini_batch_rows",
-           "optimize"]
+__all__ = ["NonFiniteError", "UpdateSettings", "forward_only", "global_counts", "guarded_step", "micro_batches",
+           "mini_batch_rows", "optimize"]

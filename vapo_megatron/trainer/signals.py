@@ -80,6 +80,16 @@ def stop_reason(stop: StopSignals, deadline: Deadline, clock: StepClock, *, fina
     return ""
 
 
+def leave_together() -> None:
+    """Collective, after the ranks decided together to end: every rank then exits with its own
+    code. Under torchrun the first rank to exit with a non-zero code makes the agent SIGTERM the
+    others, and a rank still tearing down died of it (Python restores SIGTERM's default action
+    when it shuts down): exit code -15 instead of 3 or 4 (a flaky test_fault_injection run). So
+    each rank ignores SIGTERM first, and none passes the barrier before all have."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parallel.barrier()
+
+
 def request_requeue() -> None:
     """Ask the launcher for a requeue: create the file named by VAPO_REQUEUE_FILE (set by
     slurm/vapo_train.sbatch's per-node shell, which requeues the job when it exists after torchrun

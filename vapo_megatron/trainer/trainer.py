@@ -25,6 +25,7 @@ from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.actor import Actor, PolicyLossSettings
 from vapo_megatron.mcore.critic import Critic
 from vapo_megatron.mcore.model import build_model, copy_trunk
+from vapo_megatron.mcore.optimizer import current_lr
 from vapo_megatron.mcore.update import UpdateSettings
 from vapo_megatron.rewards import build_reward_fn
 from vapo_megatron.rewards.answers import AnswerKey
@@ -176,7 +177,7 @@ class Trainer:
             "perf/padding_ratio": dp_stats.batch_padding_ratio(batch, cfg.trainer.micro_batch_tokens),
         }
         if "actor/lr" not in logs:  # no actor update this step: the rate its next update uses
-            logs["actor/lr"] = _lr(self.actor.model)
+            logs["actor/lr"] = current_lr(self.actor.model.optimizer)
         if "engine_logp" in batch.extras:
             logs["rollout/logprob_diff"] = dp_stats.engine_logprob_diff(batch)
         if "actor/entropy" not in logs:
@@ -240,12 +241,6 @@ class Trainer:
         self.answers.close()
         self.generator.close()
         self.scorer.close()
-
-
-def _lr(model) -> float:
-    from vapo_megatron.mcore.optimizer import current_lr
-
-    return current_lr(model.optimizer)
 
 
 __all__ = ["NON_FINITE_EXIT_CODE", "PREEMPTED_EXIT_CODE", "Trainer"]

@@ -1,7 +1,8 @@
 """Atomic, durable writes: the one helper every writer of the project uses.
 
     write_atomic(path, data)        a file: temp file beside it, flushed, fsynced, renamed, dir fsynced
-    staging_dir(target)             an empty temp directory beside `target` to build it in
+    staging_path(target)            where `target` is built: `.<name>.tmp` beside it (every rank agrees)
+    staging_dir(target)             that directory, created empty (one rank)
     commit_dir(tmp, target)         the built directory flushed to disk, then renamed into place
     fsync_tree(root)                every file and directory below `root` flushed to disk
 
@@ -47,10 +48,15 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     return path
 
 
-def staging_dir(target: str | Path) -> Path:
-    """A fresh, empty `.<name>.tmp` beside `target` (a leftover of a crashed write is removed)."""
+def staging_path(target: str | Path) -> Path:
+    """`.<name>.tmp` beside `target`: where a directory is built before commit_dir."""
     target = Path(target).absolute()
-    tmp = target.parent / f".{target.name}.tmp"
+    return target.parent / f".{target.name}.tmp"
+
+
+def staging_dir(target: str | Path) -> Path:
+    """A fresh, empty staging_path(target) (a leftover of a crashed write is removed)."""
+    tmp = staging_path(target)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     return tmp
@@ -72,4 +78,4 @@ def commit_dir(tmp: str | Path, target: str | Path) -> Path:
     return target
 
 
-__all__ = ["commit_dir", "fsync_path", "fsync_tree", "staging_dir", "write_atomic"]
+__all__ = ["commit_dir", "fsync_path", "fsync_tree", "staging_dir", "staging_path", "write_atomic"]

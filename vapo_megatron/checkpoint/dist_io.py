@@ -27,7 +27,7 @@ from megatron.core import dist_checkpointing
 from torch.distributed.checkpoint.api import CheckpointException
 
 from vapo_megatron.checkpoint import safe_unpickle
-from vapo_megatron.checkpoint.atomic import commit_dir, staging_dir
+from vapo_megatron.checkpoint.atomic import commit_dir, staging_dir, staging_path
 from vapo_megatron.mcore import parallel
 from vapo_megatron.weights.params import unwrap
 
@@ -79,7 +79,7 @@ def save(ckpt_dir: str | Path, sharded_state: dict, *, write_extra: Callable[[Pa
     """Collective over all ranks. `write_extra(staging_dir)` runs on rank 0 before the commit. A
     failure on rank 0 removes the staging directory: nothing half-written stays behind."""
     target = Path(ckpt_dir).absolute()
-    tmp = target.parent / f".{target.name}.tmp"
+    tmp = staging_path(target)
     if _rank0():
         target.parent.mkdir(parents=True, exist_ok=True)
         staging_dir(target)

@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.api import CheckpointException
 
 from vapo_megatron.checkpoint import dist_io  # also installs safe_unpickle: no checkpoint pickle runs code
-from vapo_megatron.checkpoint.atomic import commit_dir, fsync_path, staging_dir, write_atomic
+from vapo_megatron.checkpoint.atomic import commit_dir, fsync_path, staging_dir, staging_path, write_atomic
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.model import TrainModel
 from vapo_megatron.mcore.optimizer import set_lr_steps
@@ -163,7 +163,8 @@ class CheckpointManager:
         moves `latest` to it; keeps the newest few. A crash at any point leaves `latest` naming a
         complete checkpoint (docs/faults.md)."""
         name = f"iter_{state.iteration:07d}"
-        target, tmp = self.root / name, self.root / f".{name}.tmp"
+        target = self.root / name
+        tmp = staging_path(target)
         if parallel.is_rank0():
             self.root.mkdir(parents=True, exist_ok=True)
             self._remove_leftovers()

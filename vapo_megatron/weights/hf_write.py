@@ -20,7 +20,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from model_providers.registry import clean
-from vapo_megatron.checkpoint.atomic import commit_dir, staging_dir
+from vapo_megatron.checkpoint.atomic import commit_dir, staging_dir, staging_path
 from vapo_megatron.mcore import parallel
 
 # Files copied verbatim from the source HF directory (those that exist).
@@ -105,7 +105,7 @@ def write_hf_dir(groups: Iterable[list[tuple[str, torch.Tensor]]], family, hf_cf
     `out` (a failure on rank 0 removes the staging directory)."""
     out = Path(out).absolute()
     writes = parallel.tp_rank() == 0 and parallel.dp_rank() == 0
-    tmp = staging_dir(out) if parallel.is_rank0() else out.parent / f".{out.name}.tmp"
+    tmp = staging_dir(out) if parallel.is_rank0() else staging_path(out)
     if dist.is_initialized():
         parallel.barrier()
     try:

@@ -17,6 +17,7 @@ import sys
 
 from vapo_megatron.config import Config, ConfigError, parse_config, problems_error
 from vapo_megatron.config.layout import launcher_env
+from vapo_megatron.trainer.run_guard import die_with_launcher
 
 BAD_INPUT_EXIT_CODE = 2
 
@@ -50,27 +51,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="YAML file (see configs/)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
     args = parser.parse_args(argv)
+    die_with_launcher()  # a worker never outlives its torchrun agent (trainer/run_guard.py)
     try:
         cfg = checked_config(args.config, args.overrides)
     except ConfigError as e:
         print(f"vapo-train: configuration error: {e}", file=sys.stderr)
         return BAD_INPUT_EXIT_CODE
     from model_providers import HFConfigError
-    from vapo_megatron.checkpoint.manager import CheckpointCorrupt
-    from vapo_megatron.config import resume
+    from vapo_megatron.checkpoint.manager import CheckpointCorrupt, CheckpointMismatch
     from vapo_megatron.data.prompts import PromptDataError
     from vapo_megatron.mcore import parallel
     from vapo_megatron.mcore.update import NonFiniteError
     from vapo_megatron.trainer.signals import StopSignals, leave_together
     from vapo_megatron.trainer.trainer import NON_FINITE_EXIT_CODE, Trainer
 
-    if launcher_env()[0] == 0:
-        resume.save(cfg)
     stop = StopSignals().install()  # before any helper process exists
     try:
         trainer = Trainer(cfg, stop)
-    except (PromptDataError, ConfigError, HFConfigError, CheckpointCorrupt) as e:  # before any training step
-        kind = {PromptDataError: "data", CheckpointCorrupt: "checkpoint"}.get(type(e), "configuration")
+    except (PromptDataError, ConfigError, HFConfigError, CheckpointCorrupt, CheckpointMismatch) as e:  # before any training step
+        kind = {PromptDataError: "data", CheckpointCorrupt: "checkpoint", CheckpointMismatch: "checkpoint"}.get(type(e), "configuration")
         print(f"vapo-train: {kind} error: {e}", file=sys.stderr, flush=True)
         parallel.destroy()
         return BAD_INPUT_EXIT_CODE

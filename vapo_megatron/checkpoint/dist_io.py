@@ -125,6 +125,31 @@ def load(ckpt_dir: str | Path, sharded_state: dict, *, part: bool = False) -> di
         raise CheckpointError(f"{path}: {_describe_failure(e)}{_short_files(path)}") from e
 
 
+def shape_mismatches(ckpt_dir: str | Path, sharded_state: dict) -> list[str]:
+    """Where this rank's part of a model differs from a checkpoint in global shape, or asks for a
+    tensor the checkpoint lacks: one phrase each, naming the key and both shapes. [] when they
+    match, or when the metadata cannot be read (the load then reports that as damage). A
+    checkpoint of another model is a mismatch, not damage: an older checkpoint of the same run
+    would not load either."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        saved = FileSystemReader(str(ckpt_dir)).read_metadata().state_dict_metadata  # restricted unpickling
+    except Exception:  # noqa: BLE001 - no usable metadata: the load says so, naming the file
+        return []
+    found = []
+    for sh in nested_values(sharded_state):
+        if not isinstance(sh, ShardedTensor):
+            continue
+        if sh.key not in saved:
+            found.append(f"{sh.key} (shape {list(sh.global_shape)} in the model) is not in the checkpoint")
+        elif tuple(saved[sh.key].size) != tuple(sh.global_shape):
+            found.append(f"{sh.key} is {list(saved[sh.key].size)} in the checkpoint, {list(sh.global_shape)} in the model")
+    return found
+
+
 def _short_files(path: Path) -> str:
     """'; FILE is truncated (...)' for each storage file that is missing or shorter than the
     checkpoint's own metadata says (a write cut off by a crash or a full disk): torch DCP's read

@@ -47,6 +47,10 @@ class CheckpointCorrupt(RuntimeError):
     """A checkpoint that cannot be resumed from; the message names it."""
 
 
+class CheckpointMismatch(RuntimeError):
+    """A healthy checkpoint of another model: the message names the tensors and both shapes."""
+
+
 # ---- one model's state: weights and optimizer (dist checkpoint), LR-schedule position ----------
 
 def _megatron_optimizers(optimizer) -> list:
@@ -244,6 +248,21 @@ class CheckpointManager:
             raise CheckpointCorrupt(f"{rng_file} is missing")
         return load_file(str(rng_file))
 
+    def _check_matches(self, path: Path) -> None:
+        """Collective: raise CheckpointMismatch on every rank when any rank's part of a model
+        differs in shape from the checkpoint (each rank holds only its pipeline stage's layers)."""
+        for sub, model in self.models.items():
+            found = dist_io.shape_mismatches(path / sub, dist_io.model_sharded_state(model.modules))
+            everyone = [[] for _ in range(dist.get_world_size())]
+            parallel.all_gather_object(everyone, found)
+            found = sorted({f for rank in everyone for f in rank})
+            if found:
+                more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+                raise CheckpointMismatch(
+                    f"{path / sub} holds another model than the one built from {model.hf_dir}: {'; '.join(found[:3])}{more}. "
+                    f"Resume with the model the run was started with ({path / sub / 'hf' / 'config.json'}), "
+                    "or choose a new trainer.run_dir; the checkpoints are intact")
+
     def load(self, state: RunState) -> bool:
         """Resume from the newest loadable checkpoint into the models and `state`; False when the
         run directory has none.
@@ -256,6 +275,7 @@ class CheckpointManager:
         for path in self._candidates():
             try:
                 meta = _on_every_rank(partial(self._check_complete, path))
+                self._check_matches(path)  # another model: stop (older checkpoints are no better)
                 for sub, model in self.models.items():
                     _on_every_rank(partial(_load_model, model, path / sub))
                 rng = _on_every_rank(partial(self._rng_state, path, meta))
@@ -289,4 +309,4 @@ class CheckpointManager:
         return False
 
 
-__all__ = ["CheckpointCorrupt", "CheckpointManager", "KEEP_CHECKPOINTS"]
+__all__ = ["CheckpointCorrupt", "CheckpointMismatch", "CheckpointManager", "KEEP_CHECKPOINTS"]

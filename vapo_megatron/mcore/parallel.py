@@ -295,5 +295,12 @@ def broadcast_object_list(object_list: list, src: int, group=None) -> None:
     dist.broadcast_object_list(object_list, src=src, group=group)
 
 
+def share_from_rank0(obj):
+    """Collective: global rank 0's `obj` on every rank (a small picklable value)."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier(group=None) -> None:
     dist.barrier(group=group)

@@ -17,7 +17,7 @@ import torch
 from model_providers import read_hf_config
 from vapo_megatron.algorithms.advantages import compute_advantages, policy_lambdas
 from vapo_megatron.checkpoint.manager import CheckpointManager
-from vapo_megatron.config import Config, to_dict
+from vapo_megatron.config import Config, resume, to_dict
 from vapo_megatron.data.datasets import Datasets, stop_token_ids
 from vapo_megatron.data.prompts import PromptSampler
 from vapo_megatron.evaluation.sampled import greedy_accuracy, sample_eval
@@ -35,6 +35,7 @@ from vapo_megatron.testing import faults
 from vapo_megatron.trainer import dp_stats
 from vapo_megatron.trainer.deadline import Deadline, StepClock
 from vapo_megatron.trainer.metrics import MetricsLogger
+from vapo_megatron.trainer.run_guard import RunDirLock
 from vapo_megatron.trainer.signals import StopSignals, request_requeue, stop_reason
 from vapo_megatron.trainer.state import RunState
 from vapo_megatron.trainer.timing import PhaseTimer
@@ -50,6 +51,8 @@ class Trainer:
         self.deadline = Deadline.from_setting(cfg.trainer.deadline, cfg.trainer.deadline_margin_s)
         self.clock = StepClock()  # longest step and save so far, for the deadline
         parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, seed=cfg.trainer.seed)
+        # Before anything is written into the run directory: one trainer per run (run_guard.py).
+        self.lock = RunDirLock.acquire(cfg.trainer.run_dir, rank0=parallel.is_rank0(), share=parallel.share_from_rank0)
         torch.manual_seed(cfg.trainer.seed)
         if cfg.trainer.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -70,6 +73,8 @@ class Trainer:
         self.checkpoints = CheckpointManager(t.run_dir, {"actor": self.actor.model, "critic": self.critic.model},
                                              config=to_dict(cfg))
         self.checkpoints.load(self.state)                                     # resume, when there is a checkpoint
+        if parallel.is_rank0():  # only now: a refused or failed resume must not rewrite the run's record
+            resume.save(cfg)
         self.logger = MetricsLogger(t.run_dir, total_steps=self.total_iterations, start_step=self.state.iteration,
                                     enabled=parallel.is_rank0(), tensorboard=t.tensorboard)
         self.logger.truncate_after(self.state.iteration)
@@ -241,6 +246,7 @@ class Trainer:
         self.answers.close()
         self.generator.close()
         self.scorer.close()
+        self.lock.release()
 
 
 __all__ = ["NON_FINITE_EXIT_CODE", "PREEMPTED_EXIT_CODE", "Trainer"]

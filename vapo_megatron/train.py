@@ -5,8 +5,10 @@
 
 The algorithm is in docs/algorithm.md, the loop in vapo_megatron/trainer/trainer.py, every
 config key in vapo_megatron/config/schema.py. Exit codes: 0 done, 2 bad configuration, data or
-checkpoint (one line says which and where), 3 stopped for a requeue (SIGUSR1/SIGTERM or the job's
-deadline; a checkpoint was written), 4 too many non-finite optimizer steps in a row.
+checkpoint (one line says which and where), 3 stopped with a checkpoint (SIGUSR1, SIGTERM, Ctrl-C
+or the job's deadline; only SIGUSR1 and the deadline ask for a requeue), 4 too many non-finite
+optimizer steps in a row, 5 a checkpoint could not be written (full disk; one line says where and
+how much space was free, the previous checkpoint is intact), 130 a second Ctrl-C (no checkpoint).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from vapo_megatron.config.layout import launcher_env
 from vapo_megatron.trainer.run_guard import die_with_launcher
 
 BAD_INPUT_EXIT_CODE = 2
+SAVE_FAILED_EXIT_CODE = 5  # a checkpoint could not be written (full disk, ...); the previous one is intact
+INTERRUPTED = "interrupted: stopped without a checkpoint; the same command resumes from the last one"
 
 
 def checked_config(config_path: str, overrides: list[str]) -> Config:
@@ -58,11 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vapo-train: configuration error: {e}", file=sys.stderr)
         return BAD_INPUT_EXIT_CODE
     from model_providers import HFConfigError
-    from vapo_megatron.checkpoint.manager import CheckpointCorrupt, CheckpointMismatch
+    from vapo_megatron.checkpoint.manager import CheckpointCorrupt, CheckpointMismatch, CheckpointSaveError
     from vapo_megatron.data.prompts import PromptDataError
     from vapo_megatron.mcore import parallel
     from vapo_megatron.mcore.update import NonFiniteError
-    from vapo_megatron.trainer.signals import StopSignals, leave_together
+    from vapo_megatron.trainer.signals import INTERRUPTED_EXIT_CODE, StopSignals, leave_together
     from vapo_megatron.trainer.trainer import NON_FINITE_EXIT_CODE, Trainer
 
     stop = StopSignals().install()  # before any helper process exists
@@ -73,21 +77,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vapo-train: {kind} error: {e}", file=sys.stderr, flush=True)
         parallel.destroy()
         return BAD_INPUT_EXIT_CODE
+    except KeyboardInterrupt:  # a second Ctrl-C while starting
+        print(f"vapo-train: {INTERRUPTED}", file=sys.stderr, flush=True)
+        parallel.destroy()
+        return INTERRUPTED_EXIT_CODE
+    message = ""  # printed after close(): the progress bar ends its line first
     try:
         code = trainer.run()
     except NonFiniteError as e:  # raised on every rank at the same step (the decision is collective)
-        if parallel.is_rank0():
-            print(f"vapo-train: numerical error: {e}", file=sys.stderr, flush=True)
-        code = NON_FINITE_EXIT_CODE
+        code, message = NON_FINITE_EXIT_CODE, f"numerical error: {e}"
+    except CheckpointSaveError as e:  # raised on every rank together (checkpoint/manager.py)
+        code, message = SAVE_FAILED_EXIT_CODE, f"checkpoint save error: {e}"
+    except KeyboardInterrupt:  # a second Ctrl-C (signals.py): at once, one line, no traceback
+        trainer.close()
+        print(f"vapo-train: {INTERRUPTED}", file=sys.stderr, flush=True)
+        parallel.destroy()
+        return INTERRUPTED_EXIT_CODE
     except BaseException:
         trainer.close()
         parallel.destroy()
         raise
     leave_together()
     trainer.close()
+    if message and parallel.is_rank0():
+        print(f"vapo-train: {message}", file=sys.stderr, flush=True)
     parallel.destroy()
     return code
-
 
 if __name__ == "__main__":
     sys.exit(main())

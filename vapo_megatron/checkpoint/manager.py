@@ -17,6 +17,7 @@ checkpoint as the latest; a damaged one is detected on load and the previous one
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import shutil
@@ -45,6 +46,11 @@ T = TypeVar("T")
 
 class CheckpointCorrupt(RuntimeError):
     """A checkpoint that cannot be resumed from; the message names it."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save failed on some rank (every rank raises it); the message says what, where, and the
+    free space. vapo-train exits with SAVE_FAILED_EXIT_CODE."""
 
 
 class CheckpointMismatch(RuntimeError):
@@ -91,6 +97,7 @@ def _torch_optimizer_states(state) -> list[dict]:
 
 
 def _save_model(model: TrainModel, path: Path) -> None:
+    path.mkdir(exist_ok=True)  # every rank, inside the staging directory rank 0 made
     dist_io.write_dist_checkpoint(_sharded_state(model, loading=False), path)
     _drop_unstepped_state(model)
     if parallel.is_rank0():
@@ -115,11 +122,6 @@ def _load_model(model: TrainModel, path: Path) -> None:
 
 # ---- collective agreement ------------------------------------------------------------------------
 
-def _barrier() -> None:
-    if dist.is_initialized():
-        parallel.barrier()
-
-
 def _one_line(e: BaseException) -> str:
     """A short reason; torch DCP wraps each rank's error in a CheckpointException."""
     if isinstance(e, CheckpointException) and e.failures:
@@ -128,6 +130,54 @@ def _one_line(e: BaseException) -> str:
         return str(e)
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[-1] if lines else ''}"
+
+
+def _os_error(e: BaseException | None) -> OSError | None:
+    """The OSError behind a failure, through torch DCP's per-rank wrapping and exception chains."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno:
+            return e
+        if isinstance(e, CheckpointException) and e.failures:
+            e = next(iter(e.failures.values()))[0]
+            continue
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _save_reason(e: BaseException) -> str:
+    """One line: the OS error and its file when there is one (ENOSPC is otherwise buried under
+    torch DCP's and megatron's wrapping), else the last line of the error."""
+    os_error = _os_error(e)
+    if os_error is not None:
+        where = f": {os_error.filename}" if os_error.filename else ""
+        return f"{os_error.strerror} (errno {os_error.errno}){where}"
+    return _one_line(e)
+
+
+def _free_space(path: Path) -> str:
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return "free space unknown"
+    return f"{usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB"
+
+
+def _agreed(step: Callable[[], None]) -> None:
+    """Collective: run one phase of a save on every rank, then agree; when it failed anywhere,
+    every rank raises CheckpointSaveError with the first failing rank's reason (a rank going on
+    alone would meet the others' next collective out of step)."""
+    reason = ""
+    try:
+        step()
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - reported by every rank below
+        reason = f"rank {dist.get_rank()}: {_save_reason(e)}"
+    reasons = [""] * dist.get_world_size()
+    parallel.all_gather_object(reasons, reason)
+    bad = next((r for r in reasons if r), "")
+    if bad:
+        raise CheckpointSaveError(bad)
 
 
 def _on_every_rank(step: Callable[[], T]) -> T:
@@ -165,43 +215,74 @@ class CheckpointManager:
     def save(self, state: RunState) -> Path:
         """Collective. Writes iter_N under a temporary name, flushes it, renames it into place, then
         moves `latest` to it; keeps the newest few. A crash at any point leaves `latest` naming a
-        complete checkpoint (docs/faults.md)."""
+        complete checkpoint (docs/faults.md). Any rank's failure (a full disk, a lost file system)
+        fails every rank together after the phase it happened in: the partial directory is removed
+        and CheckpointSaveError says what failed, where, and how much space was left."""
         name = f"iter_{state.iteration:07d}"
         target = self.root / name
         tmp = staging_path(target)
+        try:
+            _agreed(partial(self._begin, target))
+            for sub, model in self.models.items():
+                _agreed(partial(_save_model, model, tmp / sub))
+                if sub == "actor":
+                    faults.fault_point("checkpoint")  # test-only (testing/faults.py): a crash mid-write
+            _agreed(partial(self._write_rng, tmp))
+            _agreed(partial(self._commit, tmp, target, state))
+        except CheckpointSaveError as e:
+            free_then = _free_space(self.root)
+            if parallel.is_rank0():
+                shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint only keeps the disk full
+            raise CheckpointSaveError(
+                f"saving {target} failed: {e}; {free_then} on the file system of {self.root} when it failed "
+                f"({_free_space(self.root)} after removing the partial checkpoint); {self.root / 'latest'} still "
+                "names the last complete checkpoint") from None
+        return target
+
+    def _begin(self, target: Path) -> None:
         if parallel.is_rank0():
             self.root.mkdir(parents=True, exist_ok=True)
             self._remove_leftovers()
+            self._check_room(target)
             (staging_dir(target) / "rng").mkdir()
-        _barrier()
-        for sub, model in self.models.items():
-            (tmp / sub).mkdir(exist_ok=True)
-            _barrier()
-            _save_model(model, tmp / sub)
-            if sub == "actor":
-                faults.fault_point("checkpoint")  # test-only (testing/faults.py): a crash mid-write
+
+    def _check_room(self, target: Path) -> None:
+        """Refuse before writing when the file system cannot hold another checkpoint the size of
+        the newest one (the older ones are pruned only after the new one is complete). Writing
+        anyway would fail deep inside megatron's writer threads, whose error loses the OSError."""
+        done = sorted(p for p in self.root.glob("iter_*") if p.is_dir() and p != target)
+        if not done:
+            return
+        need = sum(f.stat().st_size for f in done[-1].rglob("*") if f.is_file())
+        if shutil.disk_usage(self.root).free < need:
+            raise OSError(errno.ENOSPC, f"not enough space for a checkpoint of this run ({need / 2**20:.1f} MiB, "
+                                        f"the size of {done[-1].name})")
+
+    @staticmethod
+    def _write_rng(tmp: Path) -> None:
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
         rng_file = tmp / "rng" / f"rank_{dist.get_rank()}.safetensors"
         save_file(rng, str(rng_file))
         fsync_path(rng_file)  # each rank flushes what it wrote (megatron fsyncs its own .distcp files)
-        _barrier()
-        if parallel.is_rank0():
-            meta = {"state": state.to_json(), "lr_steps": {k: m.scheduler.num_steps for k, m in self.models.items()
-                                                           if m.scheduler is not None},
-                    "world_size": dist.get_world_size(), "config": self.config, "complete": True}
-            (tmp / "state.json").write_text(json.dumps(meta, indent=1))
-            commit_dir(tmp, target)  # the same iteration again (after a fallback) replaces the old one
-            write_atomic(self.root / "latest", name + "\n")
-            older = sorted(p for p in self.root.glob("iter_*") if p.name < name)
-            for old in older[: max(len(older) - (self.keep - 1), 0)]:
-                dead = self.root / f".{old.name}.del"
-                old.rename(dead)  # never a half-deleted iter_N
-                shutil.rmtree(dead, ignore_errors=True)
-            self._remove_leftovers()
-        _barrier()
-        return target
+
+    def _commit(self, tmp: Path, target: Path, state: RunState) -> None:
+        """Rank 0: state.json, the rename into place, `latest`, and the pruning of old ones."""
+        if not parallel.is_rank0():
+            return
+        meta = {"state": state.to_json(), "lr_steps": {k: m.scheduler.num_steps for k, m in self.models.items()
+                                                       if m.scheduler is not None},
+                "world_size": dist.get_world_size(), "config": self.config, "complete": True}
+        (tmp / "state.json").write_text(json.dumps(meta, indent=1))
+        commit_dir(tmp, target)  # the same iteration again (after a fallback) replaces the old one
+        write_atomic(self.root / "latest", target.name + "\n")
+        older = sorted(p for p in self.root.glob("iter_*") if p.name < target.name)
+        for old in older[: max(len(older) - (self.keep - 1), 0)]:
+            dead = self.root / f".{old.name}.del"
+            old.rename(dead)  # never a half-deleted iter_N
+            shutil.rmtree(dead, ignore_errors=True)
+        self._remove_leftovers()
 
     def _candidates(self) -> list[Path]:
         """Checkpoints to try, newest first: the `latest` pointer, then older complete ones."""
@@ -309,4 +390,4 @@ class CheckpointManager:
         return False
 
 
-__all__ = ["CheckpointCorrupt", "CheckpointMismatch", "CheckpointManager", "KEEP_CHECKPOINTS"]
+__all__ = ["CheckpointCorrupt", "CheckpointMismatch", "CheckpointSaveError", "CheckpointManager", "KEEP_CHECKPOINTS"]

@@ -1,4 +1,4 @@
-"""Stop requests from the launcher: SIGUSR1 and SIGTERM.
+"""Stop requests from the launcher or the user: SIGUSR1, SIGTERM and SIGINT (Ctrl-C).
 
 SIGUSR1 comes from Slurm before a time limit (`--signal=USR1@T`) or by hand (`scancel
 --signal=USR1`); SIGTERM from preemption, scancel, or torchrun shutting its workers down. The
@@ -19,12 +19,19 @@ act on it, while a watcher thread of the trainer takes it with sigwait().
 
 SIGTERM keeps a plain handler: helpers should end on it, and Slurm follows it with SIGKILL after
 KillWait (GraceTime for preemption), so a checkpoint on SIGTERM is best effort.
+
+SIGINT (Ctrl-C in the terminal of a single-process `vapo-train`) is handled like SIGTERM: a
+checkpoint at the end of the step, exit 3, no requeue. Python's default turned it into a
+KeyboardInterrupt wherever the trainer was, with no checkpoint: up to save_every steps lost. A
+second Ctrl-C stops at once (KeyboardInterrupt; vapo-train's main ends it in one line, exit 130).
+Under torchrun the terminal's Ctrl-C reaches only the agent, which sends the workers SIGTERM.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 
 import torch
@@ -34,8 +41,12 @@ from vapo_megatron.mcore import parallel
 from vapo_megatron.trainer.deadline import Deadline, StepClock
 
 
+INTERRUPTED_EXIT_CODE = 130  # a second Ctrl-C: stopped at once, without a checkpoint (the shell's 128 + SIGINT)
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # stop even during the final step, and ask no requeue
+
+
 class StopSignals:
-    """`signum` is 0 until SIGUSR1 or SIGTERM arrives, then that signal's number."""
+    """`signum` is 0 until SIGUSR1, SIGTERM or SIGINT arrives, then that signal's number."""
 
     def __init__(self) -> None:
         self.signum = 0
@@ -48,12 +59,20 @@ class StopSignals:
         # torchrun with SIGUSR1 ignored), which would discard the signal.
         signal.signal(signal.SIGUSR1, self._record)
         signal.signal(signal.SIGTERM, self._record)
+        signal.signal(signal.SIGINT, self._interrupt)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
         threading.Thread(target=self._watch_usr1, name="vapo-sigusr1", daemon=True).start()
         return self
 
     def _record(self, signum: int, frame) -> None:
         self.signum = signum
+
+    def _interrupt(self, signum: int, frame) -> None:
+        if self.signum == signal.SIGINT:  # the second Ctrl-C
+            raise KeyboardInterrupt
+        self.signum = signum
+        print("\n[vapo] Ctrl-C: stopping after this step with a checkpoint (exit 3); Ctrl-C again stops at once, "
+              "without one", file=sys.stderr, flush=True)
 
     def _watch_usr1(self) -> None:
         while True:
@@ -69,7 +88,7 @@ def stop_reason(stop: StopSignals, deadline: Deadline, clock: StepClock, *, fina
     flag = torch.tensor([stop.signum, int(not fits)], dtype=torch.int64)
     parallel.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step (SIGTERM > SIGUSR1)
     signum, late = int(flag[0]), bool(flag[1])
-    if signum == signal.SIGTERM or (signum and not final):
+    if signum in STOPPING_SIGNALS or (signum and not final):
         return signal.Signals(signum).name
     if signum and parallel.is_rank0():
         print("[vapo] SIGUSR1 during the final step: finishing the run (final eval, save, export), no requeue", flush=True)

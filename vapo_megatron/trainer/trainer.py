@@ -115,7 +115,7 @@ class Trainer:
             reason = stop_reason(self.stop, self.deadline, self.clock, final=it == self.total_iterations)
             if reason:
                 self._save()
-                if reason != "SIGTERM":  # SIGTERM: preempted (Slurm requeues) or cancelled (it must not)
+                if reason not in ("SIGTERM", "SIGINT"):  # preempted (Slurm requeues), cancelled or Ctrl-C (it must not)
                     request_requeue()
                 if parallel.is_rank0():
                     print(f"[vapo] stop ({reason}): checkpoint at iteration {it} written, exiting with "

@@ -15,29 +15,49 @@ from vapo_megatron.trainer import timing
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: str, *, total_steps: int, start_step: int, enabled: bool, tensorboard: bool):
+    """`start_step`/`sft_start`: the RL iteration and SFT step the run resumes after (0 on a fresh
+    start). What a previous attempt logged beyond them is dropped from metrics.jsonl and hidden
+    in TensorBoard, so that every step appears once however often the run was resumed."""
+
+    def __init__(self, run_dir: str, *, total_steps: int, start_step: int, sft_start: int, finished: bool,
+                 enabled: bool, tensorboard: bool):
         self.enabled = enabled
         self.path = os.path.join(run_dir, "metrics.jsonl")
-        self.tb = None
+        self.tb = self.tb_sft = None
         self.bar = None
         if not enabled:
             return
         os.makedirs(run_dir, exist_ok=True)
+        self._truncate(start_step, sft_start, finished)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+            # purge_step: TensorBoard discards the earlier attempts' events from that step on. The
+            # SFT curves have their own step counter, hence their own writer (a run of their own).
+            self.tb = SummaryWriter(os.path.join(run_dir, "tensorboard"), purge_step=start_step + 1)
+            self.tb_sft = SummaryWriter(os.path.join(run_dir, "tensorboard", "sft"), purge_step=sft_start + 1)
         self.bar = tqdm(total=total_steps, initial=start_step, desc="vapo", dynamic_ncols=True)
 
-    def truncate_after(self, step: int) -> None:
-        """On resume, drop records of steps after the checkpoint (they will be redone)."""
-        if not self.enabled or not os.path.exists(self.path):
+    def _truncate(self, step: int, sft_step: int, finished: bool) -> None:
+        """Keep the records of the steps the run resumes after: RL records up to `step`, SFT
+        records up to `sft_step`, the final eval only when the run has finished (else it is done
+        again); nothing on a fresh start (a crash before the first checkpoint leaves records that
+        the new attempt writes again)."""
+        if not os.path.exists(self.path):
             return
         with open(self.path) as f:
             lines = f.readlines()
         if lines and not lines[-1].endswith("\n"):
             lines.pop()  # a record torn by a crash mid-write (its step is redone)
-        keep = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+        keep = []
+        for line in lines:
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            redone = (r["step"] > step or (r["phase"] == "sft" and r.get("sft_step", 0) > sft_step)
+                      or ("eval/accuracy_final" in r and not finished))
+            if not redone and (step > 0 or sft_step > 0):
+                keep.append(line)
         write_atomic(self.path, "".join(keep))
 
     def log(self, step: int, phase: str, metrics: dict[str, float], *, tb_step: int | None = None) -> None:
@@ -45,15 +65,16 @@ class MetricsLogger:
         passes its own step counter as `tb_step` so its TensorBoard curves have an x axis."""
         if not self.enabled:
             return
-        record = {"step": step, "phase": phase}
+        record = {"step": step, "phase": phase} | ({"sft_step": tb_step} if phase == "sft" else {})
         record.update({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in sorted(metrics.items())})
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        if self.tb is not None:
+        tb = self.tb_sft if phase == "sft" else self.tb
+        if tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):
-                    self.tb.add_scalar(k, v, step if tb_step is None else tb_step)
-            self.tb.flush()
+                    tb.add_scalar(k, v, step if tb_step is None else tb_step)
+            tb.flush()
         if self.bar is not None and phase == "sft":  # the bar counts RL iterations only
             self.bar.set_description(f"sft step {tb_step}", refresh=False)
             self.bar.set_postfix({k.split("/")[-1]: f"{v:.3f}" for k, v in metrics.items() if k in ("sft/nll_loss", "sft/train_accuracy")})
@@ -67,7 +88,8 @@ class MetricsLogger:
             self.bar.set_postfix(postfix, refresh=False)
 
     def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+        for tb in (self.tb, self.tb_sft):
+            if tb is not None:
+                tb.close()
         if self.bar is not None:
             self.bar.close()

@@ -20,6 +20,10 @@ class RunState:
     sft_finished: bool = False
     pretrain_steps_done: int = 0
     pretrain_finished: bool = False
+    finished: bool = False         # the final eval, export and save are done: a rerun has nothing to do
+
+    # Fields that checkpoints written before they existed lack; those load with the default.
+    ADDED_LATER = ("finished",)
 
     def to_json(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sampler"}
@@ -30,6 +34,8 @@ class RunState:
     def check_json(cls, d: dict) -> None:
         """KeyError/TypeError unless `d` holds every field with its type (state.json's own check)."""
         for f in dataclasses.fields(cls):
+            if f.name in cls.ADDED_LATER and f.name not in d:
+                continue
             value = d[f.name]
             want = dict if f.name == "sampler" else type(getattr(cls, f.name))
             if not isinstance(value, want) or (want is int and isinstance(value, bool)):
@@ -40,6 +46,8 @@ class RunState:
         for f in dataclasses.fields(self):
             if f.name == "sampler":
                 self.sampler.load_state_dict(d["sampler"])
+            elif f.name in self.ADDED_LATER and f.name not in d:
+                setattr(self, f.name, f.default)
             else:
                 setattr(self, f.name, d[f.name])
 

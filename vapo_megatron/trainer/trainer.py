@@ -76,8 +76,9 @@ class Trainer:
         if parallel.is_rank0():  # only now: a refused or failed resume must not rewrite the run's record
             resume.save(cfg)
         self.logger = MetricsLogger(t.run_dir, total_steps=self.total_iterations, start_step=self.state.iteration,
-                                    enabled=parallel.is_rank0(), tensorboard=t.tensorboard)
-        self.logger.truncate_after(self.state.iteration)
+                                    sft_start=self.state.sft_steps_done, finished=self.state.finished,
+                                    enabled=parallel.is_rank0(),
+                                    tensorboard=t.tensorboard)
         self.timer = PhaseTimer()  # perf/<phase>_s of every step (timing.py)
         if self.state.iteration == 0 and self.state.sft_steps_done == 0:  # a fresh run: once
             self.logger.log(0, "data", self.data.stats)
@@ -92,15 +93,19 @@ class Trainer:
 
     def run(self) -> int:
         cfg = self.cfg
+        if self.state.finished and self.state.iteration >= self.total_iterations:  # a rerun of a finished run:
+            # its final eval, export and save are done (a longer trainer.total_steps trains on)
+            if parallel.is_rank0():
+                print(f"[vapo] the run in {cfg.trainer.run_dir} has finished all {self.total_iterations} iterations: "
+                      "nothing to train", flush=True)
+            return 0
         if not self.state.sft_finished and cfg.sft.steps > 0:
             self.warm_start()
             self.checkpoints.save(self.state)  # never redo SFT
         self.generator.sync_weights(self.actor.model, version=self.state.iteration)
         if self.state.iteration == 0 and self.data.eval:
             self.log_eval("before_vapo")
-        if self.state.iteration >= self.total_iterations and parallel.is_rank0():
-            print(f"[vapo] the run in {cfg.trainer.run_dir} has finished all {self.total_iterations} iterations: "
-                  "nothing to train", flush=True)
+        self.state.finished = False  # until the final save below
         self.timer.start()
         while self.state.iteration < self.total_iterations:
             t0 = time.perf_counter()
@@ -126,9 +131,10 @@ class Trainer:
                     self._save()
         if self.data.eval:
             self.log_eval("final")
-        self.checkpoints.save(self.state)
         if cfg.trainer.export_hf:
             self.export_hf()
+        self.state.finished = True
+        self.checkpoints.save(self.state)  # last: a crash before it redoes the final eval and export
         return 0
 
     def train_step(self) -> None:

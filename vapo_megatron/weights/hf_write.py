@@ -96,13 +96,14 @@ def bounded_groups(named: Iterable[tuple[str, torch.Tensor]], max_bytes: int) ->
 
 
 def write_hf_dir(groups: Iterable[list[tuple[str, torch.Tensor]]], family, hf_cfg: dict, out: Path, *,
-                 files_src: Path, critic: bool, dtype: str, total: int | None = None) -> Path:
+                 files_src: Path, critic: bool, dtype: str, writer: str, total: int | None = None) -> Path:
     """Collective over all ranks. Each group of (HF name, tensor) becomes one safetensors shard,
     written by each pipeline stage's TP-rank-0 (of DP rank 0) as the group arrives; global rank 0
     writes the index, config.json, generation_config.json and the tokenizer files found in
     `files_src`. `total`: the bytes expected, for the progress bar. Everything goes to a staging
     directory committed into place at the end, so a crash never leaves a half-written export under
-    `out` (a failure on rank 0 removes the staging directory)."""
+    `out` (a failure on rank 0 removes the staging directory). `writer` names the command for the
+    export's marker: an existing `out` is replaced only when that command wrote it (atomic.py)."""
     out = Path(out).absolute()
     writes = parallel.tp_rank() == 0 and parallel.dp_rank() == 0
     tmp = staging_dir(out) if parallel.is_rank0() else staging_path(out)
@@ -124,7 +125,7 @@ def write_hf_dir(groups: Iterable[list[tuple[str, torch.Tensor]]], family, hf_cf
             maps = [writer.weight_map]
         if parallel.is_rank0():
             _finish(tmp, maps, family, hf_cfg, files_src=files_src, critic=critic, dtype=dtype)
-            commit_dir(tmp, out)
+            commit_dir(tmp, out, writer=writer)
     except BaseException:
         if parallel.is_rank0():
             shutil.rmtree(tmp, ignore_errors=True)

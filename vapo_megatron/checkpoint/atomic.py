@@ -160,28 +160,26 @@ def check_replaceable(target: str | Path, writer: str, *, overwrite: bool, flag:
         if _within(real, src) or _within(src, real):
             where = "is" if real == src else ("holds" if _within(src, real) else "lies inside")
             raise TargetRefused(f"{name} {where} the input {src_key} {src}: writing there would destroy or "
-                                f"change the input; {other} (nothing was written)")
+                                f"change the input; {other}")
     if not target.exists() and not target.is_symlink():
         above = next((p for p in target.parents if p.exists()), None)
         if above is not None and not above.is_dir():
-            raise TargetRefused(f"{name} lies under {above}, which is a file, not a directory; {other} "
-                                "(nothing was written)")
+            raise TargetRefused(f"{name} lies under {above}, which is a file, not a directory; {other}")
         return
     if target.is_symlink() or not target.is_dir():
-        raise TargetRefused(f"{name} exists and is not a directory that {writer} wrote; {other} (nothing was written)")
+        raise TargetRefused(f"{name} exists and is not a directory that {writer} wrote; {other}")
     if not any(target.iterdir()):
         return
     found = writer_of(target)
     if found == writer:
         if overwrite:
             return
-        raise TargetRefused(f"{name} holds an earlier output of {writer}; pass {flag} to replace it, or {other} "
-                            "(nothing was written)")
+        raise TargetRefused(f"{name} holds an earlier output of {writer}; pass {flag} to replace it, or {other}")
     what = (f"a directory written by {found}" if found else
             f"a non-empty directory without a {MARKER} marker (not written by vapo-megatron, or by a version before "
             "markers)")
     allowed = f" ({flag} replaces only a directory that {writer} wrote)" if flag else ""
-    raise TargetRefused(f"{name} is {what}, which {writer} never replaces; {other}{allowed}; nothing was written")
+    raise TargetRefused(f"{name} is {what}, which {writer} never replaces; {other}{allowed}")
 
 
 __all__ = ["CONVERT_HF_TO_MCORE", "CONVERT_MCORE_TO_HF", "MARKER", "TRAINER_CHECKPOINT", "TRAINER_EXPORT", "TargetRefused", "check_replaceable", "commit_dir",

@@ -96,7 +96,7 @@ def model_checkpoint(ckpt: Path) -> Path:
     A run's checkpoints/ directory is refused naming the form to give."""
     ckpt = Path(ckpt)
     if (ckpt / "state.json").is_file() and (ckpt / "actor").is_dir():
-        if parallel.is_rank0():
+        if parallel.launcher_env()[0] == 0:  # before torch.distributed starts: the launcher's rank
             print(f"vapo-convert: {ckpt} is a trainer checkpoint: converting its actor, {ckpt / 'actor'} "
                   f"(give --ckpt {ckpt / 'critic'} for the critic)", file=sys.stderr, flush=True)
         return ckpt / "actor"

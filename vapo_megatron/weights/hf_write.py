@@ -110,19 +110,19 @@ def write_hf_dir(groups: Iterable[list[tuple[str, torch.Tensor]]], family, hf_cf
     if dist.is_initialized():
         parallel.barrier()
     try:
-        writer = ShardWriter(tmp, f"model-pp{parallel.pp_rank():03d}")
+        shards = ShardWriter(tmp, f"model-pp{parallel.pp_rank():03d}")
         with tqdm(total=total, unit="B", unit_scale=True, desc="mcore-to-hf", disable=not parallel.is_rank0()) as bar:
             for group in groups:  # every TP rank must iterate (the gathers are collective); one writes
                 if writes:
-                    writer.write(dict(group))
+                    shards.write(dict(group))
                 bar.update(sum(t.nbytes for _, t in group))
                 del group
 
         maps = [None] * dist.get_world_size() if dist.is_initialized() else None
         if dist.is_initialized():
-            parallel.all_gather_object(maps, writer.weight_map)
+            parallel.all_gather_object(maps, shards.weight_map)
         else:
-            maps = [writer.weight_map]
+            maps = [shards.weight_map]
         if parallel.is_rank0():
             _finish(tmp, maps, family, hf_cfg, files_src=files_src, critic=critic, dtype=dtype)
             commit_dir(tmp, out, writer=writer)

@@ -19,8 +19,6 @@ from pathlib import Path
 
 from vapo_megatron.evaluation.offline import EvalInputError, resolve_model
 
-EXIT_BAD_INPUT = 2
-
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="vapo-eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,33 +91,39 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from model_providers import HFConfigError
-    from vapo_megatron.checkpoint.dist_io import CheckpointError
-    from vapo_megatron.config import ConfigError
-    from vapo_megatron.data.prompts import PromptDataError
+def evaluate(args: argparse.Namespace) -> int:
+    """The checks that need no model, then the collective run; prints the figures on rank 0."""
+    ks = check_args(args)
+    resolve_model(args.model)
     from vapo_megatron.evaluation.offline import run
     from vapo_megatron.mcore import parallel
 
-    args = parse_args(argv)
-    try:
-        ks = check_args(args)
-        resolve_model(args.model)
-    except EvalInputError as e:
-        print(f"vapo-eval: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     try:
         summary = run(args, ks)
-    except (EvalInputError, PromptDataError, CheckpointError, ConfigError, HFConfigError, ValueError) as e:
-        kind = {PromptDataError: "data error: ", CheckpointError: "checkpoint error: "}.get(type(e), "")
-        print(f"vapo-eval: {kind}{str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
     finally:
         parallel.destroy()
     if summary is not None:
         print(format_summary(summary), flush=True)
         print(f"vapo-eval: wrote {Path(args.out) / 'samples.jsonl'}, per_prompt.csv, summary.json", flush=True)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vapo_megatron.config.cli import answer
+
+    args = parse_args(argv)
+    return answer("vapo-eval", lambda: evaluate(args), bad_input=bad_input_errors())
+
+
+def bad_input_errors() -> tuple[type[BaseException], ...]:
+    """What a wrong flag, file, model or checkpoint raises; every message names it. ValueError:
+    libraries reading a damaged file (a JSON error in metadata.json, a bad safetensors header)."""
+    from model_providers import HFConfigError
+    from vapo_megatron.checkpoint.dist_io import CheckpointError
+    from vapo_megatron.config import ConfigError
+    from vapo_megatron.data.prompts import PromptDataError
+
+    return EvalInputError, PromptDataError, CheckpointError, ConfigError, HFConfigError, ValueError
 
 
 if __name__ == "__main__":

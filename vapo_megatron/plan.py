@@ -14,7 +14,7 @@ it by one flat figure. Also printed: the size of one checkpoint and the disk the
 The model config comes from model.hf_path/config.json when that file exists; otherwise --preset
 NAME (model_providers/presets.py) must be given, and it is always said which one was used.
 Exit status: 0 fits, 1 does not fit (each failing phase, rank and the amount over are printed),
-2 invalid configuration or layout. The figures are computed, not measured (docs/slurm.md).
+2 invalid configuration or layout (one message, never a traceback: config/cli.py). The figures are computed, not measured (docs/slurm.md).
 """
 
 from __future__ import annotations
@@ -57,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
                          "otherwise model.hf_path/config.json is read")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. parallel.pp=2")
     args = ap.parse_args(argv)
+    from vapo_megatron.config.cli import answer
+
+    return answer("vapo-plan", lambda: plan(args), bad_input=(ConfigError,))
+
+
+def plan(args: argparse.Namespace) -> int:
+    """Check the configuration for the cluster (exit 2 naming every problem), then size it."""
     from model_providers import HFConfigError, check_supported
     from vapo_megatron.config.checks import config_problems
     from vapo_megatron.config.layout import layout_problems
@@ -67,11 +74,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--nodes={args.nodes} and --gpus-per-node={args.gpus_per_node} must be >= 1")
         cfg, problems = parse_config(args.config, args.overrides)
         world = args.nodes * args.gpus_per_node
-        actor_hf, source = resolve_model_config(cfg.model.hf_path, args.preset, key="model.hf_path")
-        critic_hf = actor_hf
-        if cfg.model.critic_hf_path and args.preset is None:
-            critic_hf, critic_source = resolve_model_config(cfg.model.critic_hf_path, None, key="model.critic_hf_path")
-            source += f"; critic: {critic_source}"
+        try:
+            actor_hf, source = resolve_model_config(cfg.model.hf_path, args.preset, key="model.hf_path")
+            critic_hf = actor_hf
+            if cfg.model.critic_hf_path and args.preset is None:
+                critic_hf, critic_source = resolve_model_config(cfg.model.critic_hf_path, None, key="model.critic_hf_path")
+                source += f"; critic: {critic_source}"
+        except (ConfigError, ValueError) as e:  # with the file's own problems (a missing --config says so first)
+            raise problems_error(problems + [str(e)]) from None
         try:
             check_supported(actor_hf)
             check_supported(critic_hf)

@@ -130,15 +130,15 @@ def test_unsupported_architecture_is_named(tmp_path):
     assert str(tmp_path) in str(e.value)
 
 
-def test_directory_without_megatron_metadata_is_named(tmp_path):
+def test_directory_without_megatron_metadata_is_named(tmp_path, capsys):
     from vapo_megatron import convert
     from vapo_megatron.checkpoint import dist_io
 
     (tmp_path / "model.safetensors").write_bytes(b"")
-    # The CLI turns it into one line naming the directory (vapo-convert: error: ...), exit != 0.
-    with pytest.raises(SystemExit, match=f"vapo-convert: error: {tmp_path} is not a Megatron distributed checkpoint"):
-        convert.main(["mcore-to-hf", "--ckpt", str(tmp_path), "--out", str(tmp_path / "out")])
-    assert not (tmp_path / "out").exists()
+    # The CLI turns it into one line naming the directory (vapo-convert: error: ...), exit 2.
+    assert convert.main(["mcore-to-hf", "--ckpt", str(tmp_path), "--out", str(tmp_path.parent / "out")]) == 2
+    assert f"vapo-convert: error: {tmp_path} is not a Megatron distributed checkpoint" in capsys.readouterr().err
+    assert not (tmp_path.parent / "out").exists()
     with pytest.raises(dist_io.CheckpointError, match="does not exist"):
         dist_io.require_checkpoint(tmp_path / "nowhere")
 

@@ -4,5 +4,6 @@
     dist_io.py        megatron dist checkpoints of model chunks (and vapo-convert's streaming save)
     lazy_save.py      a dist-checkpoint save whose tensors are made one at a time (hf-to-mcore)
     safe_unpickle.py  no checkpoint file can run code when loaded
-    atomic.py         the one atomic/fsync helper every writer of the project uses
+    atomic.py         the one atomic/fsync helper every writer of the project uses, and the rule
+                      that a writer replaces only directories it wrote (the .vapo-writer marker)
 """

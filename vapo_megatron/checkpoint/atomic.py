@@ -3,19 +3,42 @@
     write_atomic(path, data)        a file: temp file beside it, flushed, fsynced, renamed, dir fsynced
     staging_path(target)            where `target` is built: `.<name>.tmp` beside it (every rank agrees)
     staging_dir(target)             that directory, created empty (one rank)
-    commit_dir(tmp, target)         the built directory flushed to disk, then renamed into place
+    commit_dir(tmp, target, writer=W)  the built directory, marked as W's, flushed, renamed into place
     fsync_tree(root)                every file and directory below `root` flushed to disk
+    check_replaceable(target, W, overwrite=...)   may W put a directory at `target`? (before any work)
+    writer_of(path)                 who wrote a directory: its marker, or a legacy trainer layout
 
 The rename is the commit: a reader sees the old content or the new, never a part; and because
 the data is flushed before the rename and the directory after it, a power loss cannot leave the
 new name pointing at data that never reached the disk. Pure Python (no torch).
+
+Ownership: a directory is replaced only by the writer that wrote it. Every committed directory
+carries MARKER (`.vapo-writer`, JSON naming its writer, e.g. "vapo-convert hf-to-mcore");
+`--out .` or `--out ~` once made vapo-convert rename a project or home directory away and delete
+it. check_replaceable is the rule the commands apply up front (one clear TargetRefused line);
+commit_dir applies it again as a safety net, so no caller can delete what it did not write.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
+import time
 from pathlib import Path
+
+MARKER = ".vapo-writer"
+# Writers (the marker's "writer" field); each replaces only its own directories.
+TRAINER_CHECKPOINT = "vapo-train checkpoint"
+TRAINER_EXPORT = "vapo-train export"
+CONVERT_HF_TO_MCORE = "vapo-convert hf-to-mcore"
+CONVERT_MCORE_TO_HF = "vapo-convert mcore-to-hf"
+
+
+class TargetRefused(ValueError):
+    """A directory that a writer may not replace (not its own, or the source of its input); the
+    message names the path, what is there and how to proceed."""
 
 
 def fsync_path(path: str | Path) -> None:
@@ -62,11 +85,16 @@ def staging_dir(target: str | Path) -> Path:
     return tmp
 
 
-def commit_dir(tmp: str | Path, target: str | Path) -> Path:
-    """Flush `tmp`, then put it in place of `target`. An existing `target` is first renamed to
-    `.<name>.old` and removed only once the new one is in place, so at every moment one complete
-    directory is at `target` or beside it."""
+def commit_dir(tmp: str | Path, target: str | Path, *, writer: str) -> Path:
+    """Mark `tmp` as `writer`'s, flush it, then put it in place of `target`. An existing `target`
+    is first renamed to `.<name>.old` and removed only once the new one is in place, so at every
+    moment one complete directory is at `target` or beside it. An existing non-empty `target`
+    that `writer` did not write is never touched: TargetRefused (and `tmp` is left to the caller,
+    whose error path removes it)."""
     tmp, target = Path(tmp), Path(target).absolute()
+    check_replaceable(target, writer, overwrite=True, flag=None, key="")
+    (tmp / MARKER).write_text(json.dumps({"writer": writer, "host": socket.gethostname(), "pid": os.getpid(),
+                                          "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
     fsync_tree(tmp)
     old = target.parent / f".{target.name}.old"
     if target.exists():
@@ -78,4 +106,81 @@ def commit_dir(tmp: str | Path, target: str | Path) -> Path:
     return target
 
 
-__all__ = ["commit_dir", "fsync_path", "fsync_tree", "staging_dir", "staging_path", "write_atomic"]
+def _legacy_writer(path: Path) -> str | None:
+    """The writer of a directory committed before markers existed, recognised by what only that
+    writer leaves: a trainer checkpoint (iter_N/state.json with the trainer's "state" and
+    "complete" entries) or the trainer's final export (run_dir/hf beside run_dir/config.yaml,
+    holding an index whose shards all carry hf_write's model-ppNNN- names). vapo-convert's old
+    outputs are not guessed: they are refused, and the user removes them by hand."""
+    try:
+        if path.name.startswith("iter_") and (path / "state.json").is_file():
+            meta = json.loads((path / "state.json").read_text())
+            if isinstance(meta, dict) and "state" in meta and "complete" in meta:
+                return TRAINER_CHECKPOINT
+        index = path / "model.safetensors.index.json"
+        if path.name == "hf" and (path.parent / "config.yaml").is_file() and index.is_file():
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+            if shards and all(s.startswith("model-pp") and s.endswith(".safetensors") for s in shards):
+                return TRAINER_EXPORT
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return None
+
+
+def writer_of(path: str | Path) -> str | None:
+    """Who wrote the directory `path`: its marker's writer, else a recognised legacy layout's,
+    else None (not the project's, or unreadable)."""
+    path = Path(path)
+    try:
+        writer = json.loads((path / MARKER).read_text()).get("writer")
+        return writer if isinstance(writer, str) else None
+    except FileNotFoundError:
+        return _legacy_writer(path)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _within(a: Path, b: Path) -> bool:
+    return a == b or b in a.parents
+
+
+def check_replaceable(target: str | Path, writer: str, *, overwrite: bool, flag: str | None = "--overwrite",
+                      key: str = "--out", sources: dict[str, str | Path] | None = None) -> None:
+    """May `writer` put a new directory at `target`? Yes when nothing is there, when an empty
+    directory is, or, with `overwrite`, when `writer` itself wrote what is there. Anything else,
+    and a `target` that is, holds or lies inside one of `sources` ({flag: path} of the inputs),
+    raises TargetRefused naming `key` (the flag or setting that chose `target`; "" for none), what
+    is there and how to go on (`flag`: the option that allows replacing; None when there is none)."""
+    name = f"{key} {target}" if key else str(target)
+    other = f"choose another {key}" if key else "move it away"
+    target = Path(target).expanduser().absolute()
+    real = target.resolve()
+    for src_key, src in (sources or {}).items():
+        src = Path(src).expanduser().resolve()
+        if _within(real, src) or _within(src, real):
+            where = "is" if real == src else ("holds" if _within(src, real) else "lies inside")
+            raise TargetRefused(f"{name} {where} the input {src_key} {src}: writing there would destroy or "
+                                f"change the input; {other}")
+    if not target.exists() and not target.is_symlink():
+        above = next((p for p in target.parents if p.exists()), None)
+        if above is not None and not above.is_dir():
+            raise TargetRefused(f"{name} lies under {above}, which is a file, not a directory; {other}")
+        return
+    if target.is_symlink() or not target.is_dir():
+        raise TargetRefused(f"{name} exists and is not a directory that {writer} wrote; {other}")
+    if not any(target.iterdir()):
+        return
+    found = writer_of(target)
+    if found == writer:
+        if overwrite:
+            return
+        raise TargetRefused(f"{name} holds an earlier output of {writer}; pass {flag} to replace it, or {other}")
+    what = (f"a directory written by {found}" if found else
+            f"a non-empty directory without a {MARKER} marker (not written by vapo-megatron, or by a version before "
+            "markers)")
+    allowed = f" ({flag} replaces only a directory that {writer} wrote)" if flag else ""
+    raise TargetRefused(f"{name} is {what}, which {writer} never replaces; {other}{allowed}")
+
+
+__all__ = ["CONVERT_HF_TO_MCORE", "CONVERT_MCORE_TO_HF", "MARKER", "TRAINER_CHECKPOINT", "TRAINER_EXPORT", "TargetRefused", "check_replaceable", "commit_dir",
+           "writer_of", "fsync_path", "fsync_tree", "staging_dir", "staging_path", "write_atomic"]

@@ -27,7 +27,7 @@ from megatron.core import dist_checkpointing
 from torch.distributed.checkpoint.api import CheckpointException
 
 from vapo_megatron.checkpoint import safe_unpickle
-from vapo_megatron.checkpoint.atomic import commit_dir, staging_dir, staging_path
+from vapo_megatron.checkpoint.atomic import CONVERT_HF_TO_MCORE, commit_dir, staging_dir, staging_path
 from vapo_megatron.mcore import parallel
 from vapo_megatron.weights.params import unwrap
 
@@ -74,10 +74,11 @@ def _rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
-def save(ckpt_dir: str | Path, sharded_state: dict, *, write_extra: Callable[[Path], None] | None = None,
+def save(ckpt_dir: str | Path, sharded_state: dict, *, writer: str, write_extra: Callable[[Path], None] | None = None,
          strategy=None) -> Path:
     """Collective over all ranks. `write_extra(staging_dir)` runs on rank 0 before the commit. A
-    failure on rank 0 removes the staging directory: nothing half-written stays behind."""
+    failure on rank 0 removes the staging directory: nothing half-written stays behind. `writer`
+    names the command for the directory's marker; it replaces only its own (atomic.commit_dir)."""
     target = Path(ckpt_dir).absolute()
     tmp = staging_path(target)
     if _rank0():
@@ -94,7 +95,11 @@ def save(ckpt_dir: str | Path, sharded_state: dict, *, write_extra: Callable[[Pa
         raise
     _barrier()
     if _rank0():
-        commit_dir(tmp, target)
+        try:
+            commit_dir(tmp, target, writer=writer)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     _barrier()
     return target
 
@@ -191,8 +196,10 @@ def _describe_failure(e: BaseException) -> str:
     return f"cannot load: {type(e).__name__}" + (f": {lines[-1]}" if lines else "")
 
 
-def save_model(ckpt_dir: str | Path, model_chunks: list, *, write_extra: Callable[[Path], None] | None = None) -> Path:
-    return save(ckpt_dir, model_sharded_state(model_chunks), write_extra=write_extra)
+def save_model(ckpt_dir: str | Path, model_chunks: list, *, write_extra: Callable[[Path], None] | None = None,
+               writer: str = CONVERT_HF_TO_MCORE) -> Path:
+    """A model alone, as hf-to-mcore writes it (the default `writer`)."""
+    return save(ckpt_dir, model_sharded_state(model_chunks), writer=writer, write_extra=write_extra)
 
 
 def load_model(ckpt_dir: str | Path, model_chunks: list) -> None:

@@ -275,7 +275,7 @@ class CheckpointManager:
                                                        if m.scheduler is not None},
                 "world_size": dist.get_world_size(), "config": self.config, "complete": True}
         (tmp / "state.json").write_text(json.dumps(meta, indent=1))
-        commit_dir(tmp, target)  # the same iteration again (after a fallback) replaces the old one
+        commit_dir(tmp, target, writer="vapo-train checkpoint")  # the same iteration again (after a fallback) replaces it
         write_atomic(self.root / "latest", target.name + "\n")
         older = sorted(p for p in self.root.glob("iter_*") if p.name < target.name)
         for old in older[: max(len(older) - (self.keep - 1), 0)]:

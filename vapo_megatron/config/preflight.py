@@ -2,6 +2,7 @@
 
     startup_problems(cfg, world_size)   every problem found, one message each (pure Python)
     hardware_problems(cfg, cuda=...)    what the settings need of the machine (CUDA, NCCL)
+    export_problems(cfg)                may the final HF export replace run_dir/hf? (in startup_problems)
 
 vapo-train runs startup_problems first thing, on every rank, before it imports torch or
 megatron-core and before torch.distributed starts or any model, tokenizer, reward worker or
@@ -87,6 +88,19 @@ def _files(cfg: Config, out: list[str]) -> None:
         existing = next((p for p in [run_dir, *run_dir.absolute().parents] if p.exists()), None)
         if existing is not None and not os.access(existing, os.W_OK):
             out.append(f"trainer.run_dir: {run_dir} cannot be created or written ({existing} is not writable)")
+    out += export_problems(cfg)
+
+
+def export_problems(cfg: Config) -> list[str]:
+    """The run ends by replacing run_dir/hf with its export (atomic.commit_dir refuses to replace
+    what the trainer did not write): said now, not after hours of training."""
+    from vapo_megatron.checkpoint.atomic import TRAINER_EXPORT, TargetRefused, check_replaceable
+
+    try:
+        check_replaceable(Path(cfg.trainer.run_dir) / "hf", TRAINER_EXPORT, overwrite=True, flag=None, key="")
+    except TargetRefused as e:
+        return [f"trainer.run_dir: {e}: the run ends by writing its HF export there (or choose another trainer.run_dir)"]
+    return []
 
 
 def _reward(cfg: Config, out: list[str]) -> None:
@@ -142,4 +156,4 @@ def startup_problems(cfg: Config, world_size: int) -> list[str]:
     return out
 
 
-__all__ = ["PROMPT_SUFFIXES", "batch_problems", "hardware_problems", "startup_problems"]
+__all__ = ["PROMPT_SUFFIXES", "batch_problems", "export_problems", "hardware_problems", "startup_problems"]

@@ -96,35 +96,36 @@ def bounded_groups(named: Iterable[tuple[str, torch.Tensor]], max_bytes: int) ->
 
 
 def write_hf_dir(groups: Iterable[list[tuple[str, torch.Tensor]]], family, hf_cfg: dict, out: Path, *,
-                 files_src: Path, critic: bool, dtype: str, total: int | None = None) -> Path:
+                 files_src: Path, critic: bool, dtype: str, writer: str, total: int | None = None) -> Path:
     """Collective over all ranks. Each group of (HF name, tensor) becomes one safetensors shard,
     written by each pipeline stage's TP-rank-0 (of DP rank 0) as the group arrives; global rank 0
     writes the index, config.json, generation_config.json and the tokenizer files found in
     `files_src`. `total`: the bytes expected, for the progress bar. Everything goes to a staging
     directory committed into place at the end, so a crash never leaves a half-written export under
-    `out` (a failure on rank 0 removes the staging directory)."""
+    `out` (a failure on rank 0 removes the staging directory). `writer` names the command for the
+    export's marker: an existing `out` is replaced only when that command wrote it (atomic.py)."""
     out = Path(out).absolute()
     writes = parallel.tp_rank() == 0 and parallel.dp_rank() == 0
     tmp = staging_dir(out) if parallel.is_rank0() else staging_path(out)
     if dist.is_initialized():
         parallel.barrier()
     try:
-        writer = ShardWriter(tmp, f"model-pp{parallel.pp_rank():03d}")
+        shards = ShardWriter(tmp, f"model-pp{parallel.pp_rank():03d}")
         with tqdm(total=total, unit="B", unit_scale=True, desc="mcore-to-hf", disable=not parallel.is_rank0()) as bar:
             for group in groups:  # every TP rank must iterate (the gathers are collective); one writes
                 if writes:
-                    writer.write(dict(group))
+                    shards.write(dict(group))
                 bar.update(sum(t.nbytes for _, t in group))
                 del group
 
         maps = [None] * dist.get_world_size() if dist.is_initialized() else None
         if dist.is_initialized():
-            parallel.all_gather_object(maps, writer.weight_map)
+            parallel.all_gather_object(maps, shards.weight_map)
         else:
-            maps = [writer.weight_map]
+            maps = [shards.weight_map]
         if parallel.is_rank0():
             _finish(tmp, maps, family, hf_cfg, files_src=files_src, critic=critic, dtype=dtype)
-            commit_dir(tmp, out)
+            commit_dir(tmp, out, writer=writer)
     except BaseException:
         if parallel.is_rank0():
             shutil.rmtree(tmp, ignore_errors=True)

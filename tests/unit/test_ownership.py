@@ -1,0 +1,131 @@
+"""Writers replace only what they wrote (checkpoint/atomic.py; issue 25 item 1).
+
+`vapo-convert ... --out .` once renamed a project directory away and deleted it. Here the rule
+itself, on real directories: commit_dir never touches a directory another writer (or the user)
+made, and check_replaceable answers each case with one line naming the path and the way on. The
+user's files are compared byte for byte with what the test wrote, not with the code's view.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from vapo_megatron.checkpoint.atomic import (CONVERT_HF_TO_MCORE, CONVERT_MCORE_TO_HF, MARKER, TRAINER_CHECKPOINT,
+                                             TRAINER_EXPORT, TargetRefused, check_replaceable, commit_dir,
+                                             staging_dir, writer_of)
+
+
+def user_dir(path):
+    """A directory of the user's: a notes file and a source file below it."""
+    (path / "src").mkdir(parents=True)
+    (path / "notes.txt").write_bytes(b"my notes\x00\xff")
+    (path / "src" / "main.py").write_text("print('hi')\n")
+    return {"notes.txt": b"my notes\x00\xff", "src/main.py": b"print('hi')\n"}
+
+
+def unchanged(path, files) -> bool:
+    return {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file()} == files
+
+
+def built(target, name="weights.bin"):
+    tmp = staging_dir(target)
+    (tmp / name).write_bytes(b"new")
+    return tmp
+
+
+def test_commit_dir_never_replaces_a_users_directory(tmp_path):
+    target = tmp_path / "project"
+    files = user_dir(target)
+    tmp = built(target)
+    with pytest.raises(TargetRefused, match=f"{target} is a non-empty directory without a {MARKER} marker"):
+        commit_dir(tmp, target, writer=CONVERT_MCORE_TO_HF)
+    assert unchanged(target, files)
+    assert not (tmp_path / ".project.old").exists()
+
+
+def test_commit_dir_marks_and_replaces_its_own(tmp_path):
+    target = tmp_path / "out"
+    commit_dir(built(target, "a"), target, writer=CONVERT_HF_TO_MCORE)
+    assert json.loads((target / MARKER).read_text())["writer"] == CONVERT_HF_TO_MCORE
+    assert writer_of(target) == CONVERT_HF_TO_MCORE
+    commit_dir(built(target, "b"), target, writer=CONVERT_HF_TO_MCORE)
+    assert sorted(p.name for p in target.iterdir()) == [MARKER, "b"]
+    with pytest.raises(TargetRefused, match=f"written by {CONVERT_HF_TO_MCORE}, which {CONVERT_MCORE_TO_HF} never"):
+        commit_dir(built(target, "c"), target, writer=CONVERT_MCORE_TO_HF)  # the other direction's output
+    assert sorted(p.name for p in target.iterdir()) == [MARKER, "b"]
+
+
+def test_new_and_empty_targets_are_allowed(tmp_path):
+    check_replaceable(tmp_path / "new" / "deeper", CONVERT_HF_TO_MCORE, overwrite=False)
+    (tmp_path / "empty").mkdir()
+    check_replaceable(tmp_path / "empty", CONVERT_HF_TO_MCORE, overwrite=False)
+
+
+def test_an_earlier_output_needs_overwrite(tmp_path):
+    target = tmp_path / "out"
+    commit_dir(built(target), target, writer=CONVERT_HF_TO_MCORE)
+    with pytest.raises(TargetRefused, match=f"--out {target} holds an earlier output of {CONVERT_HF_TO_MCORE}; "
+                                            "pass --overwrite to replace it"):
+        check_replaceable(target, CONVERT_HF_TO_MCORE, overwrite=False)
+    check_replaceable(target, CONVERT_HF_TO_MCORE, overwrite=True)
+
+
+@pytest.mark.parametrize("relation", ["is", "holds", "lies inside"])
+def test_the_input_is_never_the_output(tmp_path, relation):
+    src = tmp_path / "model"
+    src.mkdir()
+    out = {"is": src, "holds": tmp_path, "lies inside": src / "mcore"}[relation]
+    with pytest.raises(TargetRefused, match=f"--out {out} {relation} the input --hf {src}"):
+        check_replaceable(out, CONVERT_HF_TO_MCORE, overwrite=True, sources={"--hf": src})
+
+
+def test_files_symlinks_and_paths_under_files_are_refused(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(TargetRefused, match="exists and is not a directory"):
+        check_replaceable(tmp_path / "file", CONVERT_HF_TO_MCORE, overwrite=True)
+    with pytest.raises(TargetRefused, match=f"lies under {tmp_path / 'file'}, which is a file"):
+        check_replaceable(tmp_path / "file" / "out", CONVERT_HF_TO_MCORE, overwrite=True)
+    mine = tmp_path / "mine"
+    commit_dir(built(mine), mine, writer=CONVERT_HF_TO_MCORE)
+    os.symlink(mine, tmp_path / "link")
+    with pytest.raises(TargetRefused, match="exists and is not a directory"):
+        check_replaceable(tmp_path / "link", CONVERT_HF_TO_MCORE, overwrite=True)
+
+
+def test_trainer_directories_from_before_markers_stay_replaceable(tmp_path):
+    """A run started before markers existed: its iter_N and its final hf/ export carry none, yet
+    the manager's same-iteration replace and the next export must still work on them."""
+    ckpt = tmp_path / "run" / "checkpoints" / "iter_0000020"
+    (ckpt / "actor").mkdir(parents=True)
+    (ckpt / "state.json").write_text(json.dumps({"state": {"iteration": 20}, "complete": True}))
+    assert writer_of(ckpt) == TRAINER_CHECKPOINT
+    commit_dir(built(ckpt), ckpt, writer=TRAINER_CHECKPOINT)
+    assert writer_of(ckpt) == TRAINER_CHECKPOINT and (ckpt / "weights.bin").is_file()
+
+    (tmp_path / "run" / "config.yaml").write_text("trainer: {}\n")
+    export = tmp_path / "run" / "hf"
+    export.mkdir()
+    (export / "model-pp000-00000.safetensors").write_bytes(b"")
+    (export / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "model-pp000-00000.safetensors"}}))
+    assert writer_of(export) == TRAINER_EXPORT
+    commit_dir(built(export), export, writer=TRAINER_EXPORT)
+    # ... but a state.json of the user's own is not a checkpoint, and convert's old outputs are not guessed.
+    other = tmp_path / "iter_notes"
+    other.mkdir()
+    (other / "state.json").write_text("[1, 2]")
+    assert writer_of(other) is None
+
+
+def test_preflight_says_at_start_that_run_dir_hf_is_not_the_trainers(tmp_path):
+    from vapo_megatron.config import Config, TrainerConfig
+    from vapo_megatron.config.preflight import export_problems
+
+    run_dir = tmp_path / "run"
+    files = user_dir(run_dir / "hf")
+    (problem,) = export_problems(Config(trainer=TrainerConfig(run_dir=str(run_dir))))
+    assert problem.startswith(f"trainer.run_dir: {run_dir / 'hf'} is a non-empty directory") and "move it away" in problem
+    assert unchanged(run_dir / "hf", files)
+    assert export_problems(Config(trainer=TrainerConfig(run_dir=str(tmp_path / "fresh")))) == []

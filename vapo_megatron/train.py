@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 
 from vapo_megatron.config import Config, ConfigError, parse_config, problems_error
+from vapo_megatron.config.cli import BAD_INPUT_EXIT_CODE, INTERRUPTED_EXIT_CODE, verbose
 from vapo_megatron.config.layout import launcher_env
 from vapo_megatron.trainer.run_guard import die_with_launcher
 
-BAD_INPUT_EXIT_CODE = 2
 SAVE_FAILED_EXIT_CODE = 5  # a checkpoint could not be written (full disk, ...); the previous one is intact
 INTERRUPTED = "interrupted: stopped without a checkpoint; the same command resumes from the last one"
 
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = checked_config(args.config, args.overrides)
     except ConfigError as e:
+        if verbose():
+            traceback.print_exc()
         print(f"vapo-train: configuration error: {e}", file=sys.stderr)
         return BAD_INPUT_EXIT_CODE
     from model_providers import HFConfigError
@@ -66,14 +69,17 @@ def main(argv: list[str] | None = None) -> int:
     from vapo_megatron.data.prompts import PromptDataError
     from vapo_megatron.mcore import parallel
     from vapo_megatron.mcore.update import NonFiniteError
-    from vapo_megatron.trainer.signals import INTERRUPTED_EXIT_CODE, StopSignals, leave_together
+    from vapo_megatron.trainer.signals import StopSignals, leave_together
     from vapo_megatron.trainer.trainer import NON_FINITE_EXIT_CODE, Trainer
 
     stop = StopSignals().install()  # before any helper process exists
     try:
         trainer = Trainer(cfg, stop)
-    except (PromptDataError, ConfigError, HFConfigError, CheckpointCorrupt, CheckpointMismatch) as e:  # before any training step
-        kind = {PromptDataError: "data", CheckpointCorrupt: "checkpoint", CheckpointMismatch: "checkpoint"}.get(type(e), "configuration")
+    except (PromptDataError, ConfigError, HFConfigError, CheckpointCorrupt, CheckpointMismatch, OSError) as e:  # before any step
+        if verbose():
+            traceback.print_exc()
+        kind = {PromptDataError: "data", CheckpointCorrupt: "checkpoint", CheckpointMismatch: "checkpoint"}.get(
+            type(e), "file" if isinstance(e, OSError) else "configuration")
         print(f"vapo-train: {kind} error: {e}", file=sys.stderr, flush=True)
         parallel.destroy()
         return BAD_INPUT_EXIT_CODE
@@ -87,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteError as e:  # raised on every rank at the same step (the decision is collective)
         code, message = NON_FINITE_EXIT_CODE, f"numerical error: {e}"
     except CheckpointSaveError as e:  # raised on every rank together (checkpoint/manager.py)
+        if verbose():
+            traceback.print_exc()
         code, message = SAVE_FAILED_EXIT_CODE, f"checkpoint save error: {e}"
     except KeyboardInterrupt:  # a second Ctrl-C (signals.py): at once, one line, no traceback
         trainer.close()

@@ -41,7 +41,6 @@ from vapo_megatron.mcore import parallel
 from vapo_megatron.trainer.deadline import Deadline, StepClock
 
 
-INTERRUPTED_EXIT_CODE = 130  # a second Ctrl-C: stopped at once, without a checkpoint (the shell's 128 + SIGINT)
 STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # stop even during the final step, and ask no requeue
 
 

@@ -93,8 +93,12 @@ def format_summary(s: dict) -> str:
 
 def evaluate(args: argparse.Namespace) -> int:
     """The checks that need no model, then the collective run; prints the figures on rank 0."""
+    from vapo_megatron.checkpoint.atomic import EVAL_OUTPUT, check_replaceable
+
     ks = check_args(args)
     resolve_model(args.model)
+    # Its files replace only an earlier vapo-eval's: never a user's directory or the model.
+    check_replaceable(args.out, EVAL_OUTPUT, overwrite=True, flag=None, sources={"--model": args.model})
     from vapo_megatron.evaluation.offline import run
     from vapo_megatron.mcore import parallel
 

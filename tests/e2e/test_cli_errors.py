@@ -65,3 +65,21 @@ def test_plan_names_a_missing_config_file(tmp_path, capsys):
                                                     "--gpus-per-node", "1"], "vapo-plan")
     assert code == 2 and "Traceback" not in err
     assert f"config file not found: {tmp_path / 'nope.yaml'}" in message
+
+
+def test_eval_never_writes_into_a_directory_it_did_not_write(model, capsys):
+    """--out . (a project directory) or the model itself: refused before any model is built, the
+    user's files untouched (the same ownership rule as vapo-convert's, checkpoint/atomic.py)."""
+    from vapo_megatron import eval as vapo_eval
+
+    project = model / "project"
+    project.mkdir()
+    (project / "summary.json").write_text("my notes\n")
+    for out, why in ((project, "not written by vapo-megatron"), (model / "hf", "is the input --model")):
+        argv = eval_args(model)
+        argv[argv.index("--out") + 1] = out
+        code, message, err = answer(capsys, vapo_eval.main, argv, "vapo-eval")
+        assert code == 2 and "Traceback" not in err, err
+        assert message.startswith(f"vapo-eval: error: --out {out} ") and why in message, message
+    assert (project / "summary.json").read_text() == "my notes\n"
+    assert sorted(p.name for p in project.iterdir()) == ["summary.json"]

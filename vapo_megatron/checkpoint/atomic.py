@@ -34,6 +34,7 @@ TRAINER_CHECKPOINT = "vapo-train checkpoint"
 TRAINER_EXPORT = "vapo-train export"
 CONVERT_HF_TO_MCORE = "vapo-convert hf-to-mcore"
 CONVERT_MCORE_TO_HF = "vapo-convert mcore-to-hf"
+EVAL_OUTPUT = "vapo-eval"  # files written into --out, replaced by the next vapo-eval there
 
 
 class TargetRefused(ValueError):
@@ -85,6 +86,12 @@ def staging_dir(target: str | Path) -> Path:
     return tmp
 
 
+def mark(directory: str | Path, writer: str) -> None:
+    """Name `writer` as the author of `directory` (the marker check_replaceable reads)."""
+    (Path(directory) / MARKER).write_text(json.dumps({"writer": writer, "host": socket.gethostname(), "pid": os.getpid(),
+                                                      "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+
+
 def commit_dir(tmp: str | Path, target: str | Path, *, writer: str) -> Path:
     """Mark `tmp` as `writer`'s, flush it, then put it in place of `target`. An existing `target`
     is first renamed to `.<name>.old` and removed only once the new one is in place, so at every
@@ -93,8 +100,7 @@ def commit_dir(tmp: str | Path, target: str | Path, *, writer: str) -> Path:
     whose error path removes it)."""
     tmp, target = Path(tmp), Path(target).absolute()
     check_replaceable(target, writer, overwrite=True, flag=None, key="")
-    (tmp / MARKER).write_text(json.dumps({"writer": writer, "host": socket.gethostname(), "pid": os.getpid(),
-                                          "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+    mark(tmp, writer)
     fsync_tree(tmp)
     old = target.parent / f".{target.name}.old"
     if target.exists():
@@ -182,5 +188,6 @@ def check_replaceable(target: str | Path, writer: str, *, overwrite: bool, flag:
     raise TargetRefused(f"{name} is {what}, which {writer} never replaces; {other}{allowed}")
 
 
-__all__ = ["CONVERT_HF_TO_MCORE", "CONVERT_MCORE_TO_HF", "MARKER", "TRAINER_CHECKPOINT", "TRAINER_EXPORT", "TargetRefused", "check_replaceable", "commit_dir",
-           "writer_of", "fsync_path", "fsync_tree", "staging_dir", "staging_path", "write_atomic"]
+__all__ = ["CONVERT_HF_TO_MCORE", "CONVERT_MCORE_TO_HF", "EVAL_OUTPUT", "MARKER", "TRAINER_CHECKPOINT",
+           "TRAINER_EXPORT", "TargetRefused", "check_replaceable", "commit_dir", "fsync_path", "fsync_tree",
+           "mark", "staging_dir", "staging_path", "write_atomic", "writer_of"]

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from vapo_megatron.checkpoint.atomic import write_atomic
+from vapo_megatron.checkpoint.atomic import EVAL_OUTPUT, mark, write_atomic
 
 
 class EvalInputError(ValueError):
@@ -175,6 +175,7 @@ def write_outputs(out: Path, result, summary: dict, ks: list[int]) -> None:
     from vapo_megatron.evaluation.sampled import row_dict
 
     out.mkdir(parents=True, exist_ok=True)
+    mark(out, EVAL_OUTPUT)  # a later vapo-eval may replace these files; no other writer may
     write_atomic(out / "samples.jsonl", "".join(json.dumps(row_dict(r)) + "\n" for r in result.rows))
     n = summary["samples_per_prompt"]
     buf = io.StringIO()

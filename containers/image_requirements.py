@@ -2,10 +2,13 @@
 
 Writes two pip files:
 - requirements: every dependency of vapo-megatron and sglang (their metadata, as installed with
-  --no-deps), except the packages the image already provides (torch and its siblings,
-  Transformer Engine, Apex, NCCL/CUDA wheels), which would otherwise be replaced by PyPI builds;
-- constraints: the image's own versions of those packages, so that nothing pulls another one.
-Stops with a clear message when the image's torch is not the project's pinned minor version.
+  --no-deps), except the packages named in IMAGE_PROVIDED, each for the reason given there;
+  sglang's other nvidia-*/cuda-* requirements are kept (installed at sglang's specifier unless the
+  image already satisfies it);
+- constraints: the image's own versions of IMAGE_PROVIDED and of every nvidia-*/cuda-* package it
+  has, so that no dependency pulls another build of them.
+containers/check_image.py runs first and checks the image's torch (exact version and CUDA major),
+PIP_CONSTRAINT and sglang's CUDA-side requirements against the pins.
 """
 
 from __future__ import annotations
@@ -15,11 +18,25 @@ import importlib.metadata as md
 import sys
 
 from packaging.requirements import Requirement
-from packaging.version import Version
 
-# Provided by the NGC PyTorch image (built against its torch); never reinstalled from PyPI.
-IMAGE_PROVIDED = ("torch", "torchvision", "torchaudio", "transformer-engine", "transformer-engine-torch",
-                  "transformer-engine-cu12", "transformer-engine-cu13", "apex", "triton")
+# Taken from the image, never installed from PyPI: a PyPI build would replace the image's torch
+# stack, which its Transformer Engine and Apex are compiled against. The image's versions are
+# checked by check_image.py (torch exactly against the pin, the others against sglang's specifiers).
+_TORCH = "the image's torch build; its Transformer Engine and Apex are compiled against it"
+_SIBLING = "built against the image's torch; a PyPI build would pull PyPI's torch"
+_TE = "Transformer Engine, compiled in the image against its torch and CUDA"
+IMAGE_PROVIDED = {
+    "torch": _TORCH,
+    "torchvision": _SIBLING,
+    "torchaudio": _SIBLING,
+    "triton": "the Triton release the image's torch was built and tested with",
+    "transformer-engine": _TE,
+    "transformer-engine-torch": _TE,
+    "transformer-engine-cu12": _TE,
+    "transformer-engine-cu13": _TE,
+    "apex": "NVIDIA Apex, compiled in the image (not on PyPI; the PyPI 'apex' is unrelated)",
+}
+# The image's own CUDA-side wheels, held at its versions by the constraints file.
 IMAGE_PREFIXES = ("nvidia-", "cuda-")
 
 
@@ -27,7 +44,7 @@ def norm(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def provided_by_image(name: str) -> bool:
+def held_at_image_version(name: str) -> bool:
     n = norm(name)
     return n in IMAGE_PROVIDED or n.startswith(IMAGE_PREFIXES)
 
@@ -38,23 +55,15 @@ def main() -> int:
     ap.add_argument("--constraints", required=True)
     args = ap.parse_args()
 
-    pinned_torch = next(Requirement(r) for r in md.requires("vapo-megatron") if norm(Requirement(r).name) == "torch")
-    want = Version(next(iter(pinned_torch.specifier)).version)
-    have = Version(md.version("torch"))
-    if (have.major, have.minor) != (want.major, want.minor):
-        print(f"image_requirements: the image's torch is {have}, the project pins {want}: use the NGC "
-              f"release whose torch is {want.major}.{want.minor} (BASE build argument)", file=sys.stderr)
-        return 1
-
     reqs = []
     for dist in ("vapo-megatron", "sglang"):
         for spec in md.requires(dist) or []:
             req = Requirement(spec)
             if req.marker is not None and not req.marker.evaluate({"extra": ""}):
                 continue
-            if not provided_by_image(req.name):
+            if norm(req.name) not in IMAGE_PROVIDED:
                 reqs.append(str(req))
-    constraints = [f"{d.metadata['Name']}=={d.version}" for d in md.distributions() if provided_by_image(d.metadata["Name"])]
+    constraints = [f"{d.metadata['Name']}=={d.version}" for d in md.distributions() if held_at_image_version(d.metadata["Name"])]
     with open(args.requirements, "w") as f:
         f.write("\n".join(sorted(set(reqs))) + "\n")
     with open(args.constraints, "w") as f:

@@ -20,6 +20,12 @@ Checks (each calls the project's own code; a check is skipped only when its pack
                   (mcore/memory.py's free_cached_memory, where rollout/generator.py calls it)
   plan_memory     vapo-plan's per-GPU training peak for that run's layout against the measured
                   peak (torch.cuda.max_memory_allocated), ratio printed
+  wgrad_fusion    gradient_accumulation_fusion on exactly when TE and Apex's fused_weight_gradient_
+                  mlp_cuda both import (else megatron's ColumnParallelLinear raises in model_logits)
+  wait_groups     every wait group (mcore/parallel.py wait_group): gloo, the wait timeout, a barrier
+  sync_memory     after a weight sync into the real engine, no unused PyTorch cache (GPU + sglang)
+  engine_signals  after the real Engine's first calls, the SIGTERM handler set before it is in force
+                  and reached, and SIGQUIT is EngineDeath (GPU + sglang)
 """
 
 from __future__ import annotations
@@ -27,8 +33,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import math
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -142,6 +148,30 @@ def check_collectives(env: Env) -> None:
            f"(communicated on {parallel.backend_device(parallel.dp_group())}), results back on the CPU")
 
 
+def check_wgrad_fusion(env: Env) -> None:
+    from model_providers.presets import preset
+    from vapo_megatron.mcore import models
+
+    te, apex = models.te_available(), models.apex_wgrad_available()
+    with contextlib.redirect_stdout(sys.stderr):  # its start-up log line
+        got = models.transformer_config(preset(env.preset), params_dtype=env.dtype, on_gpu=not env.cpu)
+    got = got.gradient_accumulation_fusion
+    report("wgrad_fusion", "PASS" if got == (not env.cpu and te and apex) else "FAIL",
+           f"gradient_accumulation_fusion={got} (Transformer Engine {'imports' if te else 'absent'}, Apex "
+           f"fused_weight_gradient_mlp_cuda {'imports' if apex else 'absent'}; on only with both, on a GPU)")
+
+
+def check_wait_groups(env: Env) -> None:
+    from vapo_megatron.mcore import parallel
+
+    groups = {name: parallel.wait_group(name) for name in parallel.WAIT_GROUPS}
+    seen = {n: (torch.distributed.get_backend(g), g._get_backend(torch.device("cpu")).options._timeout.total_seconds())
+            for n, g in groups.items() if parallel.barrier(group=g) is None}
+    bad = [f"{n}: {b}, {t:.0f} s" for n, (b, t) in seen.items() if (b, t) != ("gloo", parallel.wait_timeout_s())]
+    report("wait_groups", "FAIL" if bad else "PASS", f"{', '.join(seen)}: barrier answered; want gloo, timeout "
+                                                       f"{parallel.wait_timeout_s():.0f} s; wrong: {bad or 'none'}")
+
+
 def check_vocab_parallel(env: Env) -> None:
     from vapo_megatron.mcore import parallel
     from vapo_megatron.algorithms.vocab_parallel import vocab_parallel_logprobs_entropy
@@ -193,22 +223,26 @@ def check_weight_sync(env: Env) -> None:
     report("weight_sync", "PASS" if ok else "FAIL",
            f"embedded engine on {env.device.type}, {stats.tensors} tensors streamed: max |logits| "
            f"diff {logit_err:.3g}, max |log-prob| diff {logp_err:.3g} (engine version {engine.weight_version})")
-    if env.cpu:
-        report("engine_memory", "SKIP", "release/resume memory is measured on the GPU only")
-    elif not has("sglang"):
-        report("engine_memory", "SKIP", "sglang is not importable: the embedded engine keeps its weights by design")
+    if env.cpu or not has("sglang"):
+        why = "on the GPU only" if env.cpu else "with sglang only (not importable)"
+        for name in ("engine_memory", "sync_memory", "engine_signals"):
+            report(name, "SKIP", f"a real sglang.Engine runs {why}")
     else:
         check_sglang_engine(env, hf_cfg)
 
 
 def check_sglang_engine(env: Env, hf_cfg: dict) -> None:
     """A real colocated sglang.Engine (project wrapper), synced from the actor; memory measured
-    around release and resume. Written for the first GPU node: it has not run yet."""
+    around release and resume; then sync_memory and engine_signals. Not yet run on a GPU."""
     import model_providers
     from vapo_megatron.rollout.base import SamplingParams
+    from vapo_megatron.rollout.engine_signals import EngineDeath
     from vapo_megatron.rollout.sglang_engine import SGLangEngine
     from vapo_megatron.rollout.weight_sync import stream_weights
 
+    terms: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: terms.append(signum))  # as StopSignals does
+    mine = signal.getsignal(signal.SIGTERM)
     engine = SGLangEngine.colocated(model_path=str(env.hf_dir), tp_size=1, mem_fraction=0.3, dtype="bfloat16", seed=0)
     try:
         free = lambda: torch.cuda.mem_get_info()[0]  # noqa: E731  (the engine's memory is not torch's)
@@ -216,6 +250,9 @@ def check_sglang_engine(env: Env, hf_cfg: dict) -> None:
         engine.resume_memory()
         resumed = free()
         stream_weights(env.actor, model_providers.family_for(hf_cfg), hf_cfg, engine, version=2)
+        unused = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+        report("sync_memory", "PASS" if unused < 64 << 20 else "FAIL",
+               f"after the weight sync: {unused / 2**20:.0f} MiB reserved but unused by PyTorch (the sync frees its cache)")
         prompt = [[1, 2, 3, 4]]
         out = engine.generate(prompt, SamplingParams(n=1, max_new_tokens=8, temperature=1.0, seed=0))[0]
         ids = torch.tensor([prompt[0] + list(out.token_ids)], device=env.device)
@@ -223,12 +260,17 @@ def check_sglang_engine(env: Env, hf_cfg: dict) -> None:
         want = trainer[0, len(prompt[0]) - 1:-1].gather(-1, ids[0, len(prompt[0]):, None])[:, 0]
         err = (want.cpu() - torch.tensor(out.logprobs)).abs().max().item()
         engine.release_memory()
+        os.kill(os.getpid(), signal.SIGTERM)  # after the Engine's first calls (SGLang's takeover point)
+        kept, on_quit = signal.getsignal(signal.SIGTERM) is mine and terms == [signal.SIGTERM], signal.getsignal(signal.SIGQUIT)
+        report("engine_signals", "PASS" if kept and isinstance(on_quit, EngineDeath) else "FAIL",
+               f"SIGTERM handler kept and reached: {kept}; SIGQUIT handler: {on_quit!r}")
         again = free()
         ok = err < 0.1 and resumed < released and again > resumed
         report("engine_memory", "PASS" if ok else "FAIL",
                f"sglang: free GPU memory released {released / GIB:.2f} GiB -> resumed {resumed / GIB:.2f} GiB -> "
                f"released {again / GIB:.2f} GiB; engine vs trainer log-prob max diff {err:.3g}")
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if hasattr(engine.engine, "shutdown"):  # sglang.Engine's own
             engine.engine.shutdown()
 
@@ -330,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         env = Env(args.cpu, args.model_preset, Path(work))
         run = None
         for name, check in (("collectives", lambda: check_collectives(env)),
+                            ("wait_groups", lambda: check_wait_groups(env)),
+                            ("wgrad_fusion", lambda: check_wgrad_fusion(env)),
                             ("model_logits", lambda: check_model_logits(env)),
                             ("vocab_parallel", lambda: check_vocab_parallel(env)),
                             ("weight_sync", lambda: check_weight_sync(env)),

@@ -11,8 +11,8 @@ import sys
 from tests.helpers.train_runs import ROOT
 
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
-CHECKS = ("collectives", "model_logits", "vocab_parallel", "weight_sync", "engine_memory", "vapo_steps",
-          "phase_memory", "plan_memory")
+CHECKS = ("collectives", "wait_groups", "wgrad_fusion", "model_logits", "vocab_parallel", "weight_sync",
+          "engine_memory", "sync_memory", "engine_signals", "vapo_steps", "phase_memory", "plan_memory")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -29,7 +29,8 @@ def test_cpu_mode_runs_every_check_without_fail():
     assert run.returncode == 0 and "FAIL" not in status.values(), run.stdout + run.stderr[-4000:]
     assert set(status) == set(CHECKS), status
     # What can run on the CPU does; only the GPU measurements are skipped, each with its reason.
-    assert {c for c, s in status.items() if s == "SKIP"} == {"engine_memory", "phase_memory", "plan_memory"}
+    assert {c for c, s in status.items() if s == "SKIP"} == {"engine_memory", "sync_memory", "engine_signals",
+                                                              "phase_memory", "plan_memory"}
     assert all(len(line.split(None, 2)) == 3 for line in lines if line[:4] == "SKIP")
 
 

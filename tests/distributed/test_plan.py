@@ -231,4 +231,48 @@ def test_reserve_items_follow_the_phase_and_the_layout():
     # No colocated engine, one GPU: only the trainer's context and the allocator remain.
     solo = reserve_parts(parse_config(CONFIG_32B, ["rollout.engine=embedded", "parallel.tp=1", "parallel.pp=1"])[0],
                          world_size=1, dp=1, activations=0, phase="rollout")
-    assert set(solo) == {"CUDA context, trainer", "NCCL buffers (0 communicators)", "allocator cache (emptied at the switch)"}
+    assert set(solo) == {"CUDA context, trainer", "NCCL buffers (0 communicators)", "allocator: blocks pinned by live small tensors"}
+
+
+# ---- the rollout phase at KV resume, by name ---------------------------------------------------------
+
+def _plans_at_two_bucket_sizes():
+    from vapo_megatron.config import parse_config
+    from vapo_megatron.sizing.plan import make_plan
+    from vapo_megatron.sizing.report import format_plan
+
+    out = []
+    for mb in (1024, 4096):
+        cfg = parse_config(CONFIG_32B, [f"rollout.weight_sync_bucket_mb={mb}"])[0]
+        plan = make_plan(cfg, QWEN25_32B, QWEN25_32B, world_size=64, gpu_memory_gib=80.0)
+        out.append((plan, format_plan(plan, cfg, model_source="test", nodes=8, gpus_per_node=8)))
+    return out
+
+
+def test_rollout_names_what_remains_when_the_kv_cache_resumes():
+    from vapo_megatron.sizing.memory import GIB, SGLANG_RUNTIME_ITEM
+
+    ((small, text), (big, _)) = run_ranks(1, _plans_at_two_bucket_sizes)[0]
+    state = [f"{m} {k}" for m in ("actor", "critic")
+             for k in ("parameters", "gradient buffers (fp32 main_grad)", "optimizer state")]
+    for m in small.ranks:
+        # The named parts are the whole rollout figure besides the engine: nothing is a lump.
+        runtime = m.reserve["rollout"][SGLANG_RUNTIME_ITEM]
+        assert sum(m.kv_resume.values()) + small.engine_share + runtime == m.rollout
+        assert list(m.kv_resume)[:6] == state
+        assert {"CUDA context, trainer", "CUDA context, engine", "NCCL buffers (5 communicators)",
+                "allocator: blocks pinned by live small tensors"} == set(m.kv_resume) - set(state)
+        # Every rank frees the sync's transients before the owner resumes: none is counted.
+        assert not [k for k in m.kv_resume if any(w in k.lower() for w in ("bucket", "gather", "embedding"))]
+    # A bucket 4x larger changes nothing the GPU holds at KV resume; it is named as freed.
+    assert [m.rollout for m in big.ranks] == [m.rollout for m in small.ranks]
+    assert [m.kv_resume for m in big.ranks] == [m.kv_resume for m in small.ranks]
+    assert big.freed_before_resume["weight-sync bucket (rollout.weight_sync_bucket_mb=4096)"] == 4 << 30
+    gathered = small.freed_before_resume["gathered embedding/output layer (the sync's largest full tensor)"]
+    assert gathered == megatron_padded_vocab(152064, 8) * 5120 * 2  # [padded vocab, h] in bf16, ~1.5 GB
+    # The report lists the parts with their sizes, says they are computed, and sums them.
+    worst = max(small.ranks, key=lambda m: m.rollout)
+    assert "computed from shapes and the reserve estimates above, not measured on a GPU" in text
+    assert f"    {'critic optimizer state':<48}{worst.kv_resume['critic optimizer state'] / GIB:8.2f}" in text
+    assert f"  {'what remains':<50}{sum(worst.kv_resume.values()) / GIB:8.2f}" in text
+    assert f"  {'= rollout':<50}{worst.rollout / GIB:8.2f}" in text

@@ -187,3 +187,50 @@ class FakeColocatedSGLangEngineForTests(FakeSGLangEngineForTests):
                 outs.append({"output_ids": [nxt, sp["sampling_seed"]],
                              "meta_info": {"finish_reason": {"type": "length", "length": 2}, "weight_version": "default"}})
         return outs
+
+
+class SignalTakingEngineForTests(FakeColocatedSGLangEngineForTests):
+    """TEST DOUBLE for a colocated sglang.Engine that also does to the process's signal handlers
+    what the real one does (it cannot start here: GPU only):
+      - at start (engine.py, _set_envs_and_config): SIGQUIT -> the custom_sigquit_handler it was
+        given, else a handler that kills the process (SGLang's kill_process_tree);
+      - on its first call (tokenizer_manager.py, auto_create_handle_loop): asyncio handlers on its
+        own loop for each signal that function registers, read from SGLang's source
+        (sglang_source.first_call_signals): SIGTERM starts a graceful exit, SIGQUIT kills the
+        process (running_phase_sigquit_handler)."""
+
+    def __init__(self, hf_dir, cfg, kwargs: dict):
+        import asyncio
+        import os
+        import signal
+
+        super().__init__(hf_dir, cfg)
+        self.gracefully_exit = False
+        kill = lambda *_: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
+        signal.signal(signal.SIGQUIT, kwargs.get("custom_sigquit_handler") or kill)
+        self.loop = asyncio.new_event_loop()  # Engine._ensure_event_loop
+        self._taken = False
+
+    def take_signals(self):
+        import os
+        import signal
+
+        from tests.helpers.sglang_source import first_call_signals
+
+        if self._taken:
+            return
+        self._taken = True
+        handlers = {"SIGTERM": lambda: setattr(self, "gracefully_exit", True),
+                    "SIGQUIT": lambda: os.kill(os.getpid(), signal.SIGKILL)}
+        for name in first_call_signals():
+            self.loop.add_signal_handler(getattr(signal, name), handlers[name])
+
+    @engine_method
+    def release_memory_occupation(self, tags):
+        self.take_signals()
+        super().release_memory_occupation(tags=tags)
+
+    @engine_method
+    def resume_memory_occupation(self, tags):
+        self.take_signals()
+        super().resume_memory_occupation(tags=tags)

@@ -175,3 +175,20 @@ def engine_method(fn):
 
     wrapper.__signature__ = sig
     return wrapper
+
+
+TOKENIZER_MANAGER_PY = SRT / "managers" / "tokenizer_manager.py"
+
+
+def first_call_signals() -> list[str]:
+    """The signals sglang's TokenizerManager takes over on the Engine's first call: the names X
+    of every `loop.add_signal_handler(signal.X, ...)` in TokenizerManager.auto_create_handle_loop."""
+    fn = _method(_class(TOKENIZER_MANAGER_PY, "TokenizerManager"), "auto_create_handle_loop")
+    names = []
+    for node in ast.walk(fn):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_signal_handler" and isinstance(node.args[0], ast.Attribute)):
+            names.append(node.args[0].attr)
+    if not names:
+        raise LookupError(f"no add_signal_handler call in TokenizerManager.auto_create_handle_loop ({TOKENIZER_MANAGER_PY})")
+    return names

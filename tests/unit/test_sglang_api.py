@@ -27,9 +27,13 @@ ENGINE_CALLS = ("generate", "begin_weight_update", "end_weight_update", "update_
 def test_engine_kwargs_are_sglang_server_args():
     from sglang.srt.server_args import ServerArgs
 
+    from vapo_megatron.rollout.engine_signals import EngineDeath
+
+    # dummy: what colocated engines start with; the handler: SGLang's SIGQUIT becomes EngineDied
     cfg = SGLangEngineConfig(model_path="/m", tp_size=2, base_gpu_id=4, mem_fraction_static=0.6, dtype="bfloat16",
-                             random_seed=3, deterministic=True, load_format="dummy")  # dummy: vapo-eval on a checkpoint
+                             random_seed=3, deterministic=True, load_format="dummy", sigquit_handler=EngineDeath("e"))
     kwargs = engine_kwargs(cfg)
+    assert kwargs["custom_sigquit_handler"] is cfg.sigquit_handler and kwargs["load_format"] == "dummy"
     args = ServerArgs(**kwargs)  # what sglang.Engine(**kwargs) builds first; unknown names raise
     for name, value in kwargs.items():
         assert getattr(args, name) == value, name

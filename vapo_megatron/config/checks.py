@@ -75,6 +75,8 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     require(r.top_k == -1 or r.top_k >= 1, f"rollout.top_k={r.top_k} must be -1 (off) or >= 1")
     require(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens} must be >= 1")
     require(r.weight_sync_bucket_mb >= 1, f"rollout.weight_sync_bucket_mb={r.weight_sync_bucket_mb} must be >= 1")
+    require(r.wait_timeout_s > 0, f"rollout.wait_timeout_s={r.wait_timeout_s} must be > 0 (seconds a rank waits "
+            "for another rank's generation, engine start or weight update)")
     require(r.sglang_tp >= 1, f"rollout.sglang_tp={r.sglang_tp} must be >= 1")
     require(r.engine != "sglang" or r.sglang_tp < 1 or cfg.parallel.tp % r.sglang_tp == 0,
             f"rollout.sglang_tp={r.sglang_tp} must divide parallel.tp={cfg.parallel.tp} with rollout.engine=sglang "

@@ -47,7 +47,7 @@ MAY_CHANGE_ON_RESUME: dict[str, tuple[tuple[str, ...], str]] = {
     "memory and transport": (
         ("trainer.micro_batch_tokens", "trainer.logprob_chunk_tokens", "model.recompute_activations",
          "rollout.weight_sync_bucket_mb",
-         "rollout.sglang_mem_fraction", "rollout.sglang_urls"),
+         "rollout.sglang_mem_fraction", "rollout.sglang_urls", "rollout.wait_timeout_s"),
         "losses are sums over micro-batches and recomputation is exact, so these change memory "
         "and speed, not results; server addresses change between allocations",
     ),

@@ -110,6 +110,11 @@ class RolloutConfig:
     sglang_tp: int = 8
     sglang_mem_fraction: float = 0.7
     sglang_urls: tuple[str, ...] = ()
+    # Seconds a rank may wait for other ranks' generation, engine start or engine weight update
+    # (mcore/parallel.py, wait_group: CPU gloo groups; NCCL's own timeout stays 30 minutes for
+    # tensor traffic). Size it to the longest rollout or eval of the job with room to spare: at
+    # 32B one rollout takes 30-60 minutes (docs/slurm.md).
+    wait_timeout_s: float = 14400.0
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,8 @@ def run(a: argparse.Namespace, ks: list[int]) -> dict | None:
     records, stats = load_prompts(list(a.data), tokenizer, max_prompt_tokens=a.max_prompt_tokens,
                                   apply_chat_template=not a.no_chat_template, schema=a.schema)
     records = records[: a.max_prompts] if a.max_prompts else records
-    parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, seed=a.seed)  # after the cheap checks
+    parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, seed=a.seed,  # after the cheap checks
+                             wait_timeout_s=cfg.rollout.wait_timeout_s)
     scorer = Scorer(build_reward_fn(a.reward, correct_score=a.correct_score, incorrect_score=a.incorrect_score,
                                     timeout_s=a.reward_timeout), tokenizer, stop_token_ids(tokenizer))
     answers = AnswerKey(a.reward, timeout_s=a.reward_timeout)

@@ -59,8 +59,8 @@ def greedy_accuracy(gen: Generator, scorer: Scorer, records: list[PromptRecord])
         _, ok, _ = scorer.judge([r.prompt_text for r in mine], scorer.decode(outputs), [r.answer for r in mine])
         correct = float(ok.sum())
     t = torch.tensor([correct], dtype=torch.float64)
-    if parallel.dp_size() > 1:
-        parallel.all_reduce(t, group=parallel.dp_group())
+    if parallel.dp_size() > 1:  # replicas with no share (or a short one) wait for the others' generation: on the CPU
+        parallel.all_reduce(t, group=parallel.wait_group("data_parallel"))
     return float(t) / max(len(records), 1)
 
 
@@ -74,7 +74,8 @@ def sample_eval(gen: Generator, scorer: Scorer, answers: AnswerKey, records: lis
         if dist.get_rank(parallel.model_parallel_group()) == 0:  # one scorer per replica
             rows = _score(scorer, answers, mine, first, outputs, n)
     gathered: list | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    parallel.gather_object(rows, gathered, dst=0)
+    # Every rank waits here for the slowest replica's generation: a CPU wait (parallel.wait_group).
+    parallel.gather_object(rows, gathered, dst=0, group=parallel.wait_group())
     if dist.get_rank() != 0:
         return None
     rows = sorted((row for part in gathered for row in part), key=lambda x: (x.prompt_index, x.sample_index))

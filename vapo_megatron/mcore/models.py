@@ -31,6 +31,38 @@ def te_available() -> bool:
     return True
 
 
+def apex_wgrad_available() -> bool:
+    """Whether Apex's `fused_weight_gradient_mlp_cuda` extension imports (the pip route has no Apex;
+    NGC images do)."""
+    try:
+        import fused_weight_gradient_mlp_cuda  # noqa: F401
+    except Exception:  # ImportError, or an extension built for another torch
+        return False
+    return True
+
+
+def wgrad_fusion(*, on_gpu: bool, te: bool, apex: bool) -> bool:
+    """TransformerConfig.gradient_accumulation_fusion: only on the GPU with Transformer Engine AND
+    Apex's fused_weight_gradient_mlp_cuda. TE's linear layers fuse by themselves, but the config is
+    shared with megatron's own ColumnParallelLinear (GPTModel's output layer, also built for the
+    critic before it is dropped), which raises at construction when the fusion is asked for and the
+    Apex extension does not import (megatron/core/tensor_parallel/layers.py, ColumnParallelLinear
+    __init__, `_grad_accum_fusion_available`). Megatron-LM's own argument checks turn it off the
+    same way."""
+    return on_gpu and te and apex
+
+
+_ANNOUNCED: set[str] = set()
+
+
+def _announce_once(line: str) -> None:
+    """One start-up log line per distinct decision (transformer_config runs once per model chunk)."""
+    if line not in _ANNOUNCED:
+        _ANNOUNCED.add(line)
+        if parallel.is_rank0():
+            print(f"[vapo] {line}", flush=True)
+
+
 def transformer_config(hf_cfg: dict, *, params_dtype: torch.dtype, recompute: bool = False, on_gpu: bool | None = None,
                        sequence_parallel: bool = False):
     """The family's TransformerConfig for the parallel layout megatron was initialized with.
@@ -44,6 +76,11 @@ def transformer_config(hf_cfg: dict, *, params_dtype: torch.dtype, recompute: bo
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
     tp, pp, vpp = parallel.tp_size(), parallel.pp_size(), parallel.vp_size()
     te = on_gpu and te_available()
+    apex = on_gpu and apex_wgrad_available()
+    fusion = wgrad_fusion(on_gpu=on_gpu, te=te, apex=apex)
+    if on_gpu:
+        _announce_once(f"gradient_accumulation_fusion={fusion} (Transformer Engine {'imports' if te else 'absent'}, "
+                       f"Apex fused_weight_gradient_mlp_cuda {'imports' if apex else 'absent'}; both needed)")
     return TransformerConfig(
         **{**arch, "activation_func": ACTIVATIONS[arch["activation_func"]]},
         tensor_model_parallel_size=tp,
@@ -58,12 +95,13 @@ def transformer_config(hf_cfg: dict, *, params_dtype: torch.dtype, recompute: bo
         fp16=params_dtype == torch.float16,
         use_cpu_initialization=not on_gpu,
         # CPU: every fused kernel off (they are CUDA-only). GPU: megatron's fused bias-SwiGLU and
-        # bias-dropout-add; RoPE fusion and wgrad accumulation fusion need Transformer Engine.
+        # bias-dropout-add; RoPE fusion needs Transformer Engine, wgrad accumulation fusion TE and
+        # Apex (wgrad_fusion).
         bias_activation_fusion=on_gpu,
         bias_dropout_fusion=on_gpu,
         masked_softmax_fusion=on_gpu,
         apply_rope_fusion=te,
-        gradient_accumulation_fusion=te,
+        gradient_accumulation_fusion=fusion,
         persist_layer_norm=False,
         # Full activation recomputation: each layer keeps only its input for the backward pass
         # and recomputes the rest (a 32B model's activations at ~20k tokens per micro-batch do not
@@ -149,5 +187,5 @@ def build_chunks(hf_cfg: dict, *, params_dtype: torch.dtype, critic: bool, recom
     return [build(hf_cfg, vp_stage=v, **kwargs) for v in range(vpp)]
 
 
-__all__ = ["build_actor", "build_chunks", "build_critic", "fresh_value_head", "layer_spec", "padded_vocab_size",
-           "te_available", "transformer_config"]
+__all__ = ["apex_wgrad_available", "build_actor", "build_chunks", "build_critic", "fresh_value_head", "layer_spec", "padded_vocab_size",
+           "te_available", "transformer_config", "wgrad_fusion"]

@@ -18,6 +18,9 @@ import torch.distributed as dist
 
 from vapo_megatron.config.layout import Layout, check_layout, launcher_env
 from vapo_megatron.mcore import cpu_compat
+from vapo_megatron.mcore.memory import free_cached_memory
+
+DEFAULT_WAIT_TIMEOUT_S = 4 * 3600.0  # the wait groups' timeout unless given (rollout.wait_timeout_s)
 
 
 def _free_port() -> int:
@@ -33,8 +36,12 @@ def init_distributed(
     *,
     seed: int = 1234,
     timeout_minutes: int = 30,
+    wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
 ) -> Layout:
-    """Start torch.distributed and Megatron model parallelism; idempotent per process."""
+    """Start torch.distributed and Megatron model parallelism; idempotent per process.
+
+    timeout_minutes: the NCCL (GPU) or gloo (CPU) groups' timeout, for tensor traffic.
+    wait_timeout_s: the CPU (gloo) wait groups' timeout (rollout.wait_timeout_s; see wait_group)."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
@@ -66,6 +73,7 @@ def init_distributed(
             distributed_timeout_minutes=timeout_minutes,
         )
     model_parallel_cuda_manual_seed(seed)
+    _init_wait_groups(wait_timeout_s)
     return layout
 
 
@@ -96,8 +104,9 @@ def init_fake(world_size: int, rank: int, tp: int, pp: int, vpp: int | None = No
 def destroy() -> None:
     from megatron.core import parallel_state
 
-    global _ENGINE_GROUP
-    _ENGINE_GROUP = None
+    global _ENGINE_GROUP, _WAIT_TIMEOUT_S
+    _ENGINE_GROUP, _WAIT_TIMEOUT_S = None, None
+    _WAIT_GROUPS.clear()
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():
@@ -189,6 +198,58 @@ def dp_share(items: list) -> tuple[int, list]:
     return first, items[first : first + per]
 
 
+# ---- wait groups: CPU (gloo) groups for waits on another rank's generation ----------------
+#
+# A rank that holds no engine (or whose share is done) waits for the generating ranks: for a
+# whole rollout or eval (30-60 minutes per iteration at 32B, docs/slurm.md), an engine start, or
+# an engine's weight update. On an NCCL group that wait is a device collective: torch's
+# all_gather_object all-gathers the sizes with NCCL and blocks on .item(), the NCCL watchdog
+# aborts the job after the group's timeout, and the waiting kernel spins on the engine's GPU,
+# time-sliced with its decode. So every such wait runs on one of these gloo groups (the ranks
+# wait on the CPU), with a timeout sized to the job (rollout.wait_timeout_s); NCCL groups carry
+# tensor traffic only. Peers (slime) wait on gloo the same way.
+
+WAIT_GROUPS = ("world", "model_parallel", "data_parallel", "pipeline")
+_WAIT_GROUPS: dict = {}
+_WAIT_TIMEOUT_S: float | None = None
+
+
+def _init_wait_groups(timeout_s: float) -> None:
+    """Collective. One gloo group per world / model-parallel / DP / PP group (megatron's layout)."""
+    global _WAIT_TIMEOUT_S
+    if _WAIT_GROUPS:
+        return
+    if timeout_s <= 0:
+        raise ValueError(f"rollout.wait_timeout_s={timeout_s} must be > 0")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    _WAIT_GROUPS["world"] = dist.new_group(backend="gloo", timeout=timeout)
+    mine = {"model_parallel": model_parallel_group(), "data_parallel": dp_group(), "pipeline": pp_group()}
+    for name, group in mine.items():
+        every: list = [None] * dist.get_world_size()
+        dist.all_gather_object(every, dist.get_process_group_ranks(group), group=_WAIT_GROUPS["world"])
+        blocks = sorted({tuple(r) for r in every})
+        _WAIT_GROUPS[name], _ = dist.new_subgroups_by_enumeration([list(b) for b in blocks], timeout=timeout,
+                                                                  backend="gloo")
+    _WAIT_TIMEOUT_S = timeout_s
+
+
+def wait_group(name: str = "world"):
+    """The gloo counterpart of the world, model-parallel, data-parallel or pipeline group, with
+    the wait timeout: for every wait that may span a generation, an engine start or a weight
+    update, and for the small object exchanges around them."""
+    if name not in WAIT_GROUPS:
+        raise ValueError(f"wait_group({name!r}): one of {WAIT_GROUPS}")
+    if not _WAIT_GROUPS:
+        raise RuntimeError("init_distributed() has not run (no wait groups)")
+    return _WAIT_GROUPS[name]
+
+
+def wait_timeout_s() -> float:
+    if _WAIT_TIMEOUT_S is None:
+        raise RuntimeError("init_distributed() has not run (no wait groups)")
+    return _WAIT_TIMEOUT_S
+
+
 # ---- rollout engine groups ------------------------------------------------------------------
 
 _ENGINE_GROUP = None
@@ -199,14 +260,20 @@ def init_engine_groups(size: int):
     rollout engine each (SGLang TP = size, engine TP rank i on the GPU of block rank i), and
     returns this rank's block. `size` must divide TP: a TP group's ranks are consecutive global
     ranks on one node (megatron's default rank order), so every block's GPUs are consecutive
-    local devices of one node, as sglang.Engine(base_gpu_id=..., tp_size=size) expects."""
+    local devices of one node, as sglang.Engine(base_gpu_id=..., tp_size=size) expects.
+
+    The groups are gloo with the wait timeout: they carry only small objects (CUDA IPC handles,
+    an error string) and waits that span the owner's engine calls (weight updates, the barrier
+    before its KV cache comes back); an NCCL communicator over the same GPUs would cost memory
+    and put those waits on the device."""
     global _ENGINE_GROUP
     if tp_size() % size:
         raise ValueError(f"rollout.sglang_tp={size} must divide parallel.tp={tp_size()} (engines live inside TP groups)")
     tp_groups = [None] * dist.get_world_size()
-    all_gather_object(tp_groups, dist.get_process_group_ranks(tp_group()))
+    all_gather_object(tp_groups, dist.get_process_group_ranks(tp_group()), group=wait_group())
     blocks = sorted({tuple(g[i : i + size]) for g in tp_groups for i in range(0, len(g), size)})
-    _ENGINE_GROUP, _ = dist.new_subgroups_by_enumeration([list(b) for b in blocks])
+    _ENGINE_GROUP, _ = dist.new_subgroups_by_enumeration([list(b) for b in blocks], backend="gloo",
+                                                         timeout=datetime.timedelta(seconds=wait_timeout_s()))
     return _ENGINE_GROUP
 
 
@@ -283,16 +350,28 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, 
         _back(out, src)
 
 
+def _free_after_object_collective(group) -> None:
+    """On an NCCL group torch stages an object collective in CUDA buffers (the receive buffer of
+    all_gather_object is group size x the largest object) that its caching allocator then keeps;
+    hand them back (mcore/memory.py) so a colocated engine can take the memory. Gloo groups
+    (the wait groups) stage on the CPU."""
+    if backend_device(group) is not None and backend_device(group).type == "cuda":
+        free_cached_memory()
+
+
 def all_gather_object(object_list: list, obj, group=None) -> None:
     dist.all_gather_object(object_list, obj, group=group)
+    _free_after_object_collective(group)
 
 
 def gather_object(obj, object_gather_list: list | None = None, dst: int = 0, group=None) -> None:
     dist.gather_object(obj, object_gather_list, dst=dst, group=group)
+    _free_after_object_collective(group)
 
 
 def broadcast_object_list(object_list: list, src: int, group=None) -> None:
     dist.broadcast_object_list(object_list, src=src, group=group)
+    _free_after_object_collective(group)
 
 
 def share_from_rank0(obj):

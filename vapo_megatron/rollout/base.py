@@ -120,6 +120,16 @@ class RolloutEngine(abc.ABC):
     def resume_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
         """Take back what release_memory freed."""
 
+    def sync_freed(self) -> None:
+        """Called by every rank that holds this engine before the engine takes GPU memory back
+        (its KV cache, its weights): each rank empties PyTorch's cache (mcore/memory.py), and an
+        engine spread over several ranks' GPUs returns only once all of them have (SGLang: a
+        barrier on the engine group), so the owner never resumes into memory another rank's
+        allocator still keeps. An engine of one process has nobody else to wait for."""
+        from vapo_megatron.mcore.memory import free_cached_memory
+
+        free_cached_memory()
+
     @property
     def generates(self) -> bool:
         """Whether generate runs on this rank (an engine spread over several ranks generates on

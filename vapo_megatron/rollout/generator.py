@@ -42,14 +42,16 @@ class Rollout:
 def build_engine(cfg: Config, *, with_weights: bool = True) -> RolloutEngine | None:
     """Collective (colocated SGLang starts its engines together). None on ranks with no engine.
     with_weights=False: model.hf_path holds only config and tokenizer (a trainer checkpoint's
-    hf/); the engine starts with placeholder weights, which the first weight sync replaces."""
+    hf/); the engine starts with placeholder weights, which the first weight sync replaces.
+    Colocated SGLang always starts so (load_format="dummy"): the trainer syncs its weights before
+    the first generation anyway, and reading a 32B checkpoint only to release it costs minutes."""
     r = cfg.rollout
     if r.engine == "sglang":
         from vapo_megatron.rollout.sglang_engine import SGLangEngine
 
         return SGLangEngine.colocated(model_path=cfg.model.hf_path, tp_size=r.sglang_tp, mem_fraction=r.sglang_mem_fraction,
                                       dtype=cfg.model.dtype, seed=cfg.trainer.seed,
-                                      deterministic=cfg.trainer.deterministic, load_format="auto" if with_weights else "dummy")
+                                      deterministic=cfg.trainer.deterministic, load_format="dummy")
     if not (parallel.tp_rank() == 0 and parallel.pp_rank() == 0):
         return None
     if r.engine == "embedded":
@@ -70,7 +72,7 @@ def build_engine(cfg: Config, *, with_weights: bool = True) -> RolloutEngine | N
 def generating_ranks(engine: RolloutEngine | None) -> list[int]:
     """Collective over the model-parallel group: the global ranks of this replica that
     generate, in group order (the order their prompt shares are assigned in)."""
-    mp_group = parallel.model_parallel_group()
+    mp_group = parallel.wait_group("model_parallel")  # right after the engines started: a CPU wait
     flags = [False] * dist.get_world_size(mp_group)
     parallel.all_gather_object(flags, engine is not None and engine.generates, group=mp_group)
     ranks = [r for r, f in zip(dist.get_process_group_ranks(mp_group), flags) if f]
@@ -107,16 +109,22 @@ class Generator:
         by the share's start, so the samples do not depend on how many engines there are."""
         per = -(-len(prompts) // len(self.generators))
         mine: list[RolloutOutput] = []
+        # Weight-sync buckets, gathered shards and training leftovers go back to the driver on every
+        # rank, and the owner takes its KV cache back only after every rank on its engine's GPUs
+        # has freed (sync_freed): SGLang sized its static memory when the trainer held almost nothing.
+        free_cached_memory()
+        if self.engine is not None:
+            self.engine.sync_freed()
         if self.engine is not None and self.engine.generates:
             start = self.generators.index(dist.get_rank()) * per
             share = prompts[start : start + per]
             if share:
-                free_cached_memory()  # weight-sync buckets and training leftovers, before the KV cache returns
                 self.engine.resume_memory(("kv_cache", "cuda_graph"))
                 outs = self.engine.generate([p.prompt_ids for p in share], replace(params, seed=params.seed + start * params.n))
                 self.engine.release_memory(("kv_cache", "cuda_graph"))
                 mine = [replace(o, prompt_index=o.prompt_index + start) for o in outs]
-        mp_group = parallel.model_parallel_group()
+        # The replica's other ranks wait here for the whole generation: on the CPU (wait_group).
+        mp_group = parallel.wait_group("model_parallel")
         if dist.get_world_size(mp_group) == 1:
             return mine
         gathered: list = [None] * dist.get_world_size(mp_group)
@@ -128,6 +136,9 @@ class Generator:
         """Step 2: rollout.n_samples samples for each of this DP rank's prompts."""
         _, prompts = parallel.dp_share(global_prompts)
         outputs = self.generate(prompts, self.sampling(seed=seed))
+        # Replicas finish generating at different times; the first NCCL collective of the updates
+        # (DP gradient and count reductions) would otherwise wait for the slowest one on the device.
+        parallel.barrier(group=parallel.wait_group())
         return Rollout(prompts=prompts, outputs=outputs, n=self.cfg.n_samples)
 
     def release_weights(self) -> None:

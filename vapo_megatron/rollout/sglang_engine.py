@@ -19,7 +19,9 @@ when it is rank 0 of the group. A weight update is a collective over the engine 
 Every SGLang call and the source line it was checked against: docs/weight_sync.md.
 
 Memory: around training, `release_memory()` frees weights, KV cache and CUDA graphs
-(needs enable_memory_saver=True); `resume_memory()` takes them back before the next update.
+(needs enable_memory_saver=True); `resume_memory()` takes them back once every member has
+emptied its PyTorch cache (sync_freed: a barrier on the group, a gloo group). Every Engine call
+goes through `_call`, which keeps the process's signal handlers (rollout/engine_signals.py).
 
 What runs on the CPU (tests): payload building and round trips through SGLang's real
 FlattenedTensorBucket / MultiprocessingSerializer. Starting an Engine needs a GPU.
@@ -27,6 +29,7 @@ FlattenedTensorBucket / MultiprocessingSerializer. Starting an Engine needs a GP
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -34,8 +37,10 @@ import torch
 import torch.distributed as dist
 
 from vapo_megatron.mcore import parallel
+from vapo_megatron.mcore.memory import free_cached_memory
 from vapo_megatron.rollout.base import MEMORY_TAGS, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket
+from vapo_megatron.rollout.engine_signals import EngineDeath, kept_handlers
 
 
 # ---- payloads ----------------------------------------------------------------------------------
@@ -208,7 +213,10 @@ class SGLangEngineConfig:
     dtype: str = "bfloat16"
     random_seed: int = 0
     deterministic: bool = False
-    load_format: str = "auto"  # "dummy": no weights read from model_path (the first sync loads them)
+    # "dummy": random weights, nothing read from model_path; the first weight sync replaces them
+    # anyway (SGLang's LoadFormat.DUMMY, sglang/srt/configs/load_config.py). "auto" reads the checkpoint.
+    load_format: str = "dummy"
+    sigquit_handler: Any = None  # ServerArgs.custom_sigquit_handler (engine_signals.EngineDeath)
 
 
 def engine_kwargs(cfg: SGLangEngineConfig) -> dict:
@@ -218,8 +226,11 @@ def engine_kwargs(cfg: SGLangEngineConfig) -> dict:
     skip_tokenizer_init because the trainer sends and reads token ids.
     enable_deterministic_inference (trainer.deterministic): SGLang uses the per-request
     sampling_seed only then (sampling_batch_info.py builds the seed tensor only under it);
-    without it samples depend on batching, as on any SGLang server."""
-    return dict(
+    without it samples depend on batching, as on any SGLang server.
+    custom_sigquit_handler: SGLang installs it instead of its kill-the-process-tree handler
+    (engine.py, _set_envs_and_config); ServerArgs drops it before pickling for its schedulers."""
+    extra = {} if cfg.sigquit_handler is None else {"custom_sigquit_handler": cfg.sigquit_handler}
+    return dict(**extra,
         model_path=cfg.model_path, tp_size=cfg.tp_size, base_gpu_id=cfg.base_gpu_id,
         mem_fraction_static=cfg.mem_fraction_static, enable_memory_saver=True, dtype=cfg.dtype,
         random_seed=cfg.random_seed, skip_tokenizer_init=True,
@@ -242,7 +253,8 @@ class SGLangEngine(RolloutEngine):
     remembers when the weights were released: their contents are gone (the memory saver frees
     them), so generate refuses to run until a weight update has loaded them again."""
 
-    def __init__(self, engine: EngineLike | None, *, group=None, base_gpu_id: int | None = None) -> None:
+    def __init__(self, engine: EngineLike | None, *, group=None, base_gpu_id: int | None = None,
+                 death: EngineDeath | None = None) -> None:
         self.group = group
         self.base_gpu_id = base_gpu_id  # the owner's engine's base GPU (colocated engines)
         self.group_rank = dist.get_rank(group) if group is not None else 0
@@ -251,13 +263,15 @@ class SGLangEngine(RolloutEngine):
         if self.owner and engine is None:
             raise ValueError("rank 0 of an engine group must hold the SGLang engine")
         self.engine = engine if self.owner else None
+        ranks = dist.get_process_group_ranks(group) if group is not None else [dist.get_rank() if dist.is_initialized() else 0]
+        self.death = death or EngineDeath(f"SGLang engine of trainer ranks {ranks}")
         self._version = -1
         self._resident = set(MEMORY_TAGS)  # a started engine holds everything
         self._weights_lost = False
 
     @classmethod
     def colocated(cls, *, model_path: str, tp_size: int, mem_fraction: float, dtype: str, seed: int,
-                  deterministic: bool = False, load_format: str = "auto", start=start_engine) -> "SGLangEngine":
+                  deterministic: bool = False, load_format: str = "dummy", start=start_engine) -> "SGLangEngine":
         """Collective over the world. One engine per block of `tp_size` consecutive ranks of a
         TP group (parallel.init_engine_groups); the block's first rank starts it on its own GPU
         and the next tp_size - 1 ones. Everything the engine holds is released at once, so the
@@ -266,20 +280,38 @@ class SGLangEngine(RolloutEngine):
         group = parallel.init_engine_groups(tp_size)
         engine = None
         base_gpu_id = _cuda_device()
+        base = base_gpu_id if base_gpu_id is not None else 0
+        death = EngineDeath(f"SGLang engine of trainer ranks {dist.get_process_group_ranks(group)} "
+                            f"(GPUs {base}..{base + tp_size - 1} of host {socket.gethostname()})")
         if dist.get_rank(group) == 0:
-            engine = start(SGLangEngineConfig(
-                model_path=model_path, tp_size=tp_size, base_gpu_id=base_gpu_id if base_gpu_id is not None else 0,
-                mem_fraction_static=mem_fraction, dtype=dtype, random_seed=seed, deterministic=deterministic,
-                load_format=load_format,
-            ))
-        parallel.barrier()  # every engine is up before any rank builds its models
-        wrapper = cls(engine, group=group, base_gpu_id=base_gpu_id)
+            death.install()  # before the Engine starts: its schedulers may fail while they load
+            with kept_handlers(None):
+                engine = start(SGLangEngineConfig(
+                    model_path=model_path, tp_size=tp_size, base_gpu_id=base, mem_fraction_static=mem_fraction,
+                    dtype=dtype, random_seed=seed, deterministic=deterministic, load_format=load_format,
+                    sigquit_handler=death,
+                ))
+        parallel.barrier(group=parallel.wait_group())  # every engine is up before any rank builds its models
+        wrapper = cls(engine, group=group, base_gpu_id=base_gpu_id, death=death)
         wrapper.release_memory()
         return wrapper
 
     @property
     def generates(self) -> bool:
         return self.owner
+
+    def _call(self, method: str, *args, **kwargs):
+        """One call on the Engine (the owner's): a dead engine is EngineDied naming it, and the
+        process's signal handlers are the same afterwards (engine_signals.kept_handlers)."""
+        self.death.check()
+        with kept_handlers(self.engine):
+            return getattr(self.engine, method)(*args, **kwargs)
+
+    def sync_freed(self) -> None:
+        """Every member empties its cache; none returns before all have (gloo barrier)."""
+        free_cached_memory()
+        if self.group_size > 1:
+            parallel.barrier(group=self.group)
 
     @property
     def weight_version(self) -> int:
@@ -291,7 +323,7 @@ class SGLangEngine(RolloutEngine):
         if self._weights_lost:
             raise RuntimeError("the engine's weights were released and not loaded again: run a weight update first")
         ids, sps, owners = expand_requests(prompt_ids, params)
-        outs = self.engine.generate(input_ids=ids, sampling_params=sps, return_logprob=True)  # a list for a list
+        outs = self._call("generate", input_ids=ids, sampling_params=sps, return_logprob=True)  # a list for a list
         if isinstance(outs, dict):
             outs = [outs]
         if len(outs) != len(ids):
@@ -299,9 +331,10 @@ class SGLangEngine(RolloutEngine):
         return [parse_output(o, i, self._version) for o, i in zip(outs, owners)]
 
     def begin_weight_update(self) -> None:
+        self.sync_freed()  # the weights come back on GPUs every member has emptied its cache on
         self.resume_memory(("weights",))  # the update writes into them
         if self.owner:
-            check(self.engine.begin_weight_update(), "begin_weight_update")
+            check(self._call("begin_weight_update"), "begin_weight_update")
 
     def load_bucket(self, named_tensors: FlatBucket | Sequence[tuple[str, torch.Tensor]]) -> None:
         fb = to_flattened_bucket(named_tensors)
@@ -317,8 +350,8 @@ class SGLangEngine(RolloutEngine):
         if self.owner:
             try:
                 payloads = order_by_engine_rank(entries, self.base_gpu_id)
-                check(self.engine.update_weights_from_tensor(payloads, load_format="flattened_bucket", flush_cache=False),
-                      "update_weights_from_tensor")
+                check(self._call("update_weights_from_tensor", payloads, load_format="flattened_bucket",
+                                 flush_cache=False), "update_weights_from_tensor")
             except RuntimeError as e:
                 error = str(e)
         if self.group_size > 1:
@@ -338,8 +371,8 @@ class SGLangEngine(RolloutEngine):
 
     def end_weight_update(self, version: int) -> None:
         if self.owner:
-            check(self.engine.end_weight_update(), "end_weight_update")
-            check(self.engine.flush_cache(), "flush_cache")
+            check(self._call("end_weight_update"), "end_weight_update")
+            check(self._call("flush_cache"), "flush_cache")
         self._version = version
         self._weights_lost = False
 
@@ -349,7 +382,7 @@ class SGLangEngine(RolloutEngine):
         if not tags:
             return
         if self.owner:
-            check(self.engine.release_memory_occupation(tags=tags), "release_memory_occupation")
+            check(self._call("release_memory_occupation", tags=tags), "release_memory_occupation")
         self._resident -= set(tags)
         self._weights_lost |= "weights" in tags
 
@@ -360,5 +393,5 @@ class SGLangEngine(RolloutEngine):
         if not tags:
             return
         if self.owner:
-            check(self.engine.resume_memory_occupation(tags=tags), "resume_memory_occupation")
+            check(self._call("resume_memory_occupation", tags=tags), "resume_memory_occupation")
         self._resident |= set(tags)

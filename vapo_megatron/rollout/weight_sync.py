@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from model_providers.layouts import hf_shapes, place_shard
 from vapo_megatron.mcore import parallel
+from vapo_megatron.mcore.memory import free_cached_memory
 from vapo_megatron.rollout.base import RolloutEngine
 from vapo_megatron.rollout.buckets import FlatBucket, MemoryMeter, nbytes
 from vapo_megatron.rollout.tp_gather import make_items, tp_gather
@@ -92,13 +93,15 @@ class _Sink:
             self.bucket.release()
 
 
-def _send_header(header, src: int, group) -> None:
-    parallel.broadcast_object_list([header], src=src, group=group)
+def _send_header(header, src: int) -> None:
+    # Headers go over the PP wait group (gloo): a receiving stage waits here while the sending
+    # stage loads buckets into its engine (a weight update), which is a CPU wait.
+    parallel.broadcast_object_list([header], src=src, group=parallel.wait_group("pipeline"))
 
 
-def _recv_header(src: int, group):
+def _recv_header(src: int):
     box = [None]
-    parallel.broadcast_object_list(box, src=src, group=group)
+    parallel.broadcast_object_list(box, src=src, group=parallel.wait_group("pipeline"))
     return box[0]
 
 
@@ -131,7 +134,7 @@ def _stream_stage(model_chunks, family, hf_cfg, sink: _Sink, *, send: bool, src:
                     for r, shard in enumerate(shards):
                         place_shard(it.row, shard, r, len(shards), it.partition_dim, outs, hf_cfg)
                     if send:
-                        _send_header((name, tuple(shape), it.param.dtype), src, group)
+                        _send_header((name, tuple(shape), it.param.dtype), src)
                         parallel.broadcast(outs[j], src=src, group=group)
                         stats.sent += 1
                     if out is not None:
@@ -148,7 +151,7 @@ def _stream_stage(model_chunks, family, hf_cfg, sink: _Sink, *, send: bool, src:
 def _receive_stage(sink: _Sink, *, src: int, group, meter: MemoryMeter, stats: SyncStats) -> None:
     """Another stage's HF tensors, broadcast one at a time, into this rank's sink."""
     device = parallel.device()
-    while (header := _recv_header(src, group)) is not None:
+    while (header := _recv_header(src)) is not None:
         name, shape, dtype = header
         out = sink.slot(name, torch.Size(shape), dtype)
         stats.largest_tensor_bytes = max(stats.largest_tensor_bytes, math.prod(shape) * dtype.itemsize)
@@ -190,7 +193,7 @@ def stream_weights(
     wants = [engine is not None]
     if pp > 1:
         flags: list = [None] * pp
-        parallel.all_gather_object(flags, engine is not None, group=group)
+        parallel.all_gather_object(flags, engine is not None, group=parallel.wait_group("pipeline"))
         wants = flags
     meter = MemoryMeter()
     sink = _Sink(engine, bucket_bytes, meter, stats)
@@ -203,12 +206,15 @@ def stream_weights(
             _stream_stage(model_chunks, family, hf_cfg, sink, send=others_want, src=src, group=group,
                           transport=transport, meter=meter, stats=stats)
             if others_want:
-                _send_header(None, src, group)
+                _send_header(None, src)
         elif others_want:
             _receive_stage(sink, src=src, group=group, meter=meter, stats=stats)
     sink.close()
     stats.peak_bytes = meter.peak
     if engine is not None:
         engine.end_weight_update(version)
+    # Every rank, engine or not: the gathered embedding/output shards (~1.5 GB at 32B) and the
+    # bucket (1 GiB) stay in PyTorch's cache otherwise, on GPUs an engine shares (mcore/memory.py).
+    free_cached_memory()
     stats.seconds = time.perf_counter() - start
     return stats

@@ -43,13 +43,18 @@ NCCL_COMMUNICATOR_BYTES = int(0.25 * GIB)
 # PyTorch's caching allocator: the contiguous buffers (parameters, main_grad, optimizer state)
 # are allocated once; activations vary in size with every packed micro-batch and fragment the
 # cache: a quarter of the peak activations is kept for that during training. At the switch to
-# rollout the cache is emptied (mcore/memory.py), leaving only blocks pinned by
-# live small tensors.
+# rollout the cache is emptied on every rank of an engine before its owner resumes the KV cache
+# (mcore/memory.py, Generator.generate's sync_freed barrier), leaving only blocks pinned by live
+# small tensors.
 FRAGMENTATION_FRACTION = 0.25
 ROLLOUT_CACHE_BYTES = int(0.5 * GIB)
+ROLLOUT_CACHE_ITEM = "allocator: blocks pinned by live small tensors"
 # SGLang's memory outside mem_fraction_static (its forward activations, CUDA graph buffers,
 # sampling): its static share holds weights + KV cache only.
 SGLANG_RUNTIME_BYTES = int(1.5 * GIB)
+# Allocated by the engine while it generates, after the KV cache is back: not something that
+# remains of the trainer when the owner resumes (plan.py, RankMemory.kv_resume).
+SGLANG_RUNTIME_ITEM = "SGLang buffers outside its static share"
 
 
 def reserve_parts(cfg: Config, *, world_size: int, dp: int, activations: int, phase: str) -> dict[str, int]:
@@ -64,9 +69,9 @@ def reserve_parts(cfg: Config, *, world_size: int, dp: int, activations: int, ph
     if phase == "training":
         parts[f"allocator cache ({FRAGMENTATION_FRACTION:g} x activations)"] = int(FRAGMENTATION_FRACTION * activations)
     else:
-        parts["allocator cache (emptied at the switch)"] = ROLLOUT_CACHE_BYTES
+        parts[ROLLOUT_CACHE_ITEM] = ROLLOUT_CACHE_BYTES
         if colocated:
-            parts["SGLang buffers outside its static share"] = SGLANG_RUNTIME_BYTES
+            parts[SGLANG_RUNTIME_ITEM] = SGLANG_RUNTIME_BYTES
     return parts
 
 
@@ -129,5 +134,5 @@ def kv_bytes_per_token(hf_cfg: dict, *, sglang_tp: int, dtype_bytes: int = 2) ->
     return 2 * hf_cfg["num_hidden_layers"] * max(1, g // sglang_tp) * d * dtype_bytes
 
 
-__all__ = ["GIB", "activation_bytes", "checkpoint_bytes", "kv_bytes_per_token", "layer_activation_bytes",
-           "logprob_buffer_bytes", "reserve_parts", "state_bytes"]
+__all__ = ["GIB", "ROLLOUT_CACHE_ITEM", "SGLANG_RUNTIME_ITEM", "activation_bytes", "checkpoint_bytes",
+           "kv_bytes_per_token", "layer_activation_bytes", "logprob_buffer_bytes", "reserve_parts", "state_bytes"]

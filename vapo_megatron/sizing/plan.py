@@ -7,6 +7,11 @@
   rollout   the same resident trainer state + the engine's static share, sglang_mem_fraction x GPU
             memory: SGLang sizes its KV cache as that share minus its weights (actor parameters in
             bf16 / rollout.sglang_tp per GPU). Assumes one engine TP rank on every GPU.
+            RankMemory.kv_resume names what is left on the GPU when the owner resumes the KV
+            cache, after every rank of its engine has emptied PyTorch's cache (sync_freed): the
+            trainer's live state, CUDA and NCCL contexts, fragmentation. Plan.freed_before_resume
+            names the transients emptied by then, which are not counted.
+All figures are computed from shapes and the estimates in memory.py, not measured.
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ from dataclasses import dataclass
 
 from vapo_megatron.config import Config
 from vapo_megatron.mcore.dtypes import torch_dtype
-from vapo_megatron.sizing.memory import (GIB, activation_bytes, checkpoint_bytes, kv_bytes_per_token, reserve_parts,
-                                         state_bytes)
+from vapo_megatron.sizing.memory import (GIB, SGLANG_RUNTIME_ITEM, activation_bytes, checkpoint_bytes, kv_bytes_per_token,
+                                         reserve_parts, state_bytes)
 from vapo_megatron.sizing.shards import ShardSize, shard_sizes
 
 
@@ -30,6 +35,9 @@ class RankMemory:
     training: int  # resident state + the larger of the two models' activations + reserve
     rollout: int  # resident state + the engine's share + reserve
     reserve: dict  # phase -> {item: bytes}
+    # What the GPU still holds when the owner resumes the KV cache, by name:
+    # rollout = sum(kv_resume) + the engine's static share + SGLang's runtime buffers.
+    kv_resume: dict
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,9 @@ class Plan:
     kv_tokens: int  # per engine (= per GPU: every engine rank holds its share of every token)
     sequence_tokens: int
     checkpoint: int  # bytes of one checkpoint (all ranks)
+    # Transients emptied on every rank before the owner resumes the KV cache: named, not counted
+    # in the rollout phase (bytes; None where the size depends on the data).
+    freed_before_resume: dict
     problems: list[str]
 
 
@@ -94,8 +105,12 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
         act = max(parts["actor activations"], parts["critic activations"])
         reserve = {ph: {"--reserve-gib": flat} if flat is not None else
                    reserve_parts(cfg, world_size=world_size, dp=dp, activations=act, phase=ph) for ph in ("training", "rollout")}
+        state_names = [f"{m} {k}" for m in ("actor", "critic") for k in ("parameters", "gradients", "optimizer state")]
+        kv_resume = {k.replace("gradients", "gradient buffers (fp32 main_grad)"): parts[k] for k in state_names}
+        kv_resume.update({k: v for k, v in reserve["rollout"].items() if k != SGLANG_RUNTIME_ITEM})
+        runtime = reserve["rollout"].get(SGLANG_RUNTIME_ITEM, 0)
         ranks.append(RankMemory(s.tp_rank, s.pp_rank, parts, resident + act + sum(reserve["training"].values()),
-                                resident + engine_share + sum(reserve["rollout"].values()), reserve))
+                                sum(kv_resume.values()) + engine_share + runtime, reserve, kv_resume))
 
     problems = []
     for phase in ("training", "rollout"):
@@ -113,8 +128,14 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
                         f"sequence of data.max_prompt_tokens + rollout.max_new_tokens = {sequence}; raise "
                         f"rollout.sglang_mem_fraction or rollout.sglang_tp")
     ckpt = checkpoint_bytes(sum(s.actor_unique for s in shards), sum(s.critic_unique for s in shards), dtype_bytes=dtype_bytes)
+    # The weight sync's bound (rollout/weight_sync.py, SyncStats.bound): the bucket, and the largest
+    # full tensor gathered from its TP shards, the embedding or output layer [padded vocab, h].
+    largest = _padded_vocab(actor_hf, tp) * actor_hf["hidden_size"] * dtype_bytes
+    freed = {f"weight-sync bucket (rollout.weight_sync_bucket_mb={r.weight_sync_bucket_mb})": r.weight_sync_bucket_mb << 20,
+             "gathered embedding/output layer (the sync's largest full tensor)": largest,
+             "all_gather_object receive buffers (group size x largest object)": None}
     return Plan(world_size, gpu, flat, (tp, pp, dp, vpp), shards, ranks, engine_weights, engine_share,
-                kv_cache, kv_tokens, sequence, ckpt, problems)
+                kv_cache, kv_tokens, sequence, ckpt, freed, problems)
 
 
 def _overflow_message(phase: str, m: RankMemory, need: int, gpu: int, reserve: int, engine_share: int,

@@ -15,6 +15,25 @@ def _g(x: int) -> str:
     return f"{x / GIB:7.2f}"
 
 
+def _kv_resume_lines(plan: Plan, cfg: Config) -> list[str]:
+    """The rollout phase of its worst rank, by name: what is left on the GPU when the owner resumes
+    the KV cache, then what the engine adds; and the transients freed before, not counted."""
+    m = max(plan.ranks, key=lambda x: x.rollout)
+    runtime = m.rollout - sum(m.kv_resume.values()) - plan.engine_share
+    lines = [f"{'rollout per GPU, GiB, worst rank (tp=' + str(m.tp_rank) + ' pp=' + str(m.pp_rank) + ')':<52}{'GiB':>8}",
+             "  computed from shapes and the reserve estimates above, not measured on a GPU",
+             "  left when the owner resumes the KV cache (every rank of its engine has emptied PyTorch's cache):"]
+    lines += [f"    {k:<48}{_g(v):>8}" for k, v in m.kv_resume.items()]
+    lines.append(f"  {'what remains':<50}{_g(sum(m.kv_resume.values())):>8}")
+    if cfg.rollout.engine == "sglang":
+        lines.append(f"  {'+ SGLang static share (weights + KV cache)':<50}{_g(plan.engine_share):>8}")
+        lines.append(f"  {'+ SGLang buffers outside its static share':<50}{_g(runtime):>8}")
+    lines.append(f"  {'= rollout':<50}{_g(m.rollout):>8}")
+    lines.append("  freed on every rank before the resume, not counted:")
+    lines += [f"    {k:<68}{'(by the data)' if v is None else _g(v)}" for k, v in plan.freed_before_resume.items()]
+    return lines
+
+
 def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_per_node: int) -> str:
     tp, pp, dp, vpp = plan.layout
     r = cfg.rollout
@@ -68,6 +87,7 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
         tr, ro = worst.reserve["training"].get(item), worst.reserve["rollout"].get(item)
         lines.append(f"  {item:<50}{_g(tr) if tr is not None else '':>8}  {_g(ro) if ro is not None else '':>8}")
     lines.append(f"  {'total':<50}{_g(sum(worst.reserve['training'].values())):>8}  {_g(sum(worst.reserve['rollout'].values())):>8}")
+    lines += ["", *_kv_resume_lines(plan, cfg)]
     ckpt = plan.checkpoint
     lines += [
         "",

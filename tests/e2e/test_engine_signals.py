@@ -1,0 +1,80 @@
+"""Issue 21, defect 4: a colocated SGLang engine in the trainer's process must not take over its
+signals. sglang.Engine needs a GPU, so a TEST DOUBLE stands in for it that does to the process's
+handlers what the real Engine does, read from SGLang's source (sglang_doubles.
+SignalTakingEngineForTests): on its first call it registers asyncio handlers for the signals
+TokenizerManager.auto_create_handle_loop registers (SIGTERM: a graceful engine exit; SIGQUIT:
+kill the process tree). Everything else is the project's: StopSignals, SGLangEngine.colocated
+(whose start-up release is the engine's first call) and stop_reason, which decides the
+checkpoint-and-exit of Trainer.run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers.tiny_hf import save_tiny
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import json, os, signal, sys, time
+from pathlib import Path
+from vapo_megatron.trainer.signals import StopSignals
+
+stop = StopSignals().install()
+from vapo_megatron.mcore import parallel
+from vapo_megatron.rollout.sglang_engine import SGLangEngine, engine_kwargs
+from vapo_megatron.trainer.deadline import Deadline, StepClock
+from vapo_megatron.trainer.signals import stop_reason
+from tests.helpers.sglang_doubles import SignalTakingEngineForTests
+try:
+    from vapo_megatron.rollout.engine_signals import EngineDied
+except ImportError:  # a tree without it
+    EngineDied = RuntimeError
+
+parallel.init_distributed(1, 1)
+hf = Path(sys.argv[1])
+doubles = []
+start = lambda cfg: doubles.append(SignalTakingEngineForTests(hf, cfg, engine_kwargs(cfg))) or doubles[-1]
+engine = SGLangEngine.colocated(model_path=str(hf), tp_size=1, mem_fraction=0.5, dtype="float32", seed=0, start=start)
+out = {"first_call": doubles[0].calls[0]}
+os.kill(os.getpid(), signal.SIGTERM)  # Slurm's preemption notice
+time.sleep(0.2)
+out["signum"] = stop.signum
+out["stop_reason"] = stop_reason(stop, Deadline.from_setting("none", 0.0), StepClock(), final=False)
+print(json.dumps(out), flush=True)
+try:
+    os.kill(os.getpid(), signal.SIGQUIT)  # what SGLang's SubprocessWatchdog sends when a scheduler dies
+    time.sleep(1)
+    out["sigquit"] = "nothing happened"
+except EngineDied as e:
+    out["sigquit"] = str(e)
+try:
+    engine.resume_memory(("kv_cache",))
+    out["next_call"] = "ran"
+except EngineDied as e:
+    out["next_call"] = str(e)
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_sigterm_still_stops_the_trainer_and_a_dead_engine_is_a_named_error(tmp_path):
+    save_tiny(tmp_path / "hf", tied=False, seed=5)
+    script = tmp_path / "owner.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    run = subprocess.run([sys.executable, str(script), str(tmp_path / "hf")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    lines = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
+    assert lines, f"the engine owner died (exit {run.returncode}):\n{run.stderr[-3000:]}"
+    first = lines[0]
+    assert first["first_call"] == ["release", ["weights", "kv_cache", "cuda_graph"]]  # the double took the signals
+    assert first["signum"] == 15 and first["stop_reason"] == "SIGTERM", first  # -> checkpoint, exit for requeue
+    assert len(lines) == 2, f"SIGQUIT killed the owner without a word (exit {run.returncode}):\n{run.stderr[-3000:]}"
+    done = lines[1]
+    for key in ("sigquit", "next_call"):  # the error names the engine; later calls fail the same way
+        assert done[key].startswith("SGLang engine of trainer ranks [0] (GPUs 0..0 of host"), done
+        assert "died" in done[key], done

@@ -95,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointSaveError as e:  # raised on every rank together (checkpoint/manager.py)
         if verbose():
             traceback.print_exc()
-        code, message = SAVE_FAILED_EXIT_CODE, f"checkpoint save error: {e}"
+        if stop.interrupted:  # a second Ctrl-C cut the save: the partial checkpoint was removed
+            code, message = INTERRUPTED_EXIT_CODE, INTERRUPTED
+        else:
+            code, message = SAVE_FAILED_EXIT_CODE, f"checkpoint save error: {e}"
     except KeyboardInterrupt:  # a second Ctrl-C (signals.py): at once, one line, no traceback
         trainer.close()
         print(f"vapo-train: {INTERRUPTED}", file=sys.stderr, flush=True)

@@ -60,6 +60,7 @@ def _rank(work: str) -> dict:
     from torch.distributed.checkpoint import FileSystemReader
 
     from vapo_megatron.checkpoint import dist_io
+    from vapo_megatron.checkpoint.atomic import CONVERT_HF_TO_MCORE
     from vapo_megatron.mcore import parallel
 
     parallel.init_distributed(1, 1)
@@ -68,14 +69,14 @@ def _rank(work: str) -> dict:
 
     # A clean checkpoint loads, tensors and common state intact (the restrictions break nothing).
     clean = work_p / "clean"
-    dist_io.save(clean, _state(1.0))
+    dist_io.save(clean, _state(1.0), writer=CONVERT_HF_TO_MCORE)
     loaded = dist_io.load(clean, _template())
     out["clean_w"] = loaded["model"]["w"].clone()
     out["clean_groups"] = loaded["optimizer"]["param_groups"]
 
     # 1. A crafted object inside the common state (a *.distcp byte item), written by the save itself.
     evil_common = work_p / "evil_common"
-    dist_io.save(evil_common, _state(2.0, extra={"note": Payload(str(work_p / "marker_common"))}))
+    dist_io.save(evil_common, _state(2.0, extra={"note": Payload(str(work_p / "marker_common"))}), writer=CONVERT_HF_TO_MCORE)
     out["common"] = _try(lambda: dist_io.load(evil_common, _template()))
     out["common_marker"] = (work_p / "marker_common").exists()
     # Control: DCP's own reading of that item (weights_only=False) runs the payload.

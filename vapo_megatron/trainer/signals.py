@@ -49,6 +49,7 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.signum = 0
+        self.interrupted = False  # a second Ctrl-C arrived: stop at once
 
     def install(self) -> "StopSignals":
         """Call first thing in the process, before other threads exist: a thread created
@@ -68,6 +69,9 @@ class StopSignals:
 
     def _interrupt(self, signum: int, frame) -> None:
         if self.signum == signal.SIGINT:  # the second Ctrl-C
+            # Raised wherever the main thread is; inside a save, a C-level writer may report it as
+            # its own failure instead, so the flag tells vapo-train's main what happened.
+            self.interrupted = True
             raise KeyboardInterrupt
         self.signum = signum
         print("\n[vapo] Ctrl-C: stopping after this step with a checkpoint (exit 3); Ctrl-C again stops at once, "

@@ -161,6 +161,25 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class WandbConfig:
+    """Weights & Biases tracking (off by default): the metrics of metrics.jsonl under the same names
+    and steps, and the resolved configuration as the W&B run's config. Rank 0 only. The run id is
+    kept in run_dir/wandb_id, so a resumed or requeued job continues the same W&B run; needs the
+    wandb package (pip install '.[wandb]'), else one warning and the run goes on (README)."""
+
+    # "disabled", "offline" (records under run_dir/wandb; upload later with `wandb sync`) or
+    # "online" (needs WANDB_API_KEY or `wandb login`; when the server cannot be reached the run
+    # logs offline instead, with one warning).
+    mode: Literal["disabled", "offline", "online"] = "disabled"
+    # W&B project and entity (team or user; "": the account's default entity).
+    project: str = "vapo-megatron"
+    entity: str = ""
+    # The run's display name ("": the run directory's name) and tags.
+    name: str = ""
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     # Checkpoints, metrics and the HF export. Under slurm/vapo_train.sbatch, when neither the file
     # nor an override sets it, the job's VAPO_RUN_DIR (runs/<job name>-<job id>) is used instead.
@@ -196,6 +215,8 @@ class TrainerConfig:
     # Seconds kept free after that step and save: exit and requeue, and a step longer than any
     # measured so far (the first save of a job is not measured yet either).
     deadline_margin_s: float = 300.0
+    # Weights & Biases (off by default).
+    wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""Run metrics: one JSON record per step in metrics.jsonl, the same in TensorBoard, and a
-progress bar. Only global rank 0 writes. Names are namespaced (actor/, critic/, rollout/,
+"""Run metrics: one JSON record per step in metrics.jsonl, the same in TensorBoard and, when
+trainer.wandb is on, in Weights & Biases (wandb_run.py), and a progress bar. Only global rank 0
+writes. Names are namespaced (actor/, critic/, rollout/,
 reward/, response_length/, eval/, perf/)."""
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ class MetricsLogger:
     in TensorBoard, so that every step appears once however often the run was resumed."""
 
     def __init__(self, run_dir: str, *, total_steps: int, start_step: int, sft_start: int, finished: bool,
-                 enabled: bool, tensorboard: bool):
+                 enabled: bool, tensorboard: bool, wandb=None):
         self.enabled = enabled
+        self.wandb = wandb  # a WandbTracker (started by the trainer on rank 0) or None
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self.tb = self.tb_sft = None
         self.bar = None
@@ -75,6 +77,8 @@ class MetricsLogger:
                 if isinstance(v, (int, float)) and math.isfinite(v):
                     tb.add_scalar(k, v, step if tb_step is None else tb_step)
             tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(step, metrics)
         if self.bar is not None and phase == "sft":  # the bar counts RL iterations only
             self.bar.set_description(f"sft step {tb_step}", refresh=False)
             self.bar.set_postfix({k.split("/")[-1]: f"{v:.3f}" for k, v in metrics.items() if k in ("sft/nll_loss", "sft/train_accuracy")})
@@ -88,6 +92,8 @@ class MetricsLogger:
             self.bar.set_postfix(postfix, refresh=False)
 
     def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()
         for tb in (self.tb, self.tb_sft):
             if tb is not None:
                 tb.close()

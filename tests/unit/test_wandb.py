@@ -69,6 +69,17 @@ def test_offline_run_holds_every_step_and_the_config_and_a_resume_logs_no_step_t
     assert config["algo"] == {"gamma": 1.0}
 
 
+def test_turned_on_at_a_resume_w_and_b_gets_the_steps_before_it_from_metrics_jsonl(tmp_path):
+    """Steps W&B never wrote (tracking was off, or a killed process had not flushed them) come from
+    the records metrics.jsonl keeps, once, before the resumed steps."""
+    run_dir = tmp_path / "run"
+    assert _attempt(run_dir, [1, 2, 3], start_step=0, settings=WandbConfig()) is None
+    tracker = _attempt(run_dir, [3, 4], start_step=2)  # resumed from the checkpoint at step 2
+    rows = wandb_records.history(run_dir / "wandb", tracker.run_id)
+    assert [r["_step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[1]["eval/accuracy"] == 0.5 and rows[0]["reward/mean"] == pytest.approx(0.1)
+
+
 def test_disabled_starts_nothing(tmp_path):
     assert WandbTracker.start(WandbConfig(), str(tmp_path), {}) is None
     assert not (tmp_path / ID_FILE).exists() and not (tmp_path / "wandb").exists()

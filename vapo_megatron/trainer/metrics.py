@@ -30,7 +30,9 @@ class MetricsLogger:
         if not enabled:
             return
         os.makedirs(run_dir, exist_ok=True)
-        self._truncate(start_step, sft_start, finished)
+        kept = self._truncate(start_step, sft_start, finished)
+        if wandb is not None:  # what a killed attempt logged but W&B never wrote (wandb_run.py)
+            wandb.backfill(kept)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -40,13 +42,13 @@ class MetricsLogger:
             self.tb_sft = SummaryWriter(os.path.join(run_dir, "tensorboard", "sft"), purge_step=sft_start + 1)
         self.bar = tqdm(total=total_steps, initial=start_step, desc="vapo", dynamic_ncols=True)
 
-    def _truncate(self, step: int, sft_step: int, finished: bool) -> None:
+    def _truncate(self, step: int, sft_step: int, finished: bool) -> list[dict]:
         """Keep the records of the steps the run resumes after: RL records up to `step`, SFT
         records up to `sft_step`, the final eval only when the run has finished (else it is done
         again); nothing on a fresh start (a crash before the first checkpoint leaves records that
-        the new attempt writes again)."""
+        the new attempt writes again). Returns the records kept."""
         if not os.path.exists(self.path):
-            return
+            return []
         with open(self.path) as f:
             lines = f.readlines()
         if lines and not lines[-1].endswith("\n"):
@@ -61,6 +63,7 @@ class MetricsLogger:
             if not redone and (step > 0 or sft_step > 0):
                 keep.append(line)
         write_atomic(self.path, "".join(keep))
+        return [json.loads(line) for line in keep]
 
     def log(self, step: int, phase: str, metrics: dict[str, float], *, tb_step: int | None = None) -> None:
         """`step` is the RL iteration (what resume truncates on); the warm start logs at 0 and

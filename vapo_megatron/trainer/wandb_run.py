@@ -8,13 +8,14 @@ One W&B run per run directory: its id is created once and kept in run_dir/wandb_
 resumed or requeued job continues the same W&B run (resume="allow") instead of starting another.
 W&B's files go to run_dir/wandb (an offline run: `wandb sync run_dir/wandb/offline-run-*`).
 
-Steps are logged once. W&B's steps only increase, and a resume recomputes the steps after its
-checkpoint, some of which W&B may already hold; W&B holds exactly what reached its transaction
-logs (a killed process loses what it had not flushed yet), so the tracker asks W&B: the server's
-step for an online run, the run's local logs (wandb_records.py) for an offline one, and skips
-every step up to the highest it holds. The trainer's resume is exact, so a skipped recomputed
-step holds the values W&B already has (perf/ timings aside). A crash between two records of one
-step (a step's metrics, then its eval) leaves the later one out of W&B: metrics.jsonl and
+Every step once. W&B holds exactly what reached its transaction logs, and a killed process
+loses what it had not flushed yet (W&B flushes every few seconds), so at each start the tracker
+asks W&B how far it got: the server's step for an online run, the run's local logs
+(wandb_records.py) for an offline one. Then it logs only later steps, since W&B's steps must
+increase: first the records of metrics.jsonl that the resume keeps and W&B lacks (`backfill`),
+then the steps the run computes. The trainer's resume is exact, so a recomputed step that W&B
+already holds has the values W&B shows (perf/ timings aside). A crash between two records of one
+step (a step's metrics, then its eval) leaves the later one out of W&B; metrics.jsonl and
 TensorBoard keep it.
 
 The warm start's records all sit at step 0 in metrics.jsonl (their own counter is sft_step), so
@@ -27,6 +28,7 @@ the run goes on (online falls back to offline first, so nothing is lost).
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 import sys
@@ -38,6 +40,7 @@ from vapo_megatron.config.schema import WandbConfig
 from vapo_megatron.trainer import wandb_records
 
 ID_FILE = "wandb_id"
+RECORD_KEYS = ("step", "phase", "sft_step")  # metrics.jsonl's bookkeeping: W&B's step is the row's step
 # W&B writes its transaction log every 15 s by default; a killed job loses what was not written.
 # Records are small and a step takes seconds or more, so flush often.
 FLUSH_INTERVAL_S = 2.0
@@ -62,8 +65,9 @@ def run_id(run_dir: Path) -> str:
 
 
 class WandbTracker:
-    def __init__(self, run, wandb_dir: Path, first_new_step: int):
+    def __init__(self, run, run_id: str, wandb_dir: Path, first_new_step: int):
         self.run = run
+        self.run_id = run_id
         self.wandb_dir = wandb_dir
         self.first_new_step = first_new_step  # steps below it are held by W&B already
 
@@ -102,7 +106,7 @@ class WandbTracker:
             else (run.url or "online")
         resumed = f", continuing after step {first_new - 1}" if first_new > 0 else ""
         print(f"[vapo] W&B run {rid}: {where}{resumed}", flush=True)
-        return cls(run, wandb_dir, first_new)
+        return cls(run, rid, wandb_dir, first_new)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """One record of metrics.jsonl at `step`; records of one step share one W&B row."""
@@ -114,10 +118,20 @@ class WandbTracker:
             warn(f"logging failed ({_first_line(e)}); W&B tracking stops here, metrics.jsonl goes on")
             self.run = None
 
+    def backfill(self, records: list[dict]) -> None:
+        """metrics.jsonl records (as MetricsLogger keeps them on a resume) at steps W&B lacks."""
+        for r in records:
+            self.log(r["step"], {k: (math.nan if v is None else v) for k, v in r.items() if k not in RECORD_KEYS})
+
     def finish(self) -> None:
         if self.run is not None:
             try:
                 self.run.finish()
+                # finish() returns before W&B's service has written the run's files; the service's
+                # end waits for it, so the next start (a requeue) reads a complete log.
+                import wandb
+
+                wandb.teardown()
             except Exception as e:  # noqa: BLE001
                 warn(f"could not finish the run ({_first_line(e)})")
             self.run = None

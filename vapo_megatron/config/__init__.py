@@ -6,6 +6,7 @@
     layout.py     the one parallel-layout check (config, start-up, eval, convert, plan)
     preflight.py  the config against the launch and the files, before anything is built
     resume.py     run_dir/config.yaml, and what a resume may change
+    reference.py  docs/config.md, the configuration reference, generated from schema.py
     cli.py        how the commands answer bad input (one message, exit 2)
 
 Pure Python: vapo-train checks a command completely before it imports torch or megatron-core.

@@ -22,6 +22,7 @@ import traceback
 from vapo_megatron.config import Config, ConfigError, parse_config, problems_error
 from vapo_megatron.config.cli import BAD_INPUT_EXIT_CODE, INTERRUPTED_EXIT_CODE, verbose
 from vapo_megatron.config.layout import launcher_env
+from vapo_megatron.config.quiet import device_startup, quiet_startup
 from vapo_megatron.trainer.run_guard import die_with_launcher
 
 SAVE_FAILED_EXIT_CODE = 5  # a checkpoint could not be written (full disk, ...); the previous one is intact
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the resolved configuration (file + overrides + defaults) as YAML and exit; "
                              "every key: docs/config.md")
     args = parser.parse_args(argv)
+    quiet_startup(loading_bars=False)  # before anything imports a library that warns (config/quiet.py)
     if args.print_config:
         return print_config(args.config, args.overrides)
     die_with_launcher()  # a worker never outlives its torchrun agent (trainer/run_guard.py)
@@ -88,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"vapo-train: configuration error: {e}", file=sys.stderr)
         return BAD_INPUT_EXIT_CODE
+    device_startup()
     from model_providers import HFConfigError
     from vapo_megatron.checkpoint.manager import CheckpointCorrupt, CheckpointMismatch, CheckpointSaveError
     from vapo_megatron.data.prompts import PromptDataError

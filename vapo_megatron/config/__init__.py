@@ -8,6 +8,7 @@
     resume.py     run_dir/config.yaml, and what a resume may change
     reference.py  docs/config.md, the configuration reference, generated from schema.py
     cli.py        how the commands answer bad input (one message, exit 2)
+    quiet.py      a quiet start-up: library noise filtered, one line on absent accelerators
 
 Pure Python: vapo-train checks a command completely before it imports torch or megatron-core.
 """

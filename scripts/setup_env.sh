@@ -27,8 +27,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-# The project with its pinned CPU/CI dependencies and the test extra.
-.venv/bin/python -m pip install -q -e ".[test]"
+# The project with its pinned CPU/CI dependencies, the test extra and the wandb extra (the suite
+# runs W&B offline: tests/unit/test_wandb.py, tests/e2e/test_wandb_resume.py).
+.venv/bin/python -m pip install -q -e ".[test,wandb]"
 # SGLang's classes (Engine, serializer, FlattenedTensorBucket, request structs) import without
 # its CUDA stack; tests use the real classes. Its full dependency set is that CUDA stack
 # (flashinfer, sglang-kernel, cutlass, ~10 GB), which cannot run here, so sglang goes in with

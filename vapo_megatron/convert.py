@@ -47,10 +47,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     from vapo_megatron.config.cli import answer
+    from vapo_megatron.config.quiet import device_startup, quiet_startup
 
+    quiet_startup()
     args = parse_args(argv)
 
     def convert() -> None:
+        device_startup()
         from vapo_megatron.mcore import parallel
         from vapo_megatron.weights.convert import hf_to_mcore, mcore_to_hf
 

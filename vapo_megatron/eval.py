@@ -99,8 +99,11 @@ def evaluate(args: argparse.Namespace) -> int:
     resolve_model(args.model)
     # Its files replace only an earlier vapo-eval's: never a user's directory or the model.
     check_replaceable(args.out, EVAL_OUTPUT, overwrite=True, flag=None, sources={"--model": args.model})
+    from vapo_megatron.config.quiet import device_startup
     from vapo_megatron.evaluation.offline import run
     from vapo_megatron.mcore import parallel
+
+    device_startup()
 
     try:
         summary = run(args, ks)
@@ -114,7 +117,9 @@ def evaluate(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from vapo_megatron.config.cli import answer
+    from vapo_megatron.config.quiet import quiet_startup
 
+    quiet_startup()
     args = parse_args(argv)
     return answer("vapo-eval", lambda: evaluate(args), bad_input=bad_input_errors())
 

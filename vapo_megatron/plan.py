@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. parallel.pp=2")
     args = ap.parse_args(argv)
     from vapo_megatron.config.cli import answer
+    from vapo_megatron.config.quiet import quiet_startup
+
+    quiet_startup()
 
     return answer("vapo-plan", lambda: plan(args), bad_input=(ConfigError,))
 

@@ -4,7 +4,8 @@
     torchrun --nproc-per-node 2 -m vapo_megatron.train --config FILE [dotted.key=value ...]
 
 The algorithm is in docs/algorithm.md, the loop in vapo_megatron/trainer/trainer.py, every
-config key in vapo_megatron/config/schema.py. Exit codes: 0 done, 2 bad configuration, data or
+config key in docs/config.md (`vapo-train --print-config --config FILE [overrides]` prints the
+resolved configuration and exits). Exit codes: 0 done, 2 bad configuration, data or
 checkpoint (one line says which and where), 3 stopped with a checkpoint (SIGUSR1, SIGTERM, Ctrl-C
 or the job's deadline; only SIGUSR1 and the deadline ask for a requeue), 4 too many non-finite
 optimizer steps in a row, 5 a checkpoint could not be written (full disk; one line says where and
@@ -21,6 +22,7 @@ import traceback
 from vapo_megatron.config import Config, ConfigError, parse_config, problems_error
 from vapo_megatron.config.cli import BAD_INPUT_EXIT_CODE, INTERRUPTED_EXIT_CODE, verbose
 from vapo_megatron.config.layout import launcher_env
+from vapo_megatron.config.quiet import device_startup, quiet_startup
 from vapo_megatron.trainer.run_guard import die_with_launcher
 
 SAVE_FAILED_EXIT_CODE = 5  # a checkpoint could not be written (full disk, ...); the previous one is intact
@@ -50,12 +52,36 @@ def checked_config(config_path: str, overrides: list[str]) -> Config:
     return cfg
 
 
+def print_config(config_path: str, overrides: list[str]) -> int:
+    """The resolved configuration as YAML (what run_dir/config.yaml would hold), built from nothing
+    but the file and the overrides: no torch, no files read besides the YAML (a config for another
+    machine prints here). Its value checks still apply: a bad setting is one message, exit 2."""
+    import yaml
+
+    from vapo_megatron.config import load_config, to_dict
+
+    job_run_dir = {"trainer.run_dir": os.environ["VAPO_RUN_DIR"]} if os.environ.get("VAPO_RUN_DIR") else None
+    try:
+        cfg = load_config(config_path, overrides, check_paths=False, fallbacks=job_run_dir)
+    except ConfigError as e:
+        print(f"vapo-train: configuration error: {e}", file=sys.stderr)
+        return BAD_INPUT_EXIT_CODE
+    sys.stdout.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vapo-train", description=__doc__.split("\n\n")[0],
-                                     epilog="The algorithm: docs/algorithm.md; every key: vapo_megatron/config/schema.py.")
+                                     epilog="The algorithm: docs/algorithm.md; every key: docs/config.md.")
     parser.add_argument("--config", required=True, help="YAML file (see configs/)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved configuration (file + overrides + defaults) as YAML and exit; "
+                             "every key: docs/config.md")
     args = parser.parse_args(argv)
+    quiet_startup(loading_bars=False)  # before anything imports a library that warns (config/quiet.py)
+    if args.print_config:
+        return print_config(args.config, args.overrides)
     die_with_launcher()  # a worker never outlives its torchrun agent (trainer/run_guard.py)
     try:
         cfg = checked_config(args.config, args.overrides)
@@ -64,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"vapo-train: configuration error: {e}", file=sys.stderr)
         return BAD_INPUT_EXIT_CODE
+    device_startup()
     from model_providers import HFConfigError
     from vapo_megatron.checkpoint.manager import CheckpointCorrupt, CheckpointMismatch, CheckpointSaveError
     from vapo_megatron.data.prompts import PromptDataError

@@ -6,7 +6,9 @@
     layout.py     the one parallel-layout check (config, start-up, eval, convert, plan)
     preflight.py  the config against the launch and the files, before anything is built
     resume.py     run_dir/config.yaml, and what a resume may change
+    reference.py  docs/config.md, the configuration reference, generated from schema.py
     cli.py        how the commands answer bad input (one message, exit 2)
+    quiet.py      a quiet start-up: library noise filtered, one line on absent accelerators
 
 Pure Python: vapo-train checks a command completely before it imports torch or megatron-core.
 """
@@ -14,8 +16,8 @@ Pure Python: vapo-train checks a command completely before it imports torch or m
 from vapo_megatron.config.load import load_config, parse_config, problems_error, to_dict
 from vapo_megatron.config.schema import (AlgoConfig, Config, ConfigError, DataConfig, EvalConfig, ModelConfig,
                                          OptimConfig, ParallelConfig, RewardConfig, RolloutConfig, SFTConfig,
-                                         TrainerConfig)
+                                         TrainerConfig, WandbConfig)
 
 __all__ = ["AlgoConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig",
-           "ParallelConfig", "RewardConfig", "RolloutConfig", "SFTConfig", "TrainerConfig", "load_config",
+           "ParallelConfig", "RewardConfig", "RolloutConfig", "SFTConfig", "TrainerConfig", "WandbConfig", "load_config",
            "parse_config", "problems_error", "to_dict"]

@@ -98,6 +98,10 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     require(t.deadline in ("slurm", "none") or _is_iso_time(t.deadline),
             f"trainer.deadline={t.deadline!r} must be 'slurm', 'none' or an ISO-8601 time such as 2026-11-23T10:00:00+00:00")
     require(t.deadline_margin_s >= 0, f"trainer.deadline_margin_s={t.deadline_margin_s} must be >= 0")
+    # W&B refuses such runs at start-up, far from the config (its limits: a tag 1-64 characters).
+    bad_tags = [tag for tag in t.wandb.tags if not 1 <= len(tag) <= 64]
+    require(not bad_tags, f"trainer.wandb.tags: {bad_tags} must be 1 to 64 characters each (W&B's limit)")
+    require(t.wandb.mode == "disabled" or bool(t.wandb.project.strip()), "trainer.wandb.project must name a project")
     out += _optim_problems("actor_optim", cfg.actor_optim)
     out += _optim_problems("critic_optim", cfg.critic_optim)
     require(bool(cfg.model.hf_path), "model.hf_path must name a Hugging Face model directory")

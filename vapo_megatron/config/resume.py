@@ -32,8 +32,9 @@ MAY_CHANGE_ON_RESUME: dict[str, tuple[tuple[str, ...], str]] = {
         "(except a learning rate that decays over the run's length: then total_steps is refused)",
     ),
     "logging and outputs": (
-        ("trainer.tensorboard", "trainer.export_hf"),
-        "what is written besides the checkpoints",
+        ("trainer.tensorboard", "trainer.export_hf", "trainer.wandb.mode", "trainer.wandb.project",
+         "trainer.wandb.entity", "trainer.wandb.name", "trainer.wandb.tags"),
+        "what is written besides the checkpoints, and where it is tracked",
     ),
     "guards": (
         ("trainer.max_consecutive_skips", "trainer.allow_config_change"),

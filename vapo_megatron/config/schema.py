@@ -32,9 +32,9 @@ class ModelConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     # Actor and critic share one layout (they are colocated on the same ranks).
-    tp: int = 1
-    pp: int = 1
-    vpp: int | None = None
+    tp: int = 1  # tensor parallel size (ranks per TP group)
+    pp: int = 1  # pipeline parallel size (stages)
+    vpp: int | None = None  # virtual pipeline stages per rank (interleaved schedule; null: none)
     # Megatron's sequence parallelism: the [T, h] activations around norms, dropout and residuals
     # are split over TP along the sequence (activation memory of those / TP). Needs TP > 1; at
     # tp=1 there is nothing to split and it is off, as in Megatron-LM.
@@ -48,15 +48,15 @@ class OptimConfig:
     # to `lr` over `warmup_steps` updates, then `lr` held ("constant") or decayed to `min_lr`
     # ("linear", "cosine") by update `lr_decay_steps` (null: the run's last update).
     lr: float = 1e-6
-    min_lr: float = 0.0
-    warmup_steps: int = 0
-    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
-    lr_decay_steps: int | None = None
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
+    min_lr: float = 0.0  # the learning rate a decay ends at
+    warmup_steps: int = 0  # updates of linear warm-up from 0 to lr
+    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"  # after warm-up: hold lr, or decay it to min_lr
+    lr_decay_steps: int | None = None  # the update by which the decay reaches min_lr (null: the run's last)
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay
+    adam_beta1: float = 0.9  # Adam's first-moment decay
+    adam_beta2: float = 0.999  # Adam's second-moment decay
+    adam_eps: float = 1e-8  # Adam's denominator epsilon
+    clip_grad: float = 1.0  # global gradient-norm clip (0: none)
     # Megatron's distributed optimizer shards optimizer state over DP (GPU/NCCL only).
     distributed_optimizer: bool = False
 
@@ -65,7 +65,7 @@ class OptimConfig:
 class AlgoConfig:
     """VAPO's knobs; each ablation of the paper's table is one switch (docs/algorithm.md)."""
 
-    gamma: float = 1.0
+    gamma: float = 1.0  # discount factor of GAE (1.0: undiscounted, as in the paper)
     # Component 2, decoupled GAE: lambda for the value targets (1.0 = Monte-Carlo returns).
     lambda_critic: float = 1.0
     # Fixed policy lambda when length_adaptive is off (paper's "without" setting: 0.95).
@@ -74,17 +74,17 @@ class AlgoConfig:
     decoupled_gae: bool = True
     # Component 3, length-adaptive GAE: lambda_i = 1 - 1/(alpha * |o_i|).
     length_adaptive: bool = True
-    alpha: float = 0.05
+    alpha: float = 0.05  # length-adaptive GAE's alpha
     # Component 5, Clip-Higher.
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    dual_clip_c: float | None = None
+    eps_low: float = 0.2  # PPO's lower clip range
+    eps_high: float = 0.28  # PPO's upper clip range (above eps_low: Clip-Higher)
+    dual_clip_c: float | None = None  # dual-clip bound for negative advantages (null: off)
     # Component 4: "token" (every token weighs the same) or "sample" (per-response mean).
     loss_agg: Literal["token", "sample"] = "token"
     # Component 6, positive-example LM loss weight mu.
     nll_coef: float = 0.1
-    value_clip: float | None = 0.5
-    whiten_advantages: bool = False
+    value_clip: float | None = 0.5  # value-loss clip range around the old values (null: off)
+    whiten_advantages: bool = False  # normalize advantages to mean 0, std 1 over the global batch
     # Component 1, value pretraining: critic-only iterations before RL (0 disables). Each is a
     # full rollout iteration (trainer.total_steps' unit) with ppo_epochs x mini_batches critic
     # updates. A run of value pretraining alone is trainer.total_steps=0 (RL steps come after these).
@@ -93,63 +93,59 @@ class AlgoConfig:
     value_pretrain_ev_threshold: float | None = None
     # Optimizer passes over each step's rollouts, each split into mini_batches updates.
     ppo_epochs: int = 1
-    mini_batches: int = 1
+    mini_batches: int = 1  # optimizer updates per epoch (each on 1/mini_batches of the step's rollouts)
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: Literal["embedded", "sglang", "sglang_http"] = "embedded"
+    engine: Literal["embedded", "sglang", "sglang_http"] = "embedded"  # embedded (transformers, CPU), sglang (colocated engines) or sglang_http (running servers)
     # Component 7, group sampling: prompts per step x samples per prompt.
-    prompts_per_step: int = 512
-    n_samples: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_new_tokens: int = 16384
-    weight_sync_bucket_mb: int = 1024
-    sglang_tp: int = 8
-    sglang_mem_fraction: float = 0.7
-    sglang_urls: tuple[str, ...] = ()
-    # Seconds a rank may wait for other ranks' generation, engine start or engine weight update
-    # (mcore/parallel.py, wait_group: CPU gloo groups; NCCL's own timeout stays 30 minutes for
-    # tensor traffic). Size it to the longest rollout or eval of the job with room to spare: at
-    # 32B one rollout takes 30-60 minutes (docs/slurm.md).
-    wait_timeout_s: float = 14400.0
+    prompts_per_step: int = 512  # prompts sampled per step
+    n_samples: int = 16  # responses per prompt (the group)
+    temperature: float = 1.0  # sampling temperature (also the actor's log-prob temperature)
+    top_p: float = 1.0  # nucleus sampling (1.0: off)
+    top_k: int = -1  # top-k sampling (-1: off)
+    max_new_tokens: int = 16384  # longest response, tokens
+    weight_sync_bucket_mb: int = 1024  # size of one weight-sync bucket into the engines, MiB
+    sglang_tp: int = 8  # tensor parallel size of one SGLang engine (GPUs per engine)
+    sglang_mem_fraction: float = 0.7  # share of GPU memory SGLang's KV cache may take
+    sglang_urls: tuple[str, ...] = ()  # servers of engine sglang_http, one per engine
+    wait_timeout_s: float = 14400.0  # seconds a rank may wait, on a gloo group, for others' generation, engine start or weight update (docs/slurm.md, Timeouts)
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    train_files: tuple[str, ...] = ()
-    eval_files: tuple[str, ...] = ()
-    schema: Literal["auto", "simple", "dapo"] = "auto"
-    apply_chat_template: bool = True
-    max_prompt_tokens: int = 2048
-    seed: int = 1234
+    train_files: tuple[str, ...] = ()  # RL prompt files (JSONL or Parquet; docs/data_and_rewards.md)
+    eval_files: tuple[str, ...] = ()  # held-out eval prompt files
+    schema: Literal["auto", "simple", "dapo"] = "auto"  # row layout of the files: detected (auto), simple (prompt/answer) or dapo
+    apply_chat_template: bool = True  # wrap prompts in the tokenizer's chat template
+    max_prompt_tokens: int = 2048  # longer prompts are skipped (counted in data/*_skipped)
+    seed: int = 1234  # seed of the prompt order
 
 
 @dataclass(frozen=True)
 class RewardConfig:
     # "math" (math-verify), "exact" (string match) or a user function "package.module:function".
     fn: str = "math"
-    correct_score: float = 1.0
-    incorrect_score: float = -1.0
-    timeout_s: float = 5.0
+    correct_score: float = 1.0  # reward of a correct response
+    incorrect_score: float = -1.0  # reward of an incorrect one
+    timeout_s: float = 5.0  # time limit of one reward call, seconds (over it: incorrect)
 
 
 @dataclass(frozen=True)
 class SFTConfig:
     """Optional warm start before RL: supervised steps on correct examples."""
 
-    files: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()  # supervised examples (prompt + correct response)
     # At most this many steps; fewer when target_accuracy is reached first.
     steps: int = 0
-    lr: float = 1e-4
-    batch_size: int = 32
+    lr: float = 1e-4  # the warm start's learning rate
+    batch_size: int = 32  # examples per step
     # Stop once greedy accuracy on `eval_prompts` RL-train prompts (never the eval set)
     # reaches this; null: run all steps. Checked every `eval_every` steps.
     target_accuracy: float | None = None
-    eval_every: int = 25
-    eval_prompts: int = 256
+    eval_every: int = 25  # steps between target_accuracy checks
+    eval_prompts: int = 256  # RL-train prompts of each target_accuracy check
 
 
 @dataclass(frozen=True)
@@ -159,10 +155,27 @@ class EvalConfig:
     eval/maj@K; the paper reports AIME avg@32 at the training temperature). vapo-eval computes
     the same figures for a saved model (docs/evaluation.md)."""
 
-    every: int = 10
+    every: int = 10  # RL steps between evals
     max_prompts: int = 512  # the first this many eval prompts
-    n_samples: int = 1
+    n_samples: int = 1  # K: sampled responses per prompt (avg@K, pass@k, maj@K)
     temperature: float | None = None  # null: rollout.temperature
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    """Weights & Biases tracking (off by default): the metrics of metrics.jsonl under the same names
+    and steps, and the resolved configuration as the W&B run's config. Rank 0 only. The run id is
+    kept in run_dir/wandb_id, so a resumed or requeued job continues the same W&B run; needs the
+    wandb package (pip install '.[wandb]'), else one warning and the run goes on (README)."""
+
+    # "disabled", "offline" (records under run_dir/wandb; upload later with `wandb sync`) or
+    # "online" (needs WANDB_API_KEY or `wandb login`; when the server cannot be reached the run
+    # logs offline instead, with one warning).
+    mode: Literal["disabled", "offline", "online"] = "disabled"
+    project: str = "vapo-megatron"  # the W&B project
+    entity: str = ""  # the W&B team or user ("": the account's default entity)
+    name: str = ""  # the run's display name ("": the run directory's name)
+    tags: tuple[str, ...] = ()  # the run's tags (1-64 characters each)
 
 
 @dataclass(frozen=True)
@@ -181,11 +194,11 @@ class TrainerConfig:
     # Tokens per chunk of the actor's log-prob kernel: its one float32 work buffer is
     # [chunk, padded vocab / TP] (1024 x 152k = 0.6 GB at TP=1); vapo-plan counts it.
     logprob_chunk_tokens: int = 1024
-    save_every: int = 50
-    seed: int = 1234
-    export_hf: bool = True
-    deterministic: bool = False
-    tensorboard: bool = True
+    save_every: int = 50  # steps between checkpoints (and at the end, and on a stop)
+    seed: int = 1234  # seed of initialization and rollout sampling
+    export_hf: bool = True  # write the final actor as an HF model directory (run_dir/hf)
+    deterministic: bool = False  # torch's deterministic algorithms (slower)
+    tensorboard: bool = True  # TensorBoard event files in run_dir/tensorboard
     # A NaN/Inf loss or gradient norm skips that optimizer step (docs/faults.md); this many skips
     # in a row (per model; each mini-batch is one step) stop the run with an error.
     max_consecutive_skips: int = 10
@@ -201,6 +214,8 @@ class TrainerConfig:
     # Seconds kept free after that step and save: exit and requeue, and a step longer than any
     # measured so far (the first save of a job is not measured yet either).
     deadline_margin_s: float = 300.0
+    # Weights & Biases (off by default).
+    wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@
     warm_start.py  the optional supervised phase before RL
     signals.py     SIGUSR1/SIGTERM, and the collective decision to stop after a step
     deadline.py    does one more step and a checkpoint fit before the job's end?
-    metrics.py     metrics.jsonl, TensorBoard and the progress bar (rank 0)
+    metrics.py     metrics.jsonl, TensorBoard, W&B and the progress bar (rank 0)
+    wandb_run.py   Weights & Biases tracking: one W&B run per run directory, each step once
+    wandb_records.py  what a W&B run directory holds, read from its transaction logs
     timing.py      perf/<phase>_s of every step
     dp_stats.py    figures of a step over every data-parallel rank
 """

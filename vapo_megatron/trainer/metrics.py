@@ -1,5 +1,6 @@
-"""Run metrics: one JSON record per step in metrics.jsonl, the same in TensorBoard, and a
-progress bar. Only global rank 0 writes. Names are namespaced (actor/, critic/, rollout/,
+"""Run metrics: one JSON record per step in metrics.jsonl, the same in TensorBoard and, when
+trainer.wandb is on, in Weights & Biases (wandb_run.py), and a progress bar. Only global rank 0
+writes. Names are namespaced (actor/, critic/, rollout/,
 reward/, response_length/, eval/, perf/)."""
 
 from __future__ import annotations
@@ -20,15 +21,18 @@ class MetricsLogger:
     in TensorBoard, so that every step appears once however often the run was resumed."""
 
     def __init__(self, run_dir: str, *, total_steps: int, start_step: int, sft_start: int, finished: bool,
-                 enabled: bool, tensorboard: bool):
+                 enabled: bool, tensorboard: bool, wandb=None):
         self.enabled = enabled
+        self.wandb = wandb  # a WandbTracker (started by the trainer on rank 0) or None
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self.tb = self.tb_sft = None
         self.bar = None
         if not enabled:
             return
         os.makedirs(run_dir, exist_ok=True)
-        self._truncate(start_step, sft_start, finished)
+        kept = self._truncate(start_step, sft_start, finished)
+        if wandb is not None:  # what a killed attempt logged but W&B never wrote (wandb_run.py)
+            wandb.backfill(kept)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -38,13 +42,13 @@ class MetricsLogger:
             self.tb_sft = SummaryWriter(os.path.join(run_dir, "tensorboard", "sft"), purge_step=sft_start + 1)
         self.bar = tqdm(total=total_steps, initial=start_step, desc="vapo", dynamic_ncols=True)
 
-    def _truncate(self, step: int, sft_step: int, finished: bool) -> None:
+    def _truncate(self, step: int, sft_step: int, finished: bool) -> list[dict]:
         """Keep the records of the steps the run resumes after: RL records up to `step`, SFT
         records up to `sft_step`, the final eval only when the run has finished (else it is done
         again); nothing on a fresh start (a crash before the first checkpoint leaves records that
-        the new attempt writes again)."""
+        the new attempt writes again). Returns the records kept."""
         if not os.path.exists(self.path):
-            return
+            return []
         with open(self.path) as f:
             lines = f.readlines()
         if lines and not lines[-1].endswith("\n"):
@@ -59,6 +63,7 @@ class MetricsLogger:
             if not redone and (step > 0 or sft_step > 0):
                 keep.append(line)
         write_atomic(self.path, "".join(keep))
+        return [json.loads(line) for line in keep]
 
     def log(self, step: int, phase: str, metrics: dict[str, float], *, tb_step: int | None = None) -> None:
         """`step` is the RL iteration (what resume truncates on); the warm start logs at 0 and
@@ -75,6 +80,8 @@ class MetricsLogger:
                 if isinstance(v, (int, float)) and math.isfinite(v):
                     tb.add_scalar(k, v, step if tb_step is None else tb_step)
             tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(step, metrics)
         if self.bar is not None and phase == "sft":  # the bar counts RL iterations only
             self.bar.set_description(f"sft step {tb_step}", refresh=False)
             self.bar.set_postfix({k.split("/")[-1]: f"{v:.3f}" for k, v in metrics.items() if k in ("sft/nll_loss", "sft/train_accuracy")})
@@ -88,6 +95,8 @@ class MetricsLogger:
             self.bar.set_postfix(postfix, refresh=False)
 
     def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()
         for tb in (self.tb, self.tb_sft):
             if tb is not None:
                 tb.close()

@@ -79,7 +79,7 @@ class Trainer:
         self.logger = MetricsLogger(t.run_dir, total_steps=self.total_iterations, start_step=self.state.iteration,
                                     sft_start=self.state.sft_steps_done, finished=self.state.finished,
                                     enabled=parallel.is_rank0(),
-                                    tensorboard=t.tensorboard)
+                                    tensorboard=t.tensorboard, wandb=self._start_wandb())
         self.timer = PhaseTimer()  # perf/<phase>_s of every step (timing.py)
         if self.state.iteration == 0 and self.state.sft_steps_done == 0:  # a fresh run: once
             self.logger.log(0, "data", self.data.stats)
@@ -238,6 +238,17 @@ class Trainer:
                              critic=False, dtype=m.dtype)
 
     # ---- helpers ---------------------------------------------------------------------------
+
+    def _start_wandb(self):
+        """Rank 0's W&B run (trainer/wandb_run.py), or None: off, another rank, or a rerun of a
+        finished run (nothing to log; the W&B run stays finished)."""
+        if not parallel.is_rank0() or self.cfg.trainer.wandb.mode == "disabled":
+            return None
+        if self.state.finished and self.state.iteration >= self.total_iterations:
+            return None
+        from vapo_megatron.trainer.wandb_run import WandbTracker
+
+        return WandbTracker.start(self.cfg.trainer.wandb, self.cfg.trainer.run_dir, to_dict(self.cfg))
 
     def _rollout_seed(self) -> int:
         # A pure function of (seed, iteration, DP rank): a resumed run samples the same rollouts.

@@ -201,6 +201,12 @@ class TrainerConfig:
     # Seconds kept free after that step and save: exit and requeue, and a step longer than any
     # measured so far (the first save of a job is not measured yet either).
     deadline_margin_s: float = 300.0
+    # Colocated runs: move the actor's and critic's parameters, gradient buffers and optimizer
+    # state into (pinned) host memory before each generation and back before scoring, so that the
+    # SGLang engine's KV cache can use that GPU memory (rollout.sglang_mem_fraction; vapo-plan
+    # sizes both ways). Byte-exact: results are bitwise those of a run without it. Needs the
+    # state of all of a node's ranks in host memory (checked at start-up). docs/weight_sync.md.
+    offload_during_rollout: bool = False
 
 
 @dataclass(frozen=True)

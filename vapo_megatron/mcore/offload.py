@@ -107,6 +107,24 @@ def host_bytes(models) -> int:
     return total
 
 
+def _host_buffer(nbytes: int, pinned: bool) -> torch.Tensor:
+    """uint8 [nbytes] in host memory; pinned: page-locked by cudaHostRegister at its exact size.
+    torch's own pinned allocator (pin_memory=True, CachingHostAllocator) rounds every block up to
+    a power of two by default: a 24 GiB state would pin 32 GiB on each of a node's 8 ranks."""
+    buf = torch.empty(nbytes, dtype=torch.uint8)
+    if pinned and nbytes:
+        err = int(torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 1))  # 1: cudaHostRegisterPortable
+        if err:
+            raise RuntimeError(f"trainer.offload_during_rollout: pinning {nbytes:,} bytes of host memory failed "
+                               f"(cudaHostRegister error {err})")
+    return buf
+
+
+def _release_host_buffer(buf: torch.Tensor | None, pinned: bool) -> None:
+    if buf is not None and pinned and buf.numel():
+        torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+
+
 def _device(models) -> torch.device:
     return next(models[0].chunks[0].parameters()).device
 
@@ -118,8 +136,8 @@ def _sync(device: torch.device) -> None:
 
 class Offloader:
     """Moves the models' state between the device and one host buffer, kept between steps (pinning
-    tens of GiB costs seconds; it is allocated at the first offload and grown if the state grows,
-    as when Adam creates its moments at the first step)."""
+    tens of GiB costs seconds): allocated at the first offload, sized for the whole state including
+    Adam's moments to come (host_bytes), grown only if the state outgrows that."""
 
     def __init__(self, models: list):
         self.models = list(models)
@@ -141,9 +159,9 @@ class Offloader:
         storages = unique_storages(self.models, self.device)
         total = sum(st.nbytes() for st in storages)
         if self.host is None or self.host.numel() < total:
-            self.host = None  # the old buffer goes first: host memory holds one copy at a time
+            self.close()  # the old buffer goes first: host memory holds one copy at a time
             # Sized for the moments Adam creates at its first step too: allocated (and pinned) once.
-            self.host = torch.empty(max(total, host_bytes(self.models)), dtype=torch.uint8, pin_memory=self.pinned)
+            self.host = _host_buffer(max(total, host_bytes(self.models)), self.pinned)
         offset = 0
         for st in storages:
             n = st.nbytes()
@@ -169,6 +187,13 @@ class Offloader:
         total = sum(n for _, _, n in self.moved)
         self.moved = []
         self.last["onload"] = (total, time.perf_counter() - t0)
+
+    def close(self) -> None:
+        """Unpin and drop the host buffer (the state must be on the device)."""
+        if self.moved:
+            raise RuntimeError("close(): the state is still in host memory")
+        _release_host_buffer(self.host, self.pinned)
+        self.host = None
 
     def bandwidth_line(self) -> str:
         """One line: bytes moved each way and the host<->device bandwidth of the latest moves."""

@@ -282,6 +282,8 @@ class Trainer:
         self.clock.add_save(time.perf_counter() - t0)
 
     def close(self) -> None:
+        if self.offloader is not None and not self.offloader.offloaded:
+            self.offloader.close()  # unpin the host buffer
         self.logger.close()
         self.answers.close()
         self.generator.close()

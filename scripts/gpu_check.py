@@ -26,6 +26,7 @@ Checks (each calls the project's own code; a check is skipped only when its pack
   sync_memory     after a weight sync into the real engine, no unused PyTorch cache (GPU + sglang)
   engine_signals  after the real Engine's first calls, the SIGTERM handler set before it is in force
                   and reached, and SIGQUIT is EngineDeath (GPU + sglang)
+  offload         scripts/gpu_check_offload.py (offload, offload_memory); vapo_steps runs with it on
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ if "--cpu" in sys.argv[1:]:  # before torch looks for GPUs: the CPU path must no
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 import torch  # noqa: E402
+from gpu_check_offload import check_offload  # noqa: E402  (scripts/: the directory of this script)
 
 GIB = 1 << 30
 results: list[tuple[str, str, str]] = []
@@ -128,8 +130,7 @@ def check_model_logits(env: Env) -> None:
         want = ref.to(env.device)(ids).logits.float()
     del ref
     err = (got - want).abs().max().item()
-    ok = torch.allclose(got, want, **_tol(env))
-    report("model_logits", "PASS" if ok else "FAIL",
+    report("model_logits", "PASS" if torch.allclose(got, want, **_tol(env)) else "FAIL",
            f"{env.preset} {str(env.dtype).removeprefix('torch.')} on {env.device.type}, {spec} layer spec ({qkv.__name__}), "
            f"backend {torch.distributed.get_backend()}: max |megatron - transformers| = {err:.3g} ({_tol(env)})")
 
@@ -189,10 +190,9 @@ def check_vocab_parallel(env: Env) -> None:
     want_logp = ref.gather(-1, targets[:, None])[:, 0]
     want_ent = -(ref.exp() * ref).sum(-1)
     err = max((logp - want_logp).abs().max().item(), (entropy - want_ent).abs().max().item())
-    ok = err < 1e-3
     mem = "peak extra memory: n/a on the CPU" if extra is None else (
         f"peak extra memory {extra / 2**20:.0f} MiB vs logits {logits.numel() * logits.element_size() / 2**20:.0f} MiB")
-    report("vocab_parallel", "PASS" if ok else "FAIL",
+    report("vocab_parallel", "PASS" if err < 1e-3 else "FAIL",
            f"[{tokens}, {vocab}] {str(env.dtype).removeprefix('torch.')}: max error {err:.2g} vs torch.log_softmax; {mem}")
 
 
@@ -289,7 +289,7 @@ def check_vapo_steps(env: Env, steps: int) -> dict | None:
         f"trainer.run_dir={env.work / 'run'}", f"model.hf_path={data}/model", f"data.train_files=[{data}/train.jsonl]",
         "data.eval_files=[]", "sft.steps=0", "sft.files=[]", "parallel.tp=1", "algo.value_pretrain_steps=1",
         f"trainer.total_steps={steps}", "rollout.prompts_per_step=16", "rollout.n_samples=4",
-        "trainer.tensorboard=false", f"trainer.save_every={steps + 1}",
+        "trainer.tensorboard=false", f"trainer.save_every={steps + 1}", "trainer.offload_during_rollout=true",
         f"model.dtype={'float32' if env.cpu else 'bfloat16'}",
     ]
     cfg = load_config(str(ROOT / "configs" / "demo_cpu.yaml"), overrides)
@@ -377,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                             ("model_logits", lambda: check_model_logits(env)),
                             ("vocab_parallel", lambda: check_vocab_parallel(env)),
                             ("weight_sync", lambda: check_weight_sync(env)),
+                            ("offload", lambda: [report(*r) for r in check_offload(env.cpu, env.dtype, env.preset)]),
                             ("vapo_steps", lambda: check_vapo_steps(env, args.steps)),
                             ("plan_memory", lambda: check_plan_memory(env, run))):
             if not has("transformers") and name in ("model_logits", "weight_sync", "vapo_steps"):
@@ -384,8 +385,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             try:
                 out = check()
-                if name == "vapo_steps":
-                    run = out
+                run = out if name == "vapo_steps" else run
             except Exception as e:  # noqa: BLE001 - one failing check must not hide the others
                 report(name, "FAIL", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
                 traceback.print_exc(file=sys.stderr)

@@ -12,6 +12,7 @@ from tests.helpers.train_runs import ROOT
 
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 CHECKS = ("collectives", "wait_groups", "wgrad_fusion", "model_logits", "vocab_parallel", "weight_sync",
+          "offload", "offload_memory",
           "engine_memory", "sync_memory", "engine_signals", "vapo_steps", "phase_memory", "plan_memory")
 
 
@@ -30,7 +31,7 @@ def test_cpu_mode_runs_every_check_without_fail():
     assert set(status) == set(CHECKS), status
     # What can run on the CPU does; only the GPU measurements are skipped, each with its reason.
     assert {c for c, s in status.items() if s == "SKIP"} == {"engine_memory", "sync_memory", "engine_signals",
-                                                              "phase_memory", "plan_memory"}
+                                                              "phase_memory", "plan_memory", "offload_memory"}
     assert all(len(line.split(None, 2)) == 3 for line in lines if line[:4] == "SKIP")
 
 

@@ -79,7 +79,7 @@ def _cli_and_shards(tiny_dir: str):
         base + ["--nodes", "1", "--gpus-per-node", "8"],
         base + ["--nodes", "1", "--gpus-per-node", "8", "parallel.pp=1"],
         ["--config", CONFIG_32B, "--nodes", "8", "--gpus-per-node", "8"],  # no --preset, no model files
-        base + ["--nodes", "8", "--gpus-per-node", "8", "rollout.sglang_mem_fraction=0.75"],
+        base + ["--nodes", "8", "--gpus-per-node", "8", "rollout.sglang_mem_fraction=0.75", "trainer.offload_during_rollout=false"],
         # The CPU demo config, its model read from model.hf_path/config.json (embedded engine).
         ["--config", str(REPO / "configs" / "demo_cpu.yaml"), "--nodes", "1", "--gpus-per-node", "2",
          "--gpu-memory-gib", "8", "--reserve-gib", "1", f"model.hf_path={tiny_dir}"],
@@ -112,13 +112,31 @@ def test_vapo_plan_32b(tmp_path):
     assert "DOES NOT FIT" in out_pp1
     assert "training does not fit on rank tp=0 pp=0: needs" in out_pp1
     assert "GiB over); largest parts: actor optimizer state" in out_pp1
-    assert "rollout does not fit on rank tp=0 pp=0" in out_pp1
+    assert "rollout does not fit" not in out_pp1  # the state is in host memory during rollout (offload on)
 
     # 8 x 8, but the engine's share leaves too little beside the resident actor and critic state
     # (24 GiB per GPU) during rollout; training alone still fits.
     assert rc_kv == 1
     assert "rollout does not fit on rank" in out_kv and "training does not fit" not in out_kv
     assert "SGLang engine (rollout.sglang_mem_fraction x GPU) 60.0 GiB" in out_kv
+    assert "rollout: trainer.offload_during_rollout=true would move the trainer's 24.0 GiB per GPU to host memory" in out_kv
+
+    # The config as shipped offloads the trainer's state during rollout, and its engine share uses
+    # what that frees: a KV cache at least 1.5x the one with the state resident (same rollout
+    # peak), said to be computed, not measured.
+    assert ("SGLang KV cache per GPU with and without trainer.offload_during_rollout (this config: on), computed "
+            "from shapes and the estimates above, not measured, at this config's rollout peak of") in out8
+    kv = {}
+    for way in ("offloaded", "resident"):
+        (line,) = [x for x in out8.splitlines() if x.startswith(f"  trainer state {way}:")]
+        kv[way] = float(line.split("KV cache")[1].split("GiB")[0])
+        kv[way + " sequences"] = int(line.split("tokens per engine, ")[1].split(" full sequences")[0])
+        assert line.endswith("<- rollout.sglang_mem_fraction") == (way == "offloaded"), line
+    assert "sglang_mem_fraction 0.85 =  68.0 GiB, KV cache  60.4 GiB" in out8
+    assert kv["offloaded"] >= 1.5 * kv["resident"] and kv["resident"] == 36.4, kv
+    assert kv["offloaded sequences"] == 87 and kv["resident sequences"] == 52, kv
+    assert "moved to pinned host memory before the resume (trainer.offload_during_rollout), not counted:" in out8
+    assert "up to 191.9 GiB per node of 8 GPUs" in out8
 
     # The reserve, itemised per phase (worst rank): 5 NCCL communicators = world, TP, PP, DP and the
     # engine's TP group; the allocator's share follows the activations (2.33 GiB with recompute and sequence parallelism).
@@ -243,7 +261,8 @@ def _plans_at_two_bucket_sizes():
 
     out = []
     for mb in (1024, 4096):
-        cfg = parse_config(CONFIG_32B, [f"rollout.weight_sync_bucket_mb={mb}"])[0]
+        cfg = parse_config(CONFIG_32B, [f"rollout.weight_sync_bucket_mb={mb}", "trainer.offload_during_rollout=false",
+                                        "rollout.sglang_mem_fraction=0.55"])[0]
         plan = make_plan(cfg, QWEN25_32B, QWEN25_32B, world_size=64, gpu_memory_gib=80.0)
         out.append((plan, format_plan(plan, cfg, model_source="test", nodes=8, gpus_per_node=8)))
     return out
@@ -276,3 +295,30 @@ def test_rollout_names_what_remains_when_the_kv_cache_resumes():
     assert f"    {'critic optimizer state':<48}{worst.kv_resume['critic optimizer state'] / GIB:8.2f}" in text
     assert f"  {'what remains':<50}{sum(worst.kv_resume.values()) / GIB:8.2f}" in text
     assert f"  {'= rollout':<50}{worst.rollout / GIB:8.2f}" in text
+
+
+def _plans_with_and_without_offload():
+    from vapo_megatron.config import parse_config
+    from vapo_megatron.sizing.plan import make_plan
+
+    return [make_plan(parse_config(CONFIG_32B, over)[0], QWEN25_32B, QWEN25_32B, world_size=64, gpu_memory_gib=80.0)
+            for over in ([], ["trainer.offload_during_rollout=false", "rollout.sglang_mem_fraction=0.55"])]
+
+
+def test_offload_takes_the_trainer_state_out_of_the_rollout_phase():
+    from vapo_megatron.sizing.memory import SGLANG_RUNTIME_ITEM
+
+    on, off = run_ranks(1, _plans_with_and_without_offload)[0]
+    assert on.offload and not off.offload and not on.problems and not off.problems
+    for m_on, m_off in zip(on.ranks, off.ranks):
+        state = {k: v for k, v in m_off.kv_resume.items() if k.startswith(("actor ", "critic "))}
+        assert len(state) == 6 and m_on.offloaded == state and not m_off.offloaded
+        assert set(m_on.kv_resume) == set(m_off.kv_resume) - set(state)  # the reserve alone remains
+        assert sum(m_on.kv_resume.values()) + on.engine_share + m_on.reserve["rollout"][SGLANG_RUNTIME_ITEM] == m_on.rollout
+        assert m_on.training == m_off.training  # training holds the state either way
+    # Same rollout peak: the 0.30 of the GPU the offload frees went to the engine's share.
+    assert max(m.rollout for m in on.ranks) - max(m.rollout for m in off.ranks) < 0.05 * (1 << 30)
+    assert on.kv_compare["offloaded"]["kv_cache"] == on.kv_cache and on.kv_compare["offloaded"]["configured"]
+    assert off.kv_compare["resident"]["kv_cache"] == off.kv_cache and off.kv_compare["resident"]["configured"]
+    assert on.kv_cache >= 1.5 * off.kv_cache
+    assert abs(on.kv_compare["resident"]["kv_cache"] - off.kv_cache) < 0.05 * (1 << 30)

@@ -37,8 +37,8 @@ def _scheduled_lr(s: int, *, lr: float, min_lr: float, warmup: int, decay: int, 
         return min_lr
     r = (s - warmup) / (decay - warmup)
     return min_lr + (lr - min_lr) * ((1 - r) if style == "linear" else (1 + math.cos(math.pi * r)) / 2)
-PHASE_TIMES = [f"perf/{p}_s" for p in ("rollout", "reward", "score", "critic_update", "actor_update", "sync", "eval",
-                                       "checkpoint", "other")]
+PHASE_TIMES = [f"perf/{p}_s" for p in ("offload", "rollout", "onload", "reward", "score", "critic_update", "actor_update",
+                                       "sync", "eval", "checkpoint", "other")]
 
 
 @pytest.fixture(scope="module")

@@ -214,6 +214,10 @@ class TrainerConfig:
     # Seconds kept free after that step and save: exit and requeue, and a step longer than any
     # measured so far (the first save of a job is not measured yet either).
     deadline_margin_s: float = 300.0
+    # Colocated runs: the actor's and critic's parameters, gradient buffers and optimizer state go
+    # to (pinned) host memory before each generation and come back before scoring, so the SGLang
+    # KV cache can use that GPU memory; bitwise the same results; host memory checked at start-up.
+    offload_during_rollout: bool = False  # move the trainer's state to host memory while the engines generate (docs/weight_sync.md)
     # Weights & Biases (off by default).
     wandb: WandbConfig = field(default_factory=WandbConfig)
 

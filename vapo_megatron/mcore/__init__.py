@@ -11,5 +11,6 @@
     actor.py         the policy: old log-probs, PPO + positive-example NLL update
     critic.py        the value model: values, clipped value-loss update
     memory.py        GPU memory handed back at the trainer <-> rollout-engine phase switches
+    offload.py       the trainer's state in host memory during rollout (trainer.offload_during_rollout)
     dtypes.py        parameter dtypes by name
 """

@@ -1,22 +1,24 @@
 """The plan: each rank's memory in the two phases of a colocated run, and what does not fit.
 
-  training  actor + critic parameters, gradients and optimizer state (both stay on the GPU all the
-            time: the trainer offloads nothing) + the activations of the one model being trained;
-            the SGLang engine has released its weights, KV cache and CUDA graphs
-            (rollout/generator.py: the engine releases its memory after each generation).
-  rollout   the same resident trainer state + the engine's static share, sglang_mem_fraction x GPU
-            memory: SGLang sizes its KV cache as that share minus its weights (actor parameters in
-            bf16 / rollout.sglang_tp per GPU). Assumes one engine TP rank on every GPU.
-            RankMemory.kv_resume names what is left on the GPU when the owner resumes the KV
-            cache, after every rank of its engine has emptied PyTorch's cache (sync_freed): the
-            trainer's live state, CUDA and NCCL contexts, fragmentation. Plan.freed_before_resume
-            names the transients emptied by then, which are not counted.
+  training  actor + critic parameters, gradients and optimizer state + the activations of the
+            one model being trained; the SGLang engine has released its weights, KV cache and
+            CUDA graphs (rollout/generator.py: the engine releases its memory after each generation).
+  rollout   the engine's static share, sglang_mem_fraction x GPU memory (SGLang sizes its KV cache
+            as that share minus its weights: actor parameters in bf16 / rollout.sglang_tp per GPU),
+            + the trainer's state unless trainer.offload_during_rollout moves it to host memory
+            first (mcore/offload.py; RankMemory.offloaded names it). Assumes one engine TP rank on
+            every GPU. RankMemory.kv_resume names what is left on the GPU when the owner resumes
+            the KV cache, after every rank of its engine has emptied PyTorch's cache (sync_freed):
+            the trainer's live state (none with the offload), CUDA and NCCL contexts,
+            fragmentation. Plan.freed_before_resume names the transients emptied by then, which
+            are not counted. Plan.kv_compare: the KV cache with and without the offload at this
+            config's rollout peak (the share moves by the trainer's state).
 All figures are computed from shapes and the estimates in memory.py, not measured.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vapo_megatron.config import Config
 from vapo_megatron.mcore.dtypes import torch_dtype
@@ -38,6 +40,8 @@ class RankMemory:
     # What the GPU still holds when the owner resumes the KV cache, by name:
     # rollout = sum(kv_resume) + the engine's static share + SGLang's runtime buffers.
     kv_resume: dict
+    # The trainer's state moved to host memory during rollout (trainer.offload_during_rollout), by name.
+    offloaded: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,12 @@ class Plan:
     # in the rollout phase (bytes; None where the size depends on the data).
     freed_before_resume: dict
     problems: list[str]
+    offload: bool = False  # trainer.offload_during_rollout
+    # "offloaded" / "resident" -> {share, fraction, kv_cache, kv_tokens, sequences, configured}: SGLang's
+    # share and KV cache per GPU with and without the offload at the same rollout peak ("peak": this
+    # config's, or the GPU's memory when it does not fit); colocated only.
+    kv_compare: dict = field(default_factory=dict)
+    state_per_gpu: int = 0  # the trainer's state on the worst rank: what the offload moves to the host
 
 
 def _padded_vocab(hf_cfg: dict, tp: int) -> int:
@@ -86,6 +96,7 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     T = cfg.trainer.micro_batch_tokens
     recompute = cfg.model.recompute_activations
     sp = cfg.parallel.sequence_parallel and tp > 1  # off at tp=1 (config/schema.py)
+    offload = cfg.trainer.offload_during_rollout
 
     ranks = []
     for s in shards:
@@ -106,11 +117,13 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
         reserve = {ph: {"--reserve-gib": flat} if flat is not None else
                    reserve_parts(cfg, world_size=world_size, dp=dp, activations=act, phase=ph) for ph in ("training", "rollout")}
         state_names = [f"{m} {k}" for m in ("actor", "critic") for k in ("parameters", "gradients", "optimizer state")]
-        kv_resume = {k.replace("gradients", "gradient buffers (fp32 main_grad)"): parts[k] for k in state_names}
+        state = {k.replace("gradients", "gradient buffers (fp32 main_grad)"): parts[k] for k in state_names}
+        kv_resume = {} if offload else dict(state)
         kv_resume.update({k: v for k, v in reserve["rollout"].items() if k != SGLANG_RUNTIME_ITEM})
         runtime = reserve["rollout"].get(SGLANG_RUNTIME_ITEM, 0)
         ranks.append(RankMemory(s.tp_rank, s.pp_rank, parts, resident + act + sum(reserve["training"].values()),
-                                sum(kv_resume.values()) + engine_share + runtime, reserve, kv_resume))
+                                sum(kv_resume.values()) + engine_share + runtime, reserve, kv_resume,
+                                offloaded=state if offload else {}))
 
     problems = []
     for phase in ("training", "rollout"):
@@ -134,14 +147,43 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     freed = {f"weight-sync bucket (rollout.weight_sync_bucket_mb={r.weight_sync_bucket_mb})": r.weight_sync_bucket_mb << 20,
              "gathered embedding/output layer (the sync's largest full tensor)": largest,
              "all_gather_object receive buffers (group size x largest object)": None}
+    state = [_state(m) for m in ranks]
+    compare = _kv_compare(ranks, state, offload=offload, engine_share=engine_share, engine_weights=engine_weights, gpu=gpu,
+                          per_token=kv_bytes_per_token(actor_hf, sglang_tp=r.sglang_tp), sequence=sequence) if colocated else {}
+    if colocated and not offload and any(p.startswith("rollout") for p in problems):
+        problems.append(f"rollout: trainer.offload_during_rollout=true would move the trainer's {max(state) / GIB:.1f} GiB "
+                        "per GPU to host memory during rollout")
     return Plan(world_size, gpu, flat, (tp, pp, dp, vpp), shards, ranks, engine_weights, engine_share,
-                kv_cache, kv_tokens, sequence, ckpt, freed, problems)
+                kv_cache, kv_tokens, sequence, ckpt, freed, problems, offload, compare, max(state))
+
+
+def _state(m: RankMemory) -> int:
+    """The trainer's parameters, gradient buffers and optimizer state on one rank (both models)."""
+    return sum(m.parts[f"{a} {k}"] for a in ("actor", "critic") for k in ("parameters", "gradients", "optimizer state"))
+
+
+def _kv_compare(ranks: list[RankMemory], state: list[int], *, offload: bool, engine_share: int, engine_weights: int,
+                gpu: int, per_token: int, sequence: int) -> dict:
+    """SGLang's share and KV cache per GPU with and without the offload, at the same rollout peak
+    (the worst rank's): this config's when it fits (its share is then one of the two; the other
+    differs by what the trainer's state adds to the worst rank, 24 GiB per GPU for the 32B config),
+    else the GPU's memory (the largest shares that fit)."""
+    rest = [m.rollout - engine_share - (0 if offload else s) for m, s in zip(ranks, state)]  # without state and share
+    peak = min(max(m.rollout for m in ranks), gpu)
+    shares = {"offloaded": peak - max(rest), "resident": peak - max(r + s for r, s in zip(rest, state))}
+    out = {"peak": peak}
+    for way, share in shares.items():
+        kv = share - engine_weights
+        tokens = max(0, kv) // per_token
+        out[way] = {"share": share, "fraction": share / gpu, "kv_cache": kv, "kv_tokens": tokens,
+                    "sequences": tokens // sequence, "configured": share == engine_share}
+    return out
 
 
 def _overflow_message(phase: str, m: RankMemory, need: int, gpu: int, reserve: int, engine_share: int,
                       recompute: bool) -> str:
     resident_keys = [f"{a} {k}" for a in ("actor", "critic") for k in ("parameters", "gradients", "optimizer state")]
-    items = {k: m.parts[k] for k in resident_keys}
+    items = {k: m.parts[k] for k in resident_keys if not (phase == "rollout" and m.offloaded)}
     if phase == "training":
         model = "actor" if m.parts["actor activations"] >= m.parts["critic activations"] else "critic"
         items[f"{model} activations" + (" (full recompute)" if recompute else " (no recompute)")] = m.parts[f"{model} activations"]

@@ -25,12 +25,35 @@ def _kv_resume_lines(plan: Plan, cfg: Config) -> list[str]:
              "  left when the owner resumes the KV cache (every rank of its engine has emptied PyTorch's cache):"]
     lines += [f"    {k:<48}{_g(v):>8}" for k, v in m.kv_resume.items()]
     lines.append(f"  {'what remains':<50}{_g(sum(m.kv_resume.values())):>8}")
+    if m.offloaded:
+        lines.append("  moved to pinned host memory before the resume (trainer.offload_during_rollout), not counted:")
+        lines += [f"    {k:<48}{_g(v):>8}" for k, v in m.offloaded.items()]
     if cfg.rollout.engine == "sglang":
         lines.append(f"  {'+ SGLang static share (weights + KV cache)':<50}{_g(plan.engine_share):>8}")
         lines.append(f"  {'+ SGLang buffers outside its static share':<50}{_g(runtime):>8}")
     lines.append(f"  {'= rollout':<50}{_g(m.rollout):>8}")
     lines.append("  freed on every rank before the resume, not counted:")
     lines += [f"    {k:<68}{'(by the data)' if v is None else _g(v)}" for k, v in plan.freed_before_resume.items()]
+    return lines
+
+
+def _offload_lines(plan: Plan, cfg: Config, gpus_per_node: int) -> list[str]:
+    """SGLang's KV cache with and without trainer.offload_during_rollout, at this config's rollout peak."""
+    peak, fits = plan.kv_compare["peak"], not any(p.startswith("rollout") for p in plan.problems)
+    on, off = plan.kv_compare["offloaded"], plan.kv_compare["resident"]
+    lines = [f"SGLang KV cache per GPU with and without trainer.offload_during_rollout (this config: "
+             f"{_yes(plan.offload)}), computed from shapes and the estimates above, not measured, at "
+             + (f"this config's rollout peak of {peak / GIB:.1f} GiB:" if fits else
+                f"a rollout peak of the GPU's {peak / GIB:.1f} GiB (this config's does not fit):")]
+    for label, c, this in (("offloaded", on, plan.offload), ("resident", off, not plan.offload)):
+        lines.append(f"  trainer state {label + ':':<10} sglang_mem_fraction {c['fraction']:.2f} = {c['share'] / GIB:5.1f} GiB, "
+                     f"KV cache {max(c['kv_cache'], 0) / GIB:5.1f} GiB = {c['kv_tokens']:,} tokens per engine, "
+                     f"{c['sequences']} full sequences of {plan.sequence_tokens:,} tokens at once"
+                     + ("  <- rollout.sglang_mem_fraction" if this and c["configured"] else ""))
+    ratio = on["kv_cache"] / off["kv_cache"] if off["kv_cache"] > 0 else float("inf")
+    lines.append(f"  offload: {ratio:.2f}x the KV cache; {plan.state_per_gpu / GIB:.1f} GiB per GPU (worst rank) in pinned "
+                 f"host memory, up to {gpus_per_node * plan.state_per_gpu / GIB:.1f} GiB per node of {gpus_per_node} GPUs "
+                 "(checked against MemAvailable at start-up)")
     return lines
 
 
@@ -77,6 +100,7 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
             f"({plan.kv_tokens // plan.sequence_tokens} full sequences of {plan.sequence_tokens:,} tokens at once)")
     else:
         engine_line = f"rollout.engine={r.engine}: no SGLang engine on these GPUs, none sized (rollout = resident state)"
+    offload_lines = _offload_lines(plan, cfg, gpus_per_node) if r.engine == "sglang" else []
     from vapo_megatron.checkpoint.manager import KEEP_CHECKPOINTS
 
     lines.append(f"  (each includes the reserve below; limit {plan.gpu_bytes / GIB:.1f} GiB)")
@@ -95,8 +119,11 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
         f"{KEEP_CHECKPOINTS} kept, the next written before the oldest goes: {(KEEP_CHECKPOINTS + 1) * ckpt / 1e12:,.2f} TB "
         f"of disk at peak in trainer.run_dir; every trainer.save_every={cfg.trainer.save_every} steps",
         engine_line,
-        "assumptions: actor and critic parameters, gradients and optimizer state stay on every GPU in both phases "
-        "(the trainer offloads nothing); during training the engine has released weights, KV cache and CUDA graphs; "
+        *offload_lines,
+        ("assumptions: actor and critic parameters, gradients and optimizer state stay on every GPU during training "
+         "and go to host memory during rollout (trainer.offload_during_rollout)" if plan.offload else
+         "assumptions: actor and critic parameters, gradients and optimizer state stay on every GPU in both phases "
+         "(trainer.offload_during_rollout=false)") + "; during training the engine has released weights, KV cache and CUDA graphs; "
         "during rollout no activations are held (the trainer empties its allocator cache at each switch); one engine TP rank per GPU; flash attention.",
         "",
     ]

@@ -27,7 +27,9 @@ import torch
 
 # The named phases of a step, in the order they run; each is logged as perf/<name>_s, 0 when a
 # step did not run it (no actor update while value pretraining, no checkpoint after most steps).
-PHASES = ("rollout", "reward", "score", "critic_update", "actor_update", "sync", "eval", "checkpoint")
+# offload/onload: the trainer's state to host memory and back around the rollout
+# (trainer.offload_during_rollout, mcore/offload.py).
+PHASES = ("offload", "rollout", "onload", "reward", "score", "critic_update", "actor_update", "sync", "eval", "checkpoint")
 
 
 def _device_sync() -> None:
@@ -72,10 +74,14 @@ class PhaseTimer:
 
 
 def summary(logs: dict[str, float], top: int = 3) -> str:
-    """The step time and its largest phases for the progress bar: '2.41s roll 52% actor 21% crit 12%'."""
+    """The step time and its largest phases for the progress bar: '2.41s roll 52% actor 21% crit 12%',
+    then the offload and onload times whenever the trainer moved its state: '... off 0.81s on 0.93s'."""
     step = logs.get("perf/step_s")
     if not step:
         return ""
     short = {"rollout": "roll", "critic_update": "crit", "actor_update": "actor", "checkpoint": "ckpt"}
-    parts = sorted(((logs[f"perf/{p}_s"], p) for p in (*PHASES, "other") if logs.get(f"perf/{p}_s")), reverse=True)
-    return f"{step:.2f}s " + " ".join(f"{short.get(p, p)} {100 * s / step:.0f}%" for s, p in parts[:top])
+    parts = sorted(((logs[f"perf/{p}_s"], p) for p in (*PHASES, "other")
+                    if logs.get(f"perf/{p}_s") and p not in ("offload", "onload")), reverse=True)
+    moves = "".join(f" {label} {logs[f'perf/{p}_s']:.2f}s" for p, label in (("offload", "off"), ("onload", "on"))
+                    if logs.get(f"perf/{p}_s"))
+    return f"{step:.2f}s " + " ".join(f"{short.get(p, p)} {100 * s / step:.0f}%" for s, p in parts[:top]) + moves

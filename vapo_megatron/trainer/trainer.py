@@ -11,6 +11,7 @@ component 1: critic only, frozen policy, Monte-Carlo targets), then VAPO ("vapo"
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -25,6 +26,7 @@ from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.actor import Actor, PolicyLossSettings
 from vapo_megatron.mcore.critic import Critic
 from vapo_megatron.mcore.model import build_model, copy_trunk
+from vapo_megatron.mcore.offload import Offloader, check_host_memory
 from vapo_megatron.mcore.optimizer import current_lr
 from vapo_megatron.mcore.update import UpdateSettings
 from vapo_megatron.rewards import build_reward_fn
@@ -70,6 +72,11 @@ class Trainer:
             eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c, loss_agg=a.loss_agg,
             nll_coef=a.nll_coef, temperature=cfg.rollout.temperature, chunk_tokens=t.logprob_chunk_tokens), updates)
         self.critic = Critic(build_model(cfg, critic=True), a.value_clip, updates)
+        # trainer.offload_during_rollout: the state's size is known now (mcore/offload.py).
+        self.offloader, self.bandwidth_logged = None, False
+        if t.offload_during_rollout:
+            check_host_memory([self.actor.model, self.critic.model])  # every node, before any step
+            self.offloader = Offloader([self.actor.model, self.critic.model])
         self.state = RunState(sampler=PromptSampler(self.data.train, cfg.rollout.prompts_per_step, cfg.data.seed))
         self.checkpoints = CheckpointManager(t.run_dir, {"actor": self.actor.model, "critic": self.critic.model},
                                              config=to_dict(cfg))
@@ -143,12 +150,13 @@ class Trainer:
         pretraining = self.state.iteration < algo.value_pretrain_steps and not self.state.pretrain_finished
         t0 = time.perf_counter()
         faults.set_iteration(self.state.iteration)  # test-only fault injection (testing/faults.py)
-        with timed("rollout"):
-            prompts = self.state.sampler.next_batch()                                        # 1
-            rollout = self.generator.collect(prompts, seed=self._rollout_seed())             # 2
-            self.generator.release_weights()  # colocated SGLang: its GPU memory goes to training until step 8
-        faults.fault_point("rollout")
-        faults.fault_point("usr1")
+        with self._offloaded(timed=True):  # trainer.offload_during_rollout: state on the host until scoring
+            with timed("rollout"):
+                prompts = self.state.sampler.next_batch()                                    # 1
+                rollout = self.generator.collect(prompts, seed=self._rollout_seed())         # 2
+                self.generator.release_weights()  # colocated SGLang: its GPU memory goes to training until step 8
+            faults.fault_point("rollout")
+            faults.fault_point("usr1")
         with timed("reward"):
             batch, reward_logs = self.scorer.score(rollout)                                  # 3
         with timed("score"):
@@ -215,11 +223,12 @@ class Trainer:
     def log_eval(self, when: str) -> None:
         """Greedy accuracy and the sampled figures (eval/avg@K, eval/pass@k, eval/maj@K). The
         sampled eval always uses the same seed: checkpoints are compared on the same draws."""
-        acc = greedy_accuracy(self.generator, self.scorer, self.data.eval)
         e = self.cfg.eval
-        sampled = sample_eval(self.generator, self.scorer, self.answers, self.data.eval, n=e.n_samples,
-                              seed=self.cfg.trainer.seed,
-                              temperature=self.cfg.rollout.temperature if e.temperature is None else e.temperature)
+        with self._offloaded(timed=False):  # generation only: the engine's KV cache takes the memory
+            acc = greedy_accuracy(self.generator, self.scorer, self.data.eval)
+            sampled = sample_eval(self.generator, self.scorer, self.answers, self.data.eval, n=e.n_samples,
+                                  seed=self.cfg.trainer.seed,
+                                  temperature=self.cfg.rollout.temperature if e.temperature is None else e.temperature)
         figures = {f"eval/{k}": v for k, v in sampled.summary.items()} if sampled is not None else {}  # rank 0 only
         self.logger.log(self.state.iteration, "eval", {"eval/accuracy": acc, f"eval/accuracy_{when}": acc, **figures})
         if parallel.is_rank0():
@@ -254,17 +263,48 @@ class Trainer:
         # A pure function of (seed, iteration, DP rank): a resumed run samples the same rollouts.
         return (self.cfg.trainer.seed * 1_000_003 + self.state.iteration * 7919 + parallel.dp_rank()) % (2**31 - 1)
 
+    @contextmanager
+    def _offloaded(self, *, timed: bool):
+        """With trainer.offload_during_rollout, the actor's and critic's state is in host memory
+        inside the block (mcore/offload.py); it is entered after the weight sync that reads the
+        actor's parameters and before the engine resumes its KV cache (Generator.generate), and
+        left, even on an error, before anything reads the models again. `timed`: as the step's
+        perf/offload_s and perf/onload_s (an eval's moves count in perf/eval_s)."""
+        if self.offloader is None:
+            yield
+            return
+        with self.timer("offload") if timed else _untimed():
+            self.offloader.offload()
+        try:
+            yield
+        finally:
+            with self.timer("onload") if timed else _untimed():
+                self.offloader.onload()
+            if not self.bandwidth_logged and parallel.is_rank0():
+                print(f"[vapo] trainer state offloaded during rollout (rank 0): {self.offloader.bandwidth_line()}",
+                      flush=True)
+            self.bandwidth_logged = True
+
     def _save(self) -> None:
+        if self.offloader is not None and self.offloader.offloaded:
+            raise RuntimeError("checkpoint save while the trainer's state is in host memory")
         t0 = time.perf_counter()
         self.checkpoints.save(self.state)
         self.clock.add_save(time.perf_counter() - t0)
 
     def close(self) -> None:
+        if self.offloader is not None and not self.offloader.offloaded:
+            self.offloader.close()  # unpin the host buffer
         self.logger.close()
         self.answers.close()
         self.generator.close()
         self.scorer.close()
         self.lock.release()
+
+
+@contextmanager
+def _untimed():
+    yield
 
 
 __all__ = ["NON_FINITE_EXIT_CODE", "PREEMPTED_EXIT_CODE", "Trainer"]

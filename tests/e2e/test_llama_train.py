@@ -1,5 +1,7 @@
 """vapo-train on a tiny Llama (llama3 RoPE scaling on): torchrun, 2 ranks, TP=2, the embedded
-engine; and an unsupported rope setting refused by vapo-train and vapo-convert in one line.
+engine; and an unsupported rope setting refused by vapo-train, vapo-convert and vapo-plan in one
+line (vapo-eval runs the HF model with transformers or SGLang, never megatron, so it does not
+refuse what only megatron cannot express).
 
 The demo data and tokenizer are the demo's (scripts/make_demo_data.py); its Qwen2 model is
 replaced by a random-init transformers LlamaForCausalLM sized to that tokenizer. The engine
@@ -113,3 +115,14 @@ def test_unsupported_rope_is_one_line_from_vapo_convert(llama_demo, tmp_path, ca
     assert f"vapo-convert: error: {bad / 'config.json'}: rope_parameters=" in line
     assert "'rope_type': 'yarn'" in line and "only 'llama3' or the default RoPE" in line
     assert not (tmp_path / "o").exists()
+
+
+def test_unsupported_rope_is_one_line_from_vapo_plan(llama_demo, tmp_path):
+    bad = _with_rope(llama_demo / "model", tmp_path / "model", original_max_position_embeddings=4096)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vapo_megatron.plan", "--config", str(ROOT / "configs" / "demo_cpu.yaml"),
+         "--nodes", "1", "--gpus-per-node", "2", f"model.hf_path={bad}"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = _error_lines(proc.stderr, "vapo-plan")
+    assert f"{bad / 'config.json'}: rope_parameters.original_max_position_embeddings=4096 is not supported" in line

@@ -34,6 +34,9 @@ class Architecture:
     rotary_base: float
     tied_embeddings: bool
     max_position_embeddings: int
+    # Llama 3.1's RoPE scaling (megatron's GPTModel rope_scaling=True with this factor; its other
+    # parameters are fixed in megatron, see llama.py); None: plain RoPE.
+    rope_scaling_factor: float | None = None
 
 
 @dataclass(frozen=True)
@@ -72,15 +75,34 @@ def tied_embeddings(hf_cfg: dict) -> bool:
     return bool(hf_cfg["tie_word_embeddings"]) if "tie_word_embeddings" in hf_cfg else True
 
 
-def rope_theta(hf_cfg: dict) -> float:
-    """The RoPE base. Configs on the Hub carry `rope_theta`; transformers 5 writes `rope_parameters`.
-    Only the default RoPE is expressed (no scaling)."""
+def rope_scaling(hf_cfg: dict) -> tuple[str, dict] | None:
+    """The RoPE variant a config asks for beyond the default: (the key it is under, its dict), or
+    None. Configs on the Hub carry `rope_scaling`; transformers 5 writes `rope_parameters`."""
+    for key in ("rope_parameters", "rope_scaling"):
+        spec = hf_cfg[key] if key in hf_cfg else None
+        if spec is None:
+            continue
+        if not isinstance(spec, dict):
+            raise HFConfigError(f"{source(hf_cfg)}: {key}={spec!r} is not supported (expected an object)")
+        if rope_type(spec) != "default":
+            return key, spec
+    return None
+
+
+def rope_type(spec: dict) -> str:
+    # `rope_type`; older configs say `type`; absent means the default RoPE.
+    return spec["rope_type"] if "rope_type" in spec else (spec["type"] if "type" in spec else "default")
+
+
+def rope_theta(hf_cfg: dict, *, scaled: tuple[str, ...] = ()) -> float:
+    """The RoPE base. A RoPE scaling whose type is not in `scaled` (the family reads those itself)
+    is refused, naming the config and the value."""
+    found = rope_scaling(hf_cfg)
+    if found and rope_type(found[1]) not in scaled:
+        key, spec = found
+        only = f"only {', '.join(repr(t) for t in scaled)} or the default RoPE" if scaled else "only the default RoPE, without scaling"
+        raise HFConfigError(f"{source(hf_cfg)}: {key}={spec} is not supported ({only})")
     params = hf_cfg["rope_parameters"] if "rope_parameters" in hf_cfg else None
-    scaling = hf_cfg["rope_scaling"] if "rope_scaling" in hf_cfg else None
-    for key, spec in (("rope_parameters", params), ("rope_scaling", scaling)):
-        kind = spec["rope_type"] if spec and "rope_type" in spec else (spec["type"] if spec and "type" in spec else "default")
-        if kind != "default":
-            raise HFConfigError(f"{source(hf_cfg)}: {key}={spec} is not supported (only the default RoPE, without scaling)")
     if params and "rope_theta" in params:
         return float(params["rope_theta"])
     if "rope_theta" in hf_cfg:
@@ -88,4 +110,4 @@ def rope_theta(hf_cfg: dict) -> float:
     raise HFConfigError(f"{source(hf_cfg)}: has neither rope_theta nor rope_parameters.rope_theta")
 
 
-__all__ = ["Architecture", "Family", "HFConfigError", "rope_theta", "source", "tied_embeddings"]
+__all__ = ["Architecture", "Family", "HFConfigError", "rope_scaling", "rope_theta", "rope_type", "source", "tied_embeddings"]

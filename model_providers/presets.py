@@ -1,6 +1,8 @@
-"""Named model configs (HF config.json dicts): tiny test models and the real Qwen2.5 sizes.
+"""Named model configs (HF config.json dicts): tiny test models and the real Qwen2.5 and
+Llama 3.1 sizes.
 
-The Qwen2.5 values are those of the published config.json files (Qwen/Qwen2.5-*-Instruct).
+The values are those of the published config.json files (Qwen/Qwen2.5-*-Instruct,
+meta-llama/Llama-3.1-8B and -70B).
 """
 
 from __future__ import annotations
@@ -30,6 +32,33 @@ def _qwen2(*, hidden, layers, heads, kv_heads, ffn, vocab, tied, max_pos=32768, 
     }
 
 
+def _llama3_1(*, hidden, layers, heads, kv_heads, ffn) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "intermediate_size": ffn,
+        "vocab_size": 128256,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192},
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+    }
+
+
 PRESETS = {
     # Tiny test models: GQA, a vocabulary that Megatron must pad (250 -> 256 at TP=1, 256 at TP=2).
     "tiny-qwen2": lambda: _qwen2(hidden=32, layers=4, heads=4, kv_heads=2, ffn=64, vocab=250, tied=False,
@@ -40,6 +69,8 @@ PRESETS = {
     "qwen2.5-1.5b": lambda: _qwen2(hidden=1536, layers=28, heads=12, kv_heads=2, ffn=8960, vocab=151936, tied=True),
     "qwen2.5-7b": lambda: _qwen2(hidden=3584, layers=28, heads=28, kv_heads=4, ffn=18944, vocab=152064, tied=False),
     "qwen2.5-32b": lambda: _qwen2(hidden=5120, layers=64, heads=40, kv_heads=8, ffn=27648, vocab=152064, tied=False),
+    "llama3.1-8b": lambda: _llama3_1(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336),
+    "llama3.1-70b": lambda: _llama3_1(hidden=8192, layers=80, heads=64, kv_heads=8, ffn=28672),
 }
 
 

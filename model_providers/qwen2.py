@@ -8,7 +8,7 @@ head_dim that the config states (it may differ from hidden/heads). Pure Python: 
 from __future__ import annotations
 
 from model_providers.family import Architecture, Family, HFConfigError, rope_theta, source, tied_embeddings
-from model_providers.table import Row, head_dim, query_groups
+from model_providers.table import CRITIC_ROWS, Row, head_dim, query_groups
 
 L = "decoder.layers.{layer}."
 H = "model.layers.{layer}."
@@ -38,13 +38,6 @@ def _rows(qkv_bias: bool, qk_norm: bool) -> tuple[Row, ...]:
         Row("output_layer.weight", ("lm_head.weight",), "vocab"),
     ]
     return tuple(rows)
-
-
-# The critic's scalar value head <-> <Family>ForTokenClassification(num_labels=1).score
-CRITIC_ROWS = (
-    Row("value_head.weight", ("score.weight",), "copy"),
-    Row("value_head.bias", ("score.bias",), "copy"),
-)
 
 
 def _architecture(hf_cfg: dict, *, qkv_bias: bool, qk_norm: bool) -> Architecture:

@@ -14,9 +14,10 @@ import json
 from pathlib import Path
 
 from model_providers.family import Family, HFConfigError, source
+from model_providers.llama import LLAMA
 from model_providers.qwen2 import QWEN2, QWEN3
 
-FAMILIES: tuple[Family, ...] = (QWEN2, QWEN3)
+FAMILIES: tuple[Family, ...] = (QWEN2, QWEN3, LLAMA)
 
 # Positive integers every family needs (sizes of the model and of its layout checks).
 REQUIRED_SIZES = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size", "intermediate_size")

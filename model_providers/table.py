@@ -40,6 +40,13 @@ class Row:
         return tuple(n.format(layer=layer) for n in self.hf) if self.has_layer() else self.hf
 
 
+# The critic's scalar value head <-> <Family>ForTokenClassification(num_labels=1).score; the same
+# for every family (transformers' GenericForTokenClassification names it `score`).
+CRITIC_ROWS = (
+    Row("value_head.weight", ("score.weight",), "copy"),
+    Row("value_head.bias", ("score.bias",), "copy"),
+)
+
 # Transformer Engine's layer spec fuses the pre-attention / pre-MLP norms into the next linear;
 # the tables use megatron's local-spec names, and these aliases map TE names onto them.
 TE_ALIASES = {
@@ -62,4 +69,4 @@ def query_groups(hf_cfg: dict) -> int:
     return hf_cfg["num_attention_heads"]
 
 
-__all__ = ["LAYOUTS", "Row", "TE_ALIASES", "head_dim", "query_groups"]
+__all__ = ["CRITIC_ROWS", "LAYOUTS", "Row", "TE_ALIASES", "head_dim", "query_groups"]

@@ -122,10 +122,10 @@ def test_missing_config_json_is_named(tmp_path):
 
 
 def test_unsupported_architecture_is_named(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox",
                                                       **{k: 4 for k in ("num_hidden_layers", "num_attention_heads", "hidden_size",
                                                                         "vocab_size", "intermediate_size")}}))
-    with pytest.raises(ValueError, match=r"config.json: unsupported architecture \(architectures=\['LlamaForCausalLM'\]\).*Qwen2ForCausalLM") as e:
+    with pytest.raises(ValueError, match=r"config.json: unsupported architecture \(architectures=\['GPTNeoXForCausalLM'\]\).*Qwen2ForCausalLM") as e:
         family_for(read_hf_config(tmp_path))
     assert str(tmp_path) in str(e.value)
 

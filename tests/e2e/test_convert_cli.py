@@ -114,11 +114,11 @@ def test_bad_input_is_one_line(made, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert f"{tmp_path / 'empty'} has no config.json" in refused(capsys, "hf-to-mcore", "--hf", tmp_path / "empty", "--out",
                                                                  tmp_path / "o")
-    llama = tmp_path / "llama"
-    shutil.copytree(made / "hf", llama)
-    cfg = json.loads((llama / "config.json").read_text())
-    (llama / "config.json").write_text(json.dumps({**cfg, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
-    assert "unsupported architecture" in refused(capsys, "hf-to-mcore", "--hf", llama, "--out", tmp_path / "o")
+    neox = tmp_path / "neox"
+    shutil.copytree(made / "hf", neox)
+    cfg = json.loads((neox / "config.json").read_text())
+    (neox / "config.json").write_text(json.dumps({**cfg, "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox"}))
+    assert "unsupported architecture" in refused(capsys, "hf-to-mcore", "--hf", neox, "--out", tmp_path / "o")
     line = refused(capsys, "hf-to-mcore", "--hf", made / "hf", "--out", tmp_path / "o", "--tp", "3")
     assert "--tp=3 does not divide num_attention_heads=4" in line and "does not divide the world size 1" in line
     assert "does not divide the world size 1" in refused(capsys, "mcore-to-hf", "--ckpt", made / "mc", "--out",

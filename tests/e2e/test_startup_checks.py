@@ -106,7 +106,7 @@ def test_files_and_model_dirs_are_checked_for_what_they_hold(demo, tmp_path):
     odd_arch = tmp_path / "odd_arch"
     odd_arch.mkdir()
     hf = json.loads((demo / "model" / "config.json").read_text())
-    (odd_arch / "config.json").write_text(json.dumps({**hf, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    (odd_arch / "config.json").write_text(json.dumps({**hf, "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox"}))
     (tmp_path / "run_is_a_file").write_text("")
     problems = _problems(
         demo, tmp_path, f"data.train_files=[{tmp_path}/data_dir.jsonl]", f"data.eval_files=[{tmp_path}/t.csv]",

@@ -1,6 +1,6 @@
 """SGLang's real API, read from the installed sglang package's own source files.
 
-`sglang.Engine`, the request structs of `sglang.srt.managers.io_struct` and the Qwen2/Qwen3
+`sglang.Engine`, the request structs of `sglang.srt.managers.io_struct` and the Qwen2/Qwen3/Llama
 model classes do not import on this CPU machine (they pull in uvloop, torchvision, tvm_ffi and
 SGLang's CUDA kernels), so their definitions are read with `ast` from the installed files
 instead of being imported. Nothing here is copied or recorded: a new SGLang version that renames
@@ -123,7 +123,7 @@ def stacked_params_mapping(model: str, method: str) -> list[tuple[str, str, str 
     """The (param_name, shard_name, shard_id) list that <model>.py's ...ForCausalLM.<method>
     uses to fold HF q/k/v and gate/up tensors into SGLang's fused parameters."""
     path = SRT / "models" / f"{model}.py"
-    cls_name = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[model]
+    cls_name = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[model]
     fn = _method(_class(path, cls_name), method)
     for node in ast.walk(fn):
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "stacked_params_mapping"

@@ -1,4 +1,4 @@
-"""Random tiny Qwen2/Qwen3 models built with transformers itself, saved as HF directories."""
+"""Random tiny Qwen2/Qwen3/Llama models built with transformers itself, saved as HF directories."""
 
 from __future__ import annotations
 
@@ -28,18 +28,39 @@ def qwen3_config(*, tied: bool = False):
     )
 
 
+# Llama 3.1's published RoPE scaling (meta-llama/Llama-3.1-8B config.json); megatron expresses it.
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+
+
+def llama_config(*, tied: bool, vocab: int = 300, layers: int = 4, scaling: bool = True):
+    from transformers import LlamaConfig
+
+    # Odd shapes: head_dim 16 unlike hidden/heads = 12, GQA (4 heads, 2 groups), vocab 300 padded
+    # by Megatron. theta 500000 and head_dim 16 put the rotary wavelengths (6 to 6e5 positions) in
+    # all three bands of the llama3 scaling (kept < 2048, smoothed in 2048..8192, divided above).
+    return LlamaConfig(
+        vocab_size=vocab, hidden_size=48, intermediate_size=80, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, tie_word_embeddings=tied, rope_theta=500000.0,
+        rope_scaling=dict(LLAMA3_ROPE) if scaling else None,
+        architectures=["LlamaForCausalLM"], bos_token_id=1, eos_token_id=2,
+    )
+
+
 def randomize(model, seed: int) -> None:
     """Every weight random, including q/k/v biases and norms (HF inits those to 0 and 1)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, p in sorted(model.named_parameters()):
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.2 + (1.0 if p.ndim == 1 and p.shape[0] == 32 else 0.0))
+            norm = p.ndim == 1 and p.shape[0] == model.config.hidden_size
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2 + (1.0 if norm else 0.0))
 
 
 def save_tiny(path, *, kind: str = "qwen2", tied: bool = False, critic: bool = False, seed: int = 0):
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    cfg = qwen2_config(tied=tied) if kind == "qwen2" else qwen3_config(tied=tied)
+    cfg = {"qwen2": qwen2_config, "qwen3": qwen3_config, "llama": llama_config}[kind](tied=tied)
     torch.manual_seed(seed)
     if critic:
         cfg.num_labels = 1

@@ -1,5 +1,5 @@
 """Every call vapo_megatron/rollout makes into SGLang, checked against the installed SGLang's own
-source (sglang_source reads engine.py, io_struct.py and the Qwen2/Qwen3 model files with ast;
+source (sglang_source reads engine.py, io_struct.py and the Qwen2/Qwen3/Llama model files with ast;
 ServerArgs and SamplingParams import here and are used directly). A new SGLang that renames an
 argument, a field or a weight mapping fails these tests. docs/weight_sync.md lists the calls."""
 
@@ -9,7 +9,7 @@ import inspect
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from tests.helpers.sglang_source import (
     engine_method, engine_signature, legacy_load_target, sglang_param_names, stacked_params_mapping,
@@ -142,6 +142,31 @@ def test_hf_names_reach_sglang_qwen_parameters(config_cls, tied):
     # A fused name, as Megatron holds it, is dropped by SGLang (a log line only): we never push one.
     assert legacy_load_target("model.layers.0.self_attn.qkv_proj.weight", sglang_params, qwen2) is None
     assert legacy_load_target("model.layers.0.mlp.gate_up_proj.weight", sglang_params, qwen2) is None
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_hf_names_reach_sglang_llama_parameters(tied):
+    """SGLang's LlamaForCausalLM.load_weights runs _legacy_load_weights by default (as Qwen2's),
+    whose mapping folds the same HF names, spelled with a leading dot (".q_proj" -> ".qkv_proj")."""
+    llama = stacked_params_mapping("llama", "_legacy_load_weights")
+    assert [(p.lstrip("."), s.lstrip("."), i) for p, s, i in llama] == stacked_params_mapping("qwen2", "_legacy_load_weights")
+    model = _tiny(LlamaConfig, tied)
+    params = dict(model.named_parameters())
+    sglang_params = sglang_param_names(params, llama)
+    assert ("lm_head.weight" in params) == (not tied)  # tied (Llama 3.2 1B/3B): SGLang uses embed_tokens
+    fused = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+             "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+    for name in params:  # every name the sync pushes (LLAMA's table: no biases anywhere)
+        target = legacy_load_target(name, sglang_params, llama)
+        part = name.split(".")[-2]
+        assert target == ((name.replace(part, fused[part][0]), fused[part][1]) if part in fused else (name, None)), name
+    assert not any(n.endswith(".bias") for n in params)
+    # Unlike Qwen2's undotted mapping (where "v_proj" matches inside "qkv_proj" and the name is
+    # dropped), a fused name reaches Llama's qkv_proj whole, in SGLang's [q; k; v] order, not
+    # Megatron's per-group order: pushing Megatron's fused tensor would load wrong weights silently.
+    # The sync sends the table's separate HF names only (the loop above).
+    assert legacy_load_target("model.layers.0.self_attn.qkv_proj.weight", sglang_params, llama) == (
+        "model.layers.0.self_attn.qkv_proj.weight", None)
 
 
 def test_memory_tags_are_sglangs():

@@ -142,6 +142,10 @@ def _gpt_kwargs(hf_cfg: dict, config, vp_stage: int | None) -> dict:
         parallel_output=True,  # logits stay vocab-parallel [B, T, V_padded / TP]
         position_embedding_type="rope",
         rotary_base=arch.rotary_base,
+        # Llama 3.1's llama3 frequency scaling: megatron fixes its other parameters, and the
+        # family refuses configs that state others (model_providers/llama.py).
+        rope_scaling=arch.rope_scaling_factor is not None,
+        rope_scaling_factor=arch.rope_scaling_factor if arch.rope_scaling_factor is not None else 8.0,
         vp_stage=vp_stage,
     )
 

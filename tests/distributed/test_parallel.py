@@ -73,3 +73,27 @@ def _tp_forward_backward(tp: int, pp: int):
 def test_megatron_tp2_runs_on_cpu():
     # Vocab-parallel logits: each TP rank holds half of the 64-entry vocabulary.
     assert run_ranks(2, _tp_forward_backward, 2, 1) == [(1, (2, 8, 32))] * 2
+
+
+def test_a_lone_process_leaves_no_rendezvous_port_behind():
+    """A single process without a launcher (vapo-convert, vapo-eval, a test calling a command's
+    main) rendezvouses in memory: no MASTER_PORT is written into os.environ, where every later
+    subprocess inherited it and bound a port still in use (EADDRINUSE in the suite)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import os, torch.distributed as dist\n"
+        "from vapo_megatron.mcore import parallel\n"
+        "parallel.init_distributed(1, 1)\n"
+        "t = __import__('torch').ones(2); parallel.all_reduce(t); parallel.barrier()\n"
+        "assert 'MASTER_PORT' not in os.environ and 'MASTER_ADDR' not in os.environ, dict(os.environ)\n"
+        "parallel.destroy(); print('ok')\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, env={**env, "PYTHONPATH": str(root)},
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import torch
 import torch.distributed as dist
 
@@ -21,12 +20,6 @@ from vapo_megatron.mcore import cpu_compat
 from vapo_megatron.mcore.memory import free_cached_memory
 
 DEFAULT_WAIT_TIMEOUT_S = 4 * 3600.0  # the wait groups' timeout unless given (rollout.wait_timeout_s)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_distributed(
@@ -54,16 +47,20 @@ def init_distributed(
         cpu_compat.activate()
 
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if world_size == 1:
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        elif "MASTER_PORT" not in os.environ:
-            raise RuntimeError("MASTER_PORT is not set: launch with torchrun or the slurm/ scripts")
+        # A single process without a launcher rendezvouses in memory (HashStore): no TCP port, and
+        # nothing written into os.environ, which every subprocess would inherit (a MASTER_PORT left
+        # there by an in-process run made later single-process runs bind a port still in use).
+        alone = world_size == 1 and "MASTER_PORT" not in os.environ
+        if not alone:
+            if "MASTER_PORT" not in os.environ:
+                raise RuntimeError("MASTER_PORT is not set: launch with torchrun or the slurm/ scripts")
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         dist.init_process_group(
             backend="nccl" if on_gpu else "gloo",
             rank=rank,
             world_size=world_size,
             timeout=datetime.timedelta(minutes=timeout_minutes),
+            **({"store": dist.HashStore()} if alone else {}),
         )
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from model_providers.table import Row
+from model_providers.table import Row, head_dim, query_groups
 
 
 class HFConfigError(ValueError):
@@ -37,6 +37,11 @@ class Architecture:
     # Llama 3.1's RoPE scaling (megatron's GPTModel rope_scaling=True with this factor; its other
     # parameters are fixed in megatron, see llama.py); None: plain RoPE.
     rope_scaling_factor: float | None = None
+
+    @property
+    def num_experts(self) -> int | None:
+        """Routed experts per MoE layer (None: a dense model)."""
+        return self.transformer["num_moe_experts"] if "num_moe_experts" in self.transformer else None
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,33 @@ class Family:
         if tied_embeddings(hf_cfg):
             rows = tuple(r for r in rows if r.mcore != "output_layer.weight")
         return rows
+
+
+def decoder_transformer(hf_cfg: dict, *, qkv_bias: bool, qk_norm: bool) -> dict:
+    """The TransformerConfig fields of a pre-norm RMSNorm / SwiGLU / GQA / RoPE decoder, as Qwen2,
+    Qwen3 (dense and MoE) and Llama all are; each family checks its own flags before calling this.
+    attention_dropout and initializer_range take HF's PretrainedConfig defaults when absent."""
+    act = hf_cfg["hidden_act"] if "hidden_act" in hf_cfg else "silu"
+    if act != "silu":
+        raise HFConfigError(f"{source(hf_cfg)}: hidden_act={act!r} is not supported (only 'silu', SwiGLU)")
+    return dict(
+        num_layers=hf_cfg["num_hidden_layers"],
+        hidden_size=hf_cfg["hidden_size"],
+        ffn_hidden_size=hf_cfg["intermediate_size"],
+        num_attention_heads=hf_cfg["num_attention_heads"],
+        num_query_groups=query_groups(hf_cfg),
+        kv_channels=head_dim(hf_cfg),
+        layernorm_epsilon=hf_cfg["rms_norm_eps"],
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        activation_func="silu",
+        add_bias_linear=False,
+        add_qkv_bias=qkv_bias,
+        qk_layernorm=qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=hf_cfg["attention_dropout"] if "attention_dropout" in hf_cfg else 0.0,
+        init_method_std=hf_cfg["initializer_range"] if "initializer_range" in hf_cfg else 0.02,
+    )
 
 
 def tied_embeddings(hf_cfg: dict) -> bool:
@@ -110,4 +142,4 @@ def rope_theta(hf_cfg: dict, *, scaled: tuple[str, ...] = ()) -> float:
     raise HFConfigError(f"{source(hf_cfg)}: has neither rope_theta nor rope_parameters.rope_theta")
 
 
-__all__ = ["Architecture", "Family", "HFConfigError", "rope_scaling", "rope_theta", "rope_type", "source", "tied_embeddings"]
+__all__ = ["Architecture", "Family", "HFConfigError", "decoder_transformer", "rope_scaling", "rope_theta", "rope_type", "source", "tied_embeddings"]

@@ -16,8 +16,9 @@ dynamic, yarn, longrope, ...) and any key the llama3 scaling does not have. Pure
 
 from __future__ import annotations
 
-from model_providers.family import Architecture, Family, HFConfigError, rope_scaling, rope_theta, source, tied_embeddings
-from model_providers.table import CRITIC_ROWS, Row, head_dim, query_groups
+from model_providers.family import (Architecture, Family, HFConfigError, decoder_transformer, rope_scaling, rope_theta,
+                                    source, tied_embeddings)
+from model_providers.table import CRITIC_ROWS, Row
 
 L = "decoder.layers.{layer}."
 H = "model.layers.{layer}."
@@ -78,29 +79,9 @@ def _llama(hf_cfg: dict) -> Architecture:
     for key in ("attention_bias", "mlp_bias"):
         if _flag(hf_cfg, key):
             raise HFConfigError(f"{src}: {key}={hf_cfg[key]!r} is not supported for Llama (only false: no biases)")
-    act = hf_cfg["hidden_act"] if "hidden_act" in hf_cfg else "silu"
-    if act != "silu":
-        raise HFConfigError(f"{src}: hidden_act={act!r} is not supported (only 'silu', SwiGLU)")
     theta = rope_theta(hf_cfg, scaled=("llama3",))
     return Architecture(
-        transformer=dict(
-            num_layers=hf_cfg["num_hidden_layers"],
-            hidden_size=hf_cfg["hidden_size"],
-            ffn_hidden_size=hf_cfg["intermediate_size"],
-            num_attention_heads=hf_cfg["num_attention_heads"],
-            num_query_groups=query_groups(hf_cfg),
-            kv_channels=head_dim(hf_cfg),
-            layernorm_epsilon=hf_cfg["rms_norm_eps"],
-            normalization="RMSNorm",
-            gated_linear_unit=True,
-            activation_func="silu",
-            add_bias_linear=False,
-            add_qkv_bias=False,
-            qk_layernorm=False,
-            hidden_dropout=0.0,
-            attention_dropout=hf_cfg["attention_dropout"] if "attention_dropout" in hf_cfg else 0.0,
-            init_method_std=hf_cfg["initializer_range"] if "initializer_range" in hf_cfg else 0.02,
-        ),
+        transformer=decoder_transformer(hf_cfg, qkv_bias=False, qk_norm=False),
         rotary_base=theta,
         tied_embeddings=tied_embeddings(hf_cfg),
         max_position_embeddings=hf_cfg["max_position_embeddings"],

@@ -1,8 +1,8 @@
-"""Named model configs (HF config.json dicts): tiny test models and the real Qwen2.5 and
-Llama 3.1 sizes.
+"""Named model configs (HF config.json dicts): tiny test models and the real Qwen2.5, Qwen3
+(dense and MoE) and Llama 3.1 sizes.
 
-The values are those of the published config.json files (Qwen/Qwen2.5-*-Instruct,
-meta-llama/Llama-3.1-8B and -70B).
+The values are those of the published config.json files (Qwen/Qwen2.5-*-Instruct, Qwen/Qwen3-8B,
+-32B, -30B-A3B and -235B-A22B, meta-llama/Llama-3.1-8B and -70B).
 """
 
 from __future__ import annotations
@@ -30,6 +30,37 @@ def _qwen2(*, hidden, layers, heads, kv_heads, ffn, vocab, tied, max_pos=32768, 
         "bos_token_id": 151643,
         "eos_token_id": 151645,
     }
+
+
+def _qwen3(*, hidden, layers, heads, kv_heads, ffn, experts=None, top_k=None, expert_ffn=None) -> dict:
+    cfg = {
+        "architectures": ["Qwen3MoeForCausalLM" if experts else "Qwen3ForCausalLM"],
+        "model_type": "qwen3_moe" if experts else "qwen3",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": 128,
+        "intermediate_size": ffn,
+        "vocab_size": 151936,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1_000_000.0,
+        "rope_scaling": None,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_sliding_window": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    }
+    if experts:
+        cfg.update(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=expert_ffn,
+                   norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001)
+    return cfg
 
 
 def _llama3_1(*, hidden, layers, heads, kv_heads, ffn) -> dict:
@@ -69,6 +100,12 @@ PRESETS = {
     "qwen2.5-1.5b": lambda: _qwen2(hidden=1536, layers=28, heads=12, kv_heads=2, ffn=8960, vocab=151936, tied=True),
     "qwen2.5-7b": lambda: _qwen2(hidden=3584, layers=28, heads=28, kv_heads=4, ffn=18944, vocab=152064, tied=False),
     "qwen2.5-32b": lambda: _qwen2(hidden=5120, layers=64, heads=40, kv_heads=8, ffn=27648, vocab=152064, tied=False),
+    "qwen3-8b": lambda: _qwen3(hidden=4096, layers=36, heads=32, kv_heads=8, ffn=12288),
+    "qwen3-32b": lambda: _qwen3(hidden=5120, layers=64, heads=64, kv_heads=8, ffn=25600),
+    "qwen3-30b-a3b": lambda: _qwen3(hidden=2048, layers=48, heads=32, kv_heads=4, ffn=6144, experts=128, top_k=8,
+                                    expert_ffn=768),
+    "qwen3-235b-a22b": lambda: _qwen3(hidden=4096, layers=94, heads=64, kv_heads=4, ffn=12288, experts=128, top_k=8,
+                                      expert_ffn=1536),
     "llama3.1-8b": lambda: _llama3_1(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336),
     "llama3.1-70b": lambda: _llama3_1(hidden=8192, layers=80, heads=64, kv_heads=8, ffn=28672),
 }

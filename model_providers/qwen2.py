@@ -7,14 +7,16 @@ head_dim that the config states (it may differ from hidden/heads). Pure Python: 
 
 from __future__ import annotations
 
-from model_providers.family import Architecture, Family, HFConfigError, rope_theta, source, tied_embeddings
-from model_providers.table import CRITIC_ROWS, Row, head_dim, query_groups
+from model_providers.family import (Architecture, Family, HFConfigError, decoder_transformer, rope_theta, source,
+                                    tied_embeddings)
+from model_providers.table import CRITIC_ROWS, Row
 
 L = "decoder.layers.{layer}."
 H = "model.layers.{layer}."
 
 
-def _rows(qkv_bias: bool, qk_norm: bool) -> tuple[Row, ...]:
+def attention_rows(qkv_bias: bool, qk_norm: bool) -> list[Row]:
+    """Embedding, input norm and attention rows (shared with Qwen3-MoE, qwen3_moe.py)."""
     rows = [
         Row("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab"),
         Row(L + "input_layernorm.weight", (H + "input_layernorm.weight",), "copy"),
@@ -32,39 +34,30 @@ def _rows(qkv_bias: bool, qk_norm: bool) -> tuple[Row, ...]:
     rows += [
         Row(L + "self_attention.linear_proj.weight", (H + "self_attn.o_proj.weight",), "copy"),
         Row(L + "pre_mlp_layernorm.weight", (H + "post_attention_layernorm.weight",), "copy"),
-        Row(L + "mlp.linear_fc1.weight", (H + "mlp.gate_proj.weight", H + "mlp.up_proj.weight"), "gate_up"),
-        Row(L + "mlp.linear_fc2.weight", (H + "mlp.down_proj.weight",), "copy"),
-        Row("decoder.final_layernorm.weight", ("model.norm.weight",), "copy"),
-        Row("output_layer.weight", ("lm_head.weight",), "vocab"),
     ]
-    return tuple(rows)
+    return rows
+
+
+# A dense SwiGLU MLP, and the final norm and LM head.
+MLP_ROWS = (
+    Row(L + "mlp.linear_fc1.weight", (H + "mlp.gate_proj.weight", H + "mlp.up_proj.weight"), "gate_up"),
+    Row(L + "mlp.linear_fc2.weight", (H + "mlp.down_proj.weight",), "copy"),
+)
+HEAD_ROWS = (
+    Row("decoder.final_layernorm.weight", ("model.norm.weight",), "copy"),
+    Row("output_layer.weight", ("lm_head.weight",), "vocab"),
+)
+
+
+def _rows(qkv_bias: bool, qk_norm: bool) -> tuple[Row, ...]:
+    return (*attention_rows(qkv_bias, qk_norm), *MLP_ROWS, *HEAD_ROWS)
 
 
 def _architecture(hf_cfg: dict, *, qkv_bias: bool, qk_norm: bool) -> Architecture:
-    src = source(hf_cfg)
-    if hf_cfg["hidden_act"] != "silu":
-        raise HFConfigError(f"{src}: hidden_act={hf_cfg['hidden_act']!r} is not supported (only 'silu', SwiGLU)")
     if "use_sliding_window" in hf_cfg and hf_cfg["use_sliding_window"]:
-        raise HFConfigError(f"{src}: use_sliding_window=true is not supported")
+        raise HFConfigError(f"{source(hf_cfg)}: use_sliding_window=true is not supported")
     return Architecture(
-        transformer=dict(
-            num_layers=hf_cfg["num_hidden_layers"],
-            hidden_size=hf_cfg["hidden_size"],
-            ffn_hidden_size=hf_cfg["intermediate_size"],
-            num_attention_heads=hf_cfg["num_attention_heads"],
-            num_query_groups=query_groups(hf_cfg),
-            kv_channels=head_dim(hf_cfg),
-            layernorm_epsilon=hf_cfg["rms_norm_eps"],
-            normalization="RMSNorm",
-            gated_linear_unit=True,
-            activation_func="silu",
-            add_bias_linear=False,
-            add_qkv_bias=qkv_bias,
-            qk_layernorm=qk_norm,
-            hidden_dropout=0.0,
-            attention_dropout=hf_cfg["attention_dropout"],
-            init_method_std=hf_cfg["initializer_range"],
-        ),
+        transformer=decoder_transformer(hf_cfg, qkv_bias=qkv_bias, qk_norm=qk_norm),
         rotary_base=rope_theta(hf_cfg),
         tied_embeddings=tied_embeddings(hf_cfg),
         max_position_embeddings=hf_cfg["max_position_embeddings"],
@@ -76,7 +69,7 @@ def _qwen2(hf_cfg: dict) -> Architecture:
 
 
 def _qwen3(hf_cfg: dict) -> Architecture:
-    if hf_cfg["attention_bias"]:
+    if "attention_bias" in hf_cfg and hf_cfg["attention_bias"]:
         raise HFConfigError(f"{source(hf_cfg)}: attention_bias=true is not supported for Qwen3")
     return _architecture(hf_cfg, qkv_bias=False, qk_norm=True)
 
@@ -103,4 +96,4 @@ QWEN3 = Family(
     architecture=_qwen3,
 )
 
-__all__ = ["QWEN2", "QWEN3"]
+__all__ = ["HEAD_ROWS", "MLP_ROWS", "QWEN2", "QWEN3", "attention_rows"]

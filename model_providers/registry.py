@@ -16,8 +16,9 @@ from pathlib import Path
 from model_providers.family import Family, HFConfigError, source
 from model_providers.llama import LLAMA
 from model_providers.qwen2 import QWEN2, QWEN3
+from model_providers.qwen3_moe import QWEN3_MOE
 
-FAMILIES: tuple[Family, ...] = (QWEN2, QWEN3, LLAMA)
+FAMILIES: tuple[Family, ...] = (QWEN2, QWEN3, QWEN3_MOE, LLAMA)
 
 # Positive integers every family needs (sizes of the model and of its layout checks).
 REQUIRED_SIZES = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size", "intermediate_size")

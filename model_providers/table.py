@@ -1,7 +1,10 @@
 """One row of a family's declarative HF <-> Megatron name table (pure Python, no torch).
 
 A `Row` says: the Megatron parameter `mcore` is made from the HF tensors `hf` by `layout`.
-Names may hold `{layer}` (the GLOBAL layer number, 0-based, as in HF's `model.layers.{layer}`).
+Names may hold `{layer}` (the GLOBAL layer number, 0-based, as in HF's `model.layers.{layer}`) and,
+for a routed expert's weights, `{expert}` (the GLOBAL expert number, as in HF's
+`mlp.experts.{expert}`); weights/params.py binds `{expert}` per parameter (`for_expert`), because
+an expert-parallel rank holds experts ep_rank * E/EP ... under the local numbers 0 ...
 The layouts and the tensor transforms behind them are in layouts.py. Checkpoint conversion
 (vapo_megatron/weights) and weight sync (vapo_megatron/rollout/weight_sync.py) both read the
 same table, so a weight cannot be converted one way and synced another.
@@ -32,6 +35,14 @@ class Row:
 
     def has_layer(self) -> bool:
         return "{layer}" in self.mcore
+
+    def has_expert(self) -> bool:
+        return "{expert}" in self.mcore
+
+    def for_expert(self, expert: int) -> "Row":
+        """This row for one global expert (`{expert}` filled in; `{layer}` left for later)."""
+        e = str(expert)
+        return Row(self.mcore.replace("{expert}", e), tuple(n.replace("{expert}", e) for n in self.hf), self.layout)
 
     def mcore_name(self, layer: int | None = None) -> str:
         return self.mcore.format(layer=layer) if self.has_layer() else self.mcore

@@ -1,4 +1,4 @@
-"""Random tiny Qwen2/Qwen3/Llama models built with transformers itself, saved as HF directories."""
+"""Random tiny Qwen2/Qwen3/Qwen3-MoE/Llama models built with transformers itself, saved as HF directories."""
 
 from __future__ import annotations
 
@@ -25,6 +25,21 @@ def qwen3_config(*, tied: bool = False):
         vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
         tie_word_embeddings=tied, architectures=["Qwen3ForCausalLM"],
+    )
+
+
+def qwen3_moe_config(*, tied: bool = False, vocab: int = 300, layers: int = 4, norm_topk: bool = True,
+                     mlp_only_layers: tuple[int, ...] = (2,)):
+    from transformers import Qwen3MoeConfig
+
+    # Odd shapes: head_dim 12 unlike hidden/heads = 8, GQA, vocab 300 padded by Megatron; 4 experts
+    # (2 per rank at EP=2), top-2, expert width 24 unlike the dense layer's 64; layer 2 dense.
+    return Qwen3MoeConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, moe_intermediate_size=24, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=64,
+        num_experts=4, num_experts_per_tok=2, norm_topk_prob=norm_topk, decoder_sparse_step=1,
+        mlp_only_layers=list(mlp_only_layers), tie_word_embeddings=tied, rope_theta=10000.0,
+        architectures=["Qwen3MoeForCausalLM"], bos_token_id=1, eos_token_id=2,
     )
 
 
@@ -60,7 +75,8 @@ def randomize(model, seed: int) -> None:
 def save_tiny(path, *, kind: str = "qwen2", tied: bool = False, critic: bool = False, seed: int = 0):
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    cfg = {"qwen2": qwen2_config, "qwen3": qwen3_config, "llama": llama_config}[kind](tied=tied)
+    cfg = {"qwen2": qwen2_config, "qwen3": qwen3_config, "qwen3_moe": qwen3_moe_config,
+           "llama": llama_config}[kind](tied=tied)
     torch.manual_seed(seed)
     if critic:
         cfg.num_labels = 1

@@ -55,6 +55,7 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     for key, value in [("algo.gamma", a.gamma), ("algo.lambda_critic", a.lambda_critic), ("algo.lambda_policy", a.lambda_policy)]:
         require(0.0 <= value <= 1.0, f"{key}={value} must be in [0, 1]")
     require(a.alpha > 0, f"algo.alpha={a.alpha} must be > 0")
+    require(cfg.model.moe_aux_loss_coeff >= 0, f"model.moe_aux_loss_coeff={cfg.model.moe_aux_loss_coeff} must be >= 0")
     require(0 <= a.eps_low < 1, f"algo.eps_low={a.eps_low} must be in [0, 1)")
     require(a.eps_high >= 0, f"algo.eps_high={a.eps_high} must be >= 0")
     require(a.dual_clip_c is None or a.dual_clip_c > 1.0, f"algo.dual_clip_c={a.dual_clip_c} must be > 1 (or null)")

@@ -23,10 +23,11 @@ class LayoutKeys:
     tp: str = "parallel.tp"
     pp: str = "parallel.pp"
     vpp: str = "parallel.vpp"
+    ep: str = "parallel.ep"
 
 
 CONFIG_KEYS = LayoutKeys()
-CLI_KEYS = LayoutKeys(tp="--tp", pp="--pp", vpp="--vpp")
+CLI_KEYS = LayoutKeys(tp="--tp", pp="--pp", vpp="--vpp", ep="--ep")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class Layout:
     pp: int
     dp: int
     vpp: int | None = None
+    # Expert parallelism (MoE): the routed experts are split over `ep` ranks of the data-parallel
+    # dimension (megatron's expert_model_parallel_size; expert TP = TP), so ep divides dp.
+    ep: int = 1
 
 
 def launcher_env() -> tuple[int, int, int]:
@@ -63,13 +67,15 @@ def allowed(values: list[int]) -> str:
 
 
 def layout_problems(world_size: int | None, tp: int, pp: int, vpp: int | None = None, *, model: dict | None = None,
-                    model_key: str = "model.hf_path", keys: LayoutKeys = CONFIG_KEYS) -> list[str]:
+                    model_key: str = "model.hf_path", keys: LayoutKeys = CONFIG_KEYS, ep: int = 1) -> list[str]:
     """Every reason the layout cannot work. world_size None: the values alone (no launch known).
     `model`: an HF config dict (model_providers.read_hf_config; its path under `_source`) whose
-    heads, FFN width and layers must split over TP and the pipeline stages."""
+    heads, FFN widths, layers and experts must split over TP, the pipeline stages and EP."""
     from model_providers.table import query_groups
 
     out: list[str] = []
+    if ep < 1:
+        out.append(f"{keys.ep}={ep} must be >= 1")
     if tp < 1:
         out.append(f"{keys.tp}={tp} must be >= 1")
     if pp < 1:
@@ -84,11 +90,24 @@ def layout_problems(world_size: int | None, tp: int, pp: int, vpp: int | None = 
         elif world_size % (tp * pp):
             out.append(f"{keys.tp} * {keys.pp} = {tp} * {pp} = {tp * pp} does not divide the world size {world_size} "
                        f"(ranks launched); allowed {keys.tp} * {keys.pp}: {allowed(_divisors(world_size))}")
+        elif (world_size // (tp * pp)) % ep:
+            dp = world_size // (tp * pp)
+            out.append(f"{keys.ep}={ep} does not divide the data-parallel size {dp} (world size {world_size} / "
+                       f"({keys.tp} * {keys.pp})); the experts are split over data-parallel ranks; "
+                       f"allowed {keys.ep}: {allowed(_divisors(dp))}")
     if model is not None:
         src = model["_source"] if "_source" in model else "config.json"
-        for name, n in (("num_attention_heads", model["num_attention_heads"]),
-                        ("num_key_value_heads", query_groups(model)),
-                        ("intermediate_size", model["intermediate_size"])):
+        experts = _experts(model)
+        sizes = [("num_attention_heads", model["num_attention_heads"]), ("num_key_value_heads", query_groups(model)),
+                 ("intermediate_size", model["intermediate_size"])]
+        if experts is not None:
+            sizes.append(("moe_intermediate_size", model["moe_intermediate_size"]))
+            if experts % ep:
+                out.append(f"{keys.ep}={ep} does not divide the {experts} experts of {model_key} ({src}); "
+                           f"allowed {keys.ep}: {allowed(_divisors(experts))}")
+        elif ep > 1:
+            out.append(f"{keys.ep}={ep} needs a mixture-of-experts model; {model_key} ({src}) is dense (set {keys.ep}=1)")
+        for name, n in sizes:
             if n % tp:
                 out.append(f"{keys.tp}={tp} does not divide {name}={n} of {model_key} ({src}); "
                            f"allowed {keys.tp}: {allowed(_divisors(n))}")
@@ -100,15 +119,23 @@ def layout_problems(world_size: int | None, tp: int, pp: int, vpp: int | None = 
     return out
 
 
+def _experts(model: dict) -> int | None:
+    # Routed experts of an HF config (Hub configs: num_experts; transformers 5: num_local_experts).
+    for key in ("num_experts", "num_local_experts"):
+        if key in model and isinstance(model[key], int) and model[key] > 0:
+            return model[key]
+    return None
+
+
 def check_layout(world_size: int, tp: int, pp: int, vpp: int | None = None, *, model: dict | None = None,
-                 model_key: str = "model.hf_path", keys: LayoutKeys = CONFIG_KEYS) -> Layout:
+                 model_key: str = "model.hf_path", keys: LayoutKeys = CONFIG_KEYS, ep: int = 1) -> Layout:
     """The layout with DP derived (world_size / (tp * pp)); ConfigError listing every problem."""
     from vapo_megatron.config.load import problems_error
 
-    problems = layout_problems(world_size, tp, pp, vpp, model=model, model_key=model_key, keys=keys)
+    problems = layout_problems(world_size, tp, pp, vpp, model=model, model_key=model_key, keys=keys, ep=ep)
     if problems:
         raise problems_error(problems)
-    return Layout(world_size=world_size, tp=tp, pp=pp, dp=world_size // (tp * pp), vpp=vpp)
+    return Layout(world_size=world_size, tp=tp, pp=pp, dp=world_size // (tp * pp), vpp=vpp, ep=ep)
 
 
 __all__ = ["CLI_KEYS", "CONFIG_KEYS", "ConfigError", "Layout", "LayoutKeys", "check_layout", "launcher_env",

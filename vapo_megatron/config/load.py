@@ -161,7 +161,7 @@ def load_config(path: str | None, overrides: list[str] = (), *, check_paths: boo
 
     cfg, problems = parse_config(path, overrides, fallbacks=fallbacks)
     problems += config_problems(cfg, check_paths=check_paths)
-    problems += layout_problems(None, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp)
+    problems += layout_problems(None, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, ep=cfg.parallel.ep)
     if problems:
         raise problems_error(problems)
     return cfg

@@ -129,6 +129,19 @@ def hardware_problems(cfg: Config, *, cuda: bool) -> list[str]:
     return out
 
 
+def moe_problems(cfg: Config, models: list[tuple[str, dict | None]]) -> list[str]:
+    """Mixture-of-experts settings that megatron-core would refuse only mid-run."""
+    out = []
+    for key, hf_cfg in models:
+        moe = hf_cfg is not None and any(k in hf_cfg and hf_cfg[k] for k in ("num_experts", "num_local_experts"))
+        # megatron's MoELayer.forward raises in training when TP > 1 without sequence parallelism.
+        if moe and cfg.parallel.tp > 1 and not cfg.parallel.sequence_parallel:
+            out.append(f"parallel.sequence_parallel=false with parallel.tp={cfg.parallel.tp}: {key} "
+                       f"({hf_cfg['_source']}) is a mixture-of-experts model, which megatron-core trains at TP > 1 "
+                       "only with sequence parallelism (set parallel.sequence_parallel=true)")
+    return out
+
+
 def startup_problems(cfg: Config, world_size: int) -> list[str]:
     """Every problem of `cfg` for a launch of `world_size` ranks (see the module docstring)."""
     out = config_problems(cfg)
@@ -138,10 +151,11 @@ def startup_problems(cfg: Config, world_size: int) -> list[str]:
     if m.critic_hf_path and os.path.exists(m.critic_hf_path):
         critic_cfg = _model("model.critic_hf_path", m.critic_hf_path, out)
     p = cfg.parallel
-    out += layout_problems(world_size, p.tp, p.pp, p.vpp, model=actor_cfg)
+    out += layout_problems(world_size, p.tp, p.pp, p.vpp, model=actor_cfg, ep=p.ep)
     if critic_cfg is not None:
-        critic = layout_problems(world_size, p.tp, p.pp, p.vpp, model=critic_cfg, model_key="model.critic_hf_path")
+        critic = layout_problems(world_size, p.tp, p.pp, p.vpp, model=critic_cfg, model_key="model.critic_hf_path", ep=p.ep)
         out += [msg for msg in critic if msg not in out]  # the world-size ones are said once
+    out += moe_problems(cfg, [("model.hf_path", actor_cfg), ("model.critic_hf_path", critic_cfg)])
     if world_size >= 1 and p.tp >= 1 and p.pp >= 1 and world_size % (p.tp * p.pp) == 0:
         out += batch_problems(cfg, world_size // (p.tp * p.pp))
     if actor_cfg is not None:
@@ -156,4 +170,4 @@ def startup_problems(cfg: Config, world_size: int) -> list[str]:
     return out
 
 
-__all__ = ["PROMPT_SUFFIXES", "batch_problems", "export_problems", "hardware_problems", "startup_problems"]
+__all__ = ["PROMPT_SUFFIXES", "batch_problems", "export_problems", "hardware_problems", "moe_problems", "startup_problems"]

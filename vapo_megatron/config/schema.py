@@ -27,6 +27,11 @@ class ModelConfig:
     # Full activation recomputation in actor and critic: each layer keeps only its input for the
     # backward pass (memory for compute; vapo-plan shows the difference). Results are unchanged.
     recompute_activations: bool = False
+    # Mixture-of-experts models: weight of the router's load-balancing loss (megatron-core's
+    # aux_loss, sequence-level mean) added to the actor's and critic's losses; 0 turns it off.
+    # VAPO's recipe is dense; RL recipes for MoE keep it small (e.g. 0.001), or 0 to leave the
+    # pretrained routing alone. Logged as actor/moe_aux_loss and critic/moe_aux_loss.
+    moe_aux_loss_coeff: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,11 @@ class ParallelConfig:
     tp: int = 1  # tensor parallel size (ranks per TP group)
     pp: int = 1  # pipeline parallel size (stages)
     vpp: int | None = None  # virtual pipeline stages per rank (interleaved schedule; null: none)
+    # Expert parallelism (mixture-of-experts models): the routed experts of each MoE layer are
+    # split over `ep` data-parallel ranks, tokens travel to their experts by all-to-all
+    # (megatron-core's expert_model_parallel_size; the experts' TP is parallel.tp). Divides the
+    # data-parallel size and the number of experts; 1 for a dense model.
+    ep: int = 1
     # Megatron's sequence parallelism: the [T, h] activations around norms, dropout and residuals
     # are split over TP along the sequence (activation memory of those / TP). Needs TP > 1; at
     # tp=1 there is nothing to split and it is off, as in Megatron-LM.

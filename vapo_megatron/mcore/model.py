@@ -95,7 +95,7 @@ def build_model(cfg: Config, *, critic: bool) -> TrainModel:
     hf_dir = Path(cfg.model.critic_hf_path or cfg.model.hf_path) if critic else Path(cfg.model.hf_path)
     hf_cfg = read_hf_config(hf_dir)
     p = cfg.parallel
-    check_layout(parallel.launcher_env()[1], p.tp, p.pp, p.vpp, model=hf_cfg)  # start-up checked it; cheap
+    check_layout(parallel.launcher_env()[1], p.tp, p.pp, p.vpp, model=hf_cfg, ep=p.ep)  # start-up checked it; cheap
     family = family_for(hf_cfg)
     dtype = torch_dtype(cfg.model.dtype)
     chunks = build_chunks(hf_cfg, params_dtype=dtype, critic=critic, recompute=cfg.model.recompute_activations,

@@ -27,6 +27,7 @@ def init_distributed(
     pp: int = 1,
     vpp: int | None = None,
     *,
+    ep: int = 1,
     seed: int = 1234,
     timeout_minutes: int = 30,
     wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
@@ -39,7 +40,7 @@ def init_distributed(
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     rank, world_size, local_rank = launcher_env()
-    layout = check_layout(world_size, tp, pp, vpp)
+    layout = check_layout(world_size, tp, pp, vpp, ep=ep)
     on_gpu = torch.cuda.is_available()
     if on_gpu:
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
@@ -67,6 +68,7 @@ def init_distributed(
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=pp,
             virtual_pipeline_model_parallel_size=vpp,
+            expert_model_parallel_size=ep,  # expert TP stays megatron's default, TP
             distributed_timeout_minutes=timeout_minutes,
         )
     model_parallel_cuda_manual_seed(seed)
@@ -74,7 +76,7 @@ def init_distributed(
     return layout
 
 
-def init_fake(world_size: int, rank: int, tp: int, pp: int, vpp: int | None = None) -> Layout:
+def init_fake(world_size: int, rank: int, tp: int, pp: int, vpp: int | None = None, ep: int = 1) -> Layout:
     """Megatron's parallel state for one rank of a `world_size` launch, inside this one process,
     with torch's fake process group (collectives do nothing): vapo-plan builds each rank's shard on
     the meta device this way, with no GPU and no peers. Call `destroy()` before the next rank."""
@@ -82,7 +84,7 @@ def init_fake(world_size: int, rank: int, tp: int, pp: int, vpp: int | None = No
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
-    layout = check_layout(world_size, tp, pp, vpp)
+    layout = check_layout(world_size, tp, pp, vpp, ep=ep)
     if dist.is_initialized() or parallel_state.model_parallel_is_initialized():
         raise RuntimeError("init_fake: torch.distributed is already initialized in this process; call destroy() first")
     if not torch.cuda.is_available():
@@ -92,6 +94,7 @@ def init_fake(world_size: int, rank: int, tp: int, pp: int, vpp: int | None = No
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=vpp,
+        expert_model_parallel_size=ep,
         create_gloo_process_groups=False,  # the fake backend has no gloo counterpart
     )
     model_parallel_cuda_manual_seed(0)
@@ -156,6 +159,19 @@ def dp_rank() -> int:
 
 def dp_size() -> int:
     return _ps().get_data_parallel_world_size()
+
+
+def ep_group():
+    """The expert-parallel group: the ranks among which a MoE layer's routed experts are split."""
+    return _ps().get_expert_model_parallel_group()
+
+
+def ep_rank() -> int:
+    return _ps().get_expert_model_parallel_rank()
+
+
+def ep_size() -> int:
+    return _ps().get_expert_model_parallel_world_size()
 
 
 def model_parallel_group():

@@ -52,7 +52,7 @@ class Trainer:
         self.stop = stop  # SIGUSR1/SIGTERM, acted on at the next safe point (end of a step)
         self.deadline = Deadline.from_setting(cfg.trainer.deadline, cfg.trainer.deadline_margin_s)
         self.clock = StepClock()  # longest step and save so far, for the deadline
-        parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, seed=cfg.trainer.seed,
+        parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, ep=cfg.parallel.ep, seed=cfg.trainer.seed,
                                   wait_timeout_s=cfg.rollout.wait_timeout_s)
         # Before anything is written into the run directory: one trainer per run (run_guard.py).
         self.lock = RunDirLock.acquire(cfg.trainer.run_dir, rank0=parallel.is_rank0(), share=parallel.share_from_rank0)

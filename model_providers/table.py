@@ -12,7 +12,7 @@ same table, so a weight cannot be converted one way and synced another.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # copy: one HF tensor; qkv: q/k/v -> fused linear_qkv; gate_up: gate/up -> fused linear_fc1;
 # vocab: embedding / LM-head rows with Megatron's vocabulary padding (layouts.py has the details).
@@ -25,6 +25,9 @@ class Row:
     mcore: str
     hf: tuple[str, ...]
     layout: str
+    # A row bound to one global expert (for_expert): the expert, and the row it was made from.
+    expert: int | None = None
+    template: "Row | None" = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -40,9 +43,11 @@ class Row:
         return "{expert}" in self.mcore
 
     def for_expert(self, expert: int) -> "Row":
-        """This row for one global expert (`{expert}` filled in; `{layer}` left for later)."""
-        e = str(expert)
-        return Row(self.mcore.replace("{expert}", e), tuple(n.replace("{expert}", e) for n in self.hf), self.layout)
+        """This row for one global expert (`{expert}` filled in; `{layer}` left for later). A bound
+        row may be rebound to another expert."""
+        base, e = self.template or self, str(expert)
+        return Row(base.mcore.replace("{expert}", e), tuple(n.replace("{expert}", e) for n in base.hf), base.layout,
+                   expert=expert, template=base)
 
     def mcore_name(self, layer: int | None = None) -> str:
         return self.mcore.format(layer=layer) if self.has_layer() else self.mcore

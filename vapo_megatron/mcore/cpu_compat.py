@@ -17,7 +17,9 @@ megatron-core assumes CUDA in three places (docs/architecture.md, "Two worlds"):
     ``grad.type() == 'torch.cuda.FloatTensor'``): under the redirection, CPU tensors are what
     megatron believes are CUDA tensors;
   - CUDA streams (megatron DDP's gradient sync waits on ``torch.cuda.current_stream()``) are
-    null streams: on the CPU every op is already ordered.
+    null streams: on the CPU every op is already ordered; their events are complete at once;
+  - the MoE all-to-all token dispatcher's split sizes become numpy arrays on the CPU as they do
+    from CUDA tensors (gloo's all_to_all_single takes lists, not tensors).
 
 It does nothing when CUDA is available. Only ``vapo_megatron.mcore.parallel`` calls it; no other
 module knows about it.
@@ -114,6 +116,14 @@ class _NullStream:
     def synchronize(self) -> None:
         pass
 
+    def record_event(self, event=None) -> "_NullStream":
+        # megatron's all-to-all token dispatcher records an event on its device-to-host stream
+        # and later synchronizes on it; a null stream is its own (already complete) event.
+        return self
+
+    def wait(self, stream=None) -> None:
+        pass
+
 
 def _cuda_get_rng_state(device="cuda"):
     return _fake_cuda_generator.get_state()
@@ -150,10 +160,29 @@ def activate() -> bool:
     mpu_random._get_cuda_rng_state = lambda *a, **k: _cuda_get_rng_state()
     mpu_random._set_cuda_rng_state = lambda new_state, *a, **k: _cuda_set_rng_state(new_state)
 
+    _moe_split_sizes_as_numpy()
+
     _mode = _CudaToCpuMode()
     _mode.__enter__()  # stays pushed for the life of the process (this thread)
     _active = True
     return True
+
+
+def _moe_split_sizes_as_numpy() -> None:
+    """megatron's all-to-all token dispatcher turns its split sizes into numpy arrays through
+    moe_utils.maybe_move_tensor_to_cpu(t, as_numpy=True), which converts only CUDA tensors; on the
+    CPU they stay tensors, and all_to_all_single rejects tensors as split sizes. Convert CPU
+    tensors too (in token_dispatcher's namespace, which imported the function by name)."""
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    original = moe_utils.maybe_move_tensor_to_cpu
+
+    def to_cpu(tensor, as_numpy: bool = False, record_stream: bool = False):
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.detach().numpy()
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_cpu
 
 
 def is_active() -> bool:

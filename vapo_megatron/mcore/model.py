@@ -45,6 +45,11 @@ class TrainModel:
         return [c.module for c in self.chunks]
 
     @property
+    def config(self):
+        """megatron's TransformerConfig (shared by the chunks)."""
+        return self.modules[0].config
+
+    @property
     def vocab_size(self) -> int:
         """The real (unpadded) vocabulary."""
         return self.hf_cfg["vocab_size"]
@@ -60,6 +65,12 @@ def wrap_ddp(model_chunks: list, *, distributed_optimizer: bool) -> list:
     # is built, so it is set first; with the training schedule's other fields (below), it is set
     # where that schedule is assembled, as Megatron-LM does.
     tcfg.calculate_per_token_loss = True
+    from megatron.core.transformer.moe.router import Router
+
+    for chunk in model_chunks:  # MoE routers copied the flag at construction (aux-loss weighting)
+        for module in chunk.modules():
+            if isinstance(module, Router):
+                module.calculate_per_token_loss = True
     ddp_cfg = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         overlap_grad_reduce=False,
@@ -99,7 +110,7 @@ def build_model(cfg: Config, *, critic: bool) -> TrainModel:
     family = family_for(hf_cfg)
     dtype = torch_dtype(cfg.model.dtype)
     chunks = build_chunks(hf_cfg, params_dtype=dtype, critic=critic, recompute=cfg.model.recompute_activations,
-                          sequence_parallel=p.sequence_parallel)
+                          sequence_parallel=p.sequence_parallel, moe_aux_loss_coeff=cfg.model.moe_aux_loss_coeff)
     load_hf_weights(chunks, family, hf_cfg, hf_dir, critic=critic)
     optim = cfg.critic_optim if critic else cfg.actor_optim
     chunks = wrap_ddp(chunks, distributed_optimizer=optim.distributed_optimizer)

@@ -63,16 +63,39 @@ def _announce_once(line: str) -> None:
             print(f"[vapo] {line}", flush=True)
 
 
+def moe_settings(*, te: bool, aux_loss_coeff: float) -> dict:
+    """TransformerConfig fields of a mixture-of-experts model beyond its architecture (the family
+    gives experts, top-k, widths and the dense/MoE layer pattern)."""
+    return dict(
+        expert_model_parallel_size=parallel.ep_size(),  # expert TP is megatron's default: TP
+        # Tokens go to the EP ranks holding their experts by all-to-all, and come back the same way.
+        moe_token_dispatcher_type="alltoall",
+        # TE's grouped GEMM runs all local experts in one kernel; megatron's SequentialMLP loops.
+        moe_grouped_gemm=te,
+        # Router scores in float32 whatever the parameter dtype, as transformers' Qwen3-MoE router.
+        moe_router_dtype="fp32",
+        moe_router_load_balancing_type="aux_loss" if aux_loss_coeff > 0 else "none",
+        moe_aux_loss_coeff=aux_loss_coeff,
+        # No token dropping (capacity factor None): every token reaches its top-k experts, as in
+        # the rollout engine, so trainer and engine compute the same function.
+        moe_expert_capacity_factor=None,
+        moe_permute_fusion=False,
+        moe_router_fusion=False,
+    )
+
+
 def transformer_config(hf_cfg: dict, *, params_dtype: torch.dtype, recompute: bool = False, on_gpu: bool | None = None,
-                       sequence_parallel: bool = False):
+                       sequence_parallel: bool = False, moe_aux_loss_coeff: float = 0.0):
     """The family's TransformerConfig for the parallel layout megatron was initialized with.
 
     recompute: full activation recomputation. sequence_parallel: megatron's (only when TP > 1).
+    moe_aux_loss_coeff: the router's load-balancing loss weight (MoE models; 0: none).
     on_gpu: None = whether CUDA is available; False builds a CPU-initialized model (under
     `torch.device("meta")`: shapes only, as vapo-plan and vapo-convert do)."""
     from megatron.core.transformer import TransformerConfig
 
-    arch = family_for(hf_cfg).architecture(hf_cfg).transformer
+    architecture = family_for(hf_cfg).architecture(hf_cfg)
+    arch = architecture.transformer
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
     tp, pp, vpp = parallel.tp_size(), parallel.pp_size(), parallel.vp_size()
     te = on_gpu and te_available()
@@ -81,8 +104,10 @@ def transformer_config(hf_cfg: dict, *, params_dtype: torch.dtype, recompute: bo
     if on_gpu:
         _announce_once(f"gradient_accumulation_fusion={fusion} (Transformer Engine {'imports' if te else 'absent'}, "
                        f"Apex fused_weight_gradient_mlp_cuda {'imports' if apex else 'absent'}; both needed)")
+    moe = moe_settings(te=te, aux_loss_coeff=moe_aux_loss_coeff) if architecture.num_experts else {}
     return TransformerConfig(
         **{**arch, "activation_func": ACTIVATIONS[arch["activation_func"]]},
+        **moe,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         # Sequence parallelism shards the norm/dropout/residual activations [T, h] over TP along T;
@@ -120,9 +145,15 @@ def layer_spec(config, vp_stage: int | None = None):
     from megatron.core.models.gpt import gpt_layer_specs as specs
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
 
-    from vapo_megatron.mcore.sp_norm import local_block_spec
+    from vapo_megatron.mcore.sp_norm import local_block_spec, local_block_spec_of
 
-    if not config.use_cpu_initialization and te_available():
+    te = not config.use_cpu_initialization and te_available()
+    if config.num_moe_experts:
+        # Dense and expert layers differ (moe_layer_freq): megatron's per-layer block spec.
+        block = specs.get_gpt_decoder_block_spec(config, use_transformer_engine=te, normalization="RMSNorm",
+                                                 vp_stage=vp_stage)
+        return local_block_spec_of(block.layer_specs) if config.sequence_parallel and not te else block
+    if te:
         return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.qk_layernorm)
     spec = specs.get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
     if config.sequence_parallel:
@@ -151,11 +182,11 @@ def _gpt_kwargs(hf_cfg: dict, config, vp_stage: int | None) -> dict:
 
 
 def build_actor(hf_cfg: dict, *, params_dtype: torch.dtype, vp_stage: int | None = None, recompute: bool = False,
-                on_gpu: bool | None = None, sequence_parallel: bool = False):
+                on_gpu: bool | None = None, sequence_parallel: bool = False, moe_aux_loss_coeff: float = 0.0):
     from megatron.core.models.gpt import GPTModel
 
     config = transformer_config(hf_cfg, params_dtype=params_dtype, recompute=recompute, on_gpu=on_gpu,
-                                sequence_parallel=sequence_parallel)
+                                sequence_parallel=sequence_parallel, moe_aux_loss_coeff=moe_aux_loss_coeff)
     tied = family_for(hf_cfg).architecture(hf_cfg).tied_embeddings
     return GPTModel(share_embeddings_and_output_weights=tied, **_gpt_kwargs(hf_cfg, config, vp_stage))
 
@@ -172,20 +203,21 @@ def fresh_value_head(config) -> dict[str, torch.Tensor]:
 
 
 def build_critic(hf_cfg: dict, *, params_dtype: torch.dtype, vp_stage: int | None = None, recompute: bool = False,
-                 on_gpu: bool | None = None, sequence_parallel: bool = False):
+                 on_gpu: bool | None = None, sequence_parallel: bool = False, moe_aux_loss_coeff: float = 0.0):
     from vapo_megatron.mcore.critic_model import CriticModel
 
     config = transformer_config(hf_cfg, params_dtype=params_dtype, recompute=recompute, on_gpu=on_gpu,
-                                sequence_parallel=sequence_parallel)
+                                sequence_parallel=sequence_parallel, moe_aux_loss_coeff=moe_aux_loss_coeff)
     return CriticModel(**_gpt_kwargs(hf_cfg, config, vp_stage))
 
 
 def build_chunks(hf_cfg: dict, *, params_dtype: torch.dtype, critic: bool, recompute: bool = False,
-                 on_gpu: bool | None = None, sequence_parallel: bool = False) -> list:
+                 on_gpu: bool | None = None, sequence_parallel: bool = False, moe_aux_loss_coeff: float = 0.0) -> list:
     """One model chunk per virtual stage (a single chunk without VPP)."""
     vpp = parallel.vp_size()
     build = build_critic if critic else build_actor
-    kwargs = dict(params_dtype=params_dtype, recompute=recompute, on_gpu=on_gpu, sequence_parallel=sequence_parallel)
+    kwargs = dict(params_dtype=params_dtype, recompute=recompute, on_gpu=on_gpu, sequence_parallel=sequence_parallel,
+                  moe_aux_loss_coeff=moe_aux_loss_coeff)
     if vpp is None:
         return [build(hf_cfg, **kwargs)]
     return [build(hf_cfg, vp_stage=v, **kwargs) for v in range(vpp)]

@@ -27,6 +27,11 @@ class SequenceParallelRMSNorm(torch.nn.RMSNorm):
 def local_block_spec(layer_spec, num_layers: int):
     """Megatron's local layer spec with every torch norm replaced (input, pre-MLP and q/k norms),
     as a block spec whose final norm is one too: all of them see sequence-parallel activations."""
+    return local_block_spec_of([layer_spec] * num_layers)
+
+
+def local_block_spec_of(layer_specs: list):
+    """local_block_spec for a block whose layers differ (a MoE model's dense and expert layers)."""
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
@@ -34,9 +39,11 @@ def local_block_spec(layer_spec, num_layers: int):
         changes = {f: SequenceParallelRMSNorm for f in fields if getattr(submodules, f) is WrappedTorchNorm}
         return dataclasses.replace(submodules, **changes)
 
-    layer = layer_spec.submodules
-    attention = dataclasses.replace(
-        layer.self_attention, submodules=swap(layer.self_attention.submodules, "q_layernorm", "k_layernorm"))
-    layer = dataclasses.replace(swap(layer, "input_layernorm", "pre_mlp_layernorm"), self_attention=attention)
-    spec = dataclasses.replace(layer_spec, submodules=layer)
-    return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=SequenceParallelRMSNorm)
+    def swap_layer(layer_spec):
+        layer = layer_spec.submodules
+        attention = dataclasses.replace(
+            layer.self_attention, submodules=swap(layer.self_attention.submodules, "q_layernorm", "k_layernorm"))
+        layer = dataclasses.replace(swap(layer, "input_layernorm", "pre_mlp_layernorm"), self_attention=attention)
+        return dataclasses.replace(layer_spec, submodules=layer)
+
+    return TransformerBlockSubmodules(layer_specs=[swap_layer(s) for s in layer_specs], layer_norm=SequenceParallelRMSNorm)

@@ -17,7 +17,7 @@ import torch
 from vapo_megatron.algorithms.normalization import GlobalCounts, count_sums
 from vapo_megatron.data.batch import RolloutBatch
 from vapo_megatron.data.microbatch import plan_micro_batches
-from vapo_megatron.mcore import parallel
+from vapo_megatron.mcore import moe_metrics, parallel
 from vapo_megatron.mcore.model import TrainModel
 from vapo_megatron.mcore.optimizer import current_lr, optimizer_step
 from vapo_megatron.mcore.schedule import broadcast_from_last_stage, forward_backward, reduce_metric_sums
@@ -116,13 +116,17 @@ def optimize(model: TrainModel, role: str, batch: RolloutBatch, loss_for: Callab
             counts = global_counts(part)
             _, micro = micro_batches(part, settings.max_tokens)
             lr = current_lr(model.optimizer)
+            moe_metrics.clear()
             sums = reduce_metric_sums(forward_backward(model.chunks, loss_for(counts), micro, forward_only=False))
+            aux_loss = moe_metrics.take_aux_loss(model.config, len(micro))
             applied, grad_norm = guarded_step(model, sums, role, settings.max_consecutive_skips)
             faults.fault_point(f"{role}_update")  # test-only (testing/faults.py): a crash mid-update
             step_logs = _means(sums, counts)
             step_logs[f"{role}/grad_norm"] = grad_norm
             step_logs[f"{role}/skipped_steps"] = 0.0 if applied else 1.0
             step_logs[f"{role}/lr"] = lr
+            if aux_loss is not None:  # a MoE model with model.moe_aux_loss_coeff > 0
+                step_logs[f"{role}/moe_aux_loss"] = aux_loss
             for k, v in step_logs.items():
                 logs.setdefault(k, []).append(v)
     return {k: (sum(v) if k.endswith("skipped_steps") else sum(v) / len(v)) for k, v in logs.items()}

@@ -48,11 +48,15 @@ class EmbeddedEngine(RolloutEngine):
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
         self.device = next(model.parameters()).device
-        # Every name the model answers to, tied aliases included (lm_head.weight -> embed).
-        self._params = dict(model.named_parameters(remove_duplicate=False))
+        # Every name the model answers to, tied aliases included (lm_head.weight -> embed), and
+        # each routed expert's checkpoint names as views into transformers' fused expert tensors.
+        named = dict(model.named_parameters(remove_duplicate=False))
+        views = expert_views(named)
+        fused = {n[: -len("gate_up_proj")] + f for n in named if n in _fused_experts(named) for f in ("gate_up_proj", "down_proj")}
+        self._params = {**{n: p for n, p in named.items() if n not in fused}, **views}
         self._version = -1
         self._updating = False
-        self._loaded: set[int] = set()
+        self._loaded: set[str] = set()
 
     # ---- construction ---------------------------------------------------------------------
 
@@ -95,7 +99,7 @@ class EmbeddedEngine(RolloutEngine):
             )
         if param.shape != shape:
             raise ValueError(f"weight {name!r}: got shape {tuple(shape)}, the model has {tuple(param.shape)}")
-        self._loaded.add(id(param))
+        self._loaded.add(name)
         return param
 
     def weight_slot(self, name: str, shape: torch.Size) -> torch.Tensor | None:
@@ -116,7 +120,9 @@ class EmbeddedEngine(RolloutEngine):
             raise RuntimeError("end_weight_update without begin_weight_update")
         self._updating = False
         if strict:
-            missing = sorted({n for n, p in self._params.items() if id(p) not in self._loaded})
+            # A tied alias counts as loaded when the tensor it shares is.
+            loaded = {id(self._params[n]) for n in self._loaded}
+            missing = sorted(n for n, p in self._params.items() if n not in self._loaded and id(p) not in loaded)
             if missing:
                 raise RuntimeError(f"weight update left {len(missing)} parameters unset, e.g. {missing[:5]}")
         self._version = version
@@ -218,6 +224,30 @@ class EmbeddedEngine(RolloutEngine):
         # Gumbel-max: argmax(filtered + G) with G = -log(-log U) is a draw from softmax(filtered).
         tok = (filtered - torch.log(-torch.log(u))).argmax(-1)
         return tok, torch.log_softmax(scaled, -1).gather(-1, tok[:, None])[:, 0]
+
+
+def _fused_experts(named: dict[str, torch.Tensor]) -> list[str]:
+    return [n for n, t in named.items() if n.endswith(".experts.gate_up_proj") and t.ndim == 3]
+
+
+def expert_views(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Checkpoint names of routed experts -> views into transformers 5's fused expert parameters.
+
+    transformers 5 holds a MoE layer's experts as `<p>.gate_up_proj` [E, 2I, H] ([gate; up] per
+    expert) and `<p>.down_proj` [E, H, I]; checkpoints, SGLang and the name table keep one tensor
+    per expert (`<p>.{e}.gate_proj.weight` [I, H], `up_proj`, `down_proj`). Writing into these
+    views writes the fused parameters in place."""
+    views = {}
+    for name in _fused_experts(named):
+        fused = named[name]
+        prefix = name[: -len("gate_up_proj")]
+        down = named[prefix + "down_proj"]
+        half = fused.shape[1] // 2
+        for e in range(fused.shape[0]):
+            views[f"{prefix}{e}.gate_proj.weight"] = fused[e, :half]
+            views[f"{prefix}{e}.up_proj.weight"] = fused[e, half:]
+            views[f"{prefix}{e}.down_proj.weight"] = down[e]
+    return views
 
 
 def _eos_ids(config) -> list[int]:

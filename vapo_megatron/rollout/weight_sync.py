@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from model_providers.layouts import hf_shapes, place_shard
+from model_providers.layouts import mcore_to_hf, hf_shapes, place_shard
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.memory import free_cached_memory
 from vapo_megatron.rollout.base import RolloutEngine
@@ -110,13 +110,11 @@ def _stream_stage(model_chunks, family, hf_cfg, sink: _Sink, *, send: bool, src:
     """This stage's weights into this rank's sink, and (send) broadcast to the other stages."""
     from vapo_megatron.weights.params import exported_params
 
-    items = make_items(list(exported_params(model_chunks, family, hf_cfg)), parallel.tp_size())
+    items = make_items(list(exported_params(model_chunks, family, hf_cfg, experts=False)), parallel.tp_size())
     stats.largest_tensor_bytes = max([stats.largest_tensor_bytes] + [it.full_bytes() for it in items])
     need = sink.engine is not None or send
     gather = tp_gather(items, need=need, transport=transport, meter=meter)
-    if gather is None:
-        return
-    for k, batch in enumerate(gather.batches()):
+    for k, batch in enumerate(gather.batches() if gather is not None else ()):
         gather.exchange(k, batch)
         if need:
             for it in batch:
@@ -145,7 +143,33 @@ def _stream_stage(model_chunks, family, hf_cfg, sink: _Sink, *, send: bool, src:
                         meter.drop(nbytes(tmp))
                         del tmp
         gather.done(batch)
-    gather.close()
+    if gather is not None:
+        gather.close()
+    _stream_experts(model_chunks, family, hf_cfg, sink, send=send, src=src, group=group, meter=meter, stats=stats)
+
+
+def _stream_experts(model_chunks, family, hf_cfg, sink: _Sink, *, send: bool, src: int, group, meter: MemoryMeter,
+                    stats: SyncStats) -> None:
+    """This stage's routed experts (MoE), each gathered over TP and EP (params.expert_tensors:
+    every rank of the stage takes part), into this rank's sink, and (send) to the other stages.
+    Expert weights are many small tensors; they take the collective path whatever `transport`."""
+    from vapo_megatron.weights.params import expert_tensors
+
+    need = sink.engine is not None or send
+    for row, layer, full in expert_tensors(model_chunks, family, hf_cfg):
+        meter.hold(nbytes(full))
+        stats.largest_tensor_bytes = max(stats.largest_tensor_bytes, nbytes(full))
+        for name, tensor in (mcore_to_hf(row, full, hf_cfg, layer) if need else ()):
+            tensor = tensor.contiguous()
+            if send:
+                _send_header((name, tuple(tensor.shape), tensor.dtype), src)
+                parallel.broadcast(tensor, src=src, group=group)
+                stats.sent += 1
+            out = sink.slot(name, tensor.shape, tensor.dtype)
+            if out is not None:
+                out.copy_(tensor)
+                sink.commit(out)
+        meter.drop(nbytes(full))
 
 
 def _receive_stage(sink: _Sink, *, src: int, group, meter: MemoryMeter, stats: SyncStats) -> None:

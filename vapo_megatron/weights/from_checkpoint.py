@@ -23,7 +23,7 @@ from model_providers.family import Family
 from model_providers.layouts import hf_shapes, mcore_to_hf
 from model_providers.table import Row
 from vapo_megatron.mcore import parallel
-from vapo_megatron.weights.params import gather_tp, param_rows
+from vapo_megatron.weights.params import gather_tp, is_expert, param_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +37,10 @@ class ExportItem:
 
 
 def exported_items(model_chunks: list, family: Family, hf_cfg: dict, *, critic: bool) -> list[ExportItem]:
-    """Every parameter of this rank's chunks that HF keeps (not the tied output layer)."""
+    """Every parameter of this rank's chunks that HF keeps (not the tied output layer). Runs at
+    expert-parallel size 1 (vapo-convert): every expert is then on every rank."""
+    if parallel.ep_size() != 1:
+        raise RuntimeError("reading a checkpoint as HF tensors needs expert-parallel size 1 (the checkpoint reshards)")
     table = family.table(hf_cfg, critic=critic)
     exported = {r.mcore for r in family.export_table(hf_cfg, critic=critic)}
     tp = parallel.tp_size()
@@ -45,7 +48,7 @@ def exported_items(model_chunks: list, family: Family, hf_cfg: dict, *, critic: 
     items = []
     for key, chunk in zip(keys, model_chunks):
         for param, row, layer, name in param_rows(chunk, table):
-            if row.mcore not in exported:
+            if row.mcore not in exported and not is_expert(row):  # experts: bound to their global number
                 continue
             full = list(param.shape)
             if getattr(param, "tensor_model_parallel", False):

@@ -21,6 +21,9 @@ from model_providers.table import TE_ALIASES, Row
 from vapo_megatron.mcore import parallel
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+# A routed expert's weight: megatron's SequentialMLP (local spec) or TE's grouped GEMM, numbered
+# locally on each expert-parallel rank.
+_EXPERT = re.compile(r"^mlp\.experts\.(?:local_experts\.(\d+)\.(.+)|(linear_fc[12])\.weight(\d+))$")
 
 
 def unwrap(chunk):
@@ -30,23 +33,40 @@ def unwrap(chunk):
     return chunk
 
 
+def _expert(rest: str, model) -> tuple[str, int | None]:
+    """(table key suffix, GLOBAL expert number or None) of a layer-local parameter name."""
+    m = _EXPERT.match(rest)
+    if not m:
+        return rest, None
+    local, suffix = (int(m.group(1)), m.group(2)) if m.group(1) is not None else (int(m.group(4)), m.group(3) + ".weight")
+    per_rank = model.config.num_moe_experts // parallel.ep_size()
+    return "mlp.experts.local_experts.{expert}." + suffix, parallel.ep_rank() * per_rank + local
+
+
+def is_expert(row: Row) -> bool:
+    """Whether a (bound) row is a routed expert's weight, held by one expert-parallel rank."""
+    return row.expert is not None
+
+
 def param_rows(chunk, rows: tuple[Row, ...]) -> Iterator[tuple[Tensor, Row, int | None, str]]:
-    """(param, row, global layer or None, local name) for every parameter of one model chunk.
+    """(param, row, global layer or None, local name) for every parameter of one model chunk; an
+    expert's row comes bound to its GLOBAL expert number (Row.for_expert).
 
     A parameter with no row raises, so a table that misses a weight cannot go unnoticed."""
     model = unwrap(chunk)
     by_name = {r.mcore: r for r in rows}
     for name, param in model.named_parameters():
-        key, layer = name, None
+        key, layer, expert = name, None, None
         m = _LAYER.match(name)
         if m:
             local, rest = int(m.group(1)), m.group(2)
-            rest = TE_ALIASES.get(rest, rest)
+            rest, expert = _expert(TE_ALIASES.get(rest, rest), model)
             layer = model.decoder.layers[local].layer_number - 1  # megatron's layer_number is global, 1-based
             key = "decoder.layers.{layer}." + rest
         if key not in by_name:
             raise KeyError(f"model parameter {name!r} ({key}) has no row in the mapping table")
-        yield param, by_name[key], layer, name
+        row = by_name[key]
+        yield param, (row if expert is None else row.for_expert(expert)), layer, name
 
 
 def gather_tp(param: Tensor, layout: str, data: Tensor | None = None) -> Tensor:
@@ -64,19 +84,47 @@ def gather_tp(param: Tensor, layout: str, data: Tensor | None = None) -> Tensor:
     return unshard(layout, shards, param.partition_dim)
 
 
-def exported_params(model_chunks: list, family: Family, hf_cfg: dict, *, critic: bool = False
-                    ) -> Iterator[tuple[Tensor, Row, int | None]]:
-    """(param, row, global layer or None) for every weight of this pipeline stage that HF keeps."""
+def exported_params(model_chunks: list, family: Family, hf_cfg: dict, *, critic: bool = False,
+                    experts: bool | None = None) -> Iterator[tuple[Tensor, Row, int | None]]:
+    """(param, row, global layer or None) for every weight of this pipeline stage that HF keeps
+    and this rank holds. experts: None for all, True only routed experts' weights (this rank's
+    share of them), False all others."""
     table = family.table(hf_cfg, critic=critic)
     exported = {r.mcore for r in family.export_table(hf_cfg, critic=critic)}
     for chunk in model_chunks:
         for param, row, layer, _ in param_rows(chunk, table):
-            if row.mcore in exported:  # not the tied output layer: HF keeps only embed_tokens
+            if experts is not None and is_expert(row) != experts:
+                continue
+            if row.mcore in exported or is_expert(row):  # not the tied output layer: HF keeps only embed_tokens
                 yield param, row, layer
 
 
-def iter_hf_tensors(model_chunks: list, family: Family, hf_cfg: dict, *, critic: bool = False) -> Iterator[tuple[str, Tensor]]:
-    """Yield (HF name, full tensor) for every weight this pipeline stage holds."""
-    for param, row, layer in exported_params(model_chunks, family, hf_cfg, critic=critic):
+def expert_tensors(model_chunks: list, family: Family, hf_cfg: dict, *, critic: bool = False
+                   ) -> Iterator[tuple[Row, int, Tensor]]:
+    """(row bound to a global expert, global layer, full Megatron tensor) for EVERY routed expert
+    of this pipeline stage, whichever expert-parallel rank holds it. Collective over the TP and EP
+    groups (every rank of a stage iterates, in the same order): each rank's local expert k is
+    TP-gathered, then all-gathered over EP, which brings expert r * E/EP + k of each EP rank r.
+    One local expert's worth (x EP) is held at a time."""
+    ep, per_rank = parallel.ep_size(), None
+    for param, row, layer in exported_params(model_chunks, family, hf_cfg, critic=critic, experts=True):
         full = gather_tp(param, row.layout)
+        if ep == 1:
+            yield row, layer, full
+            continue
+        per_rank = per_rank or unwrap(model_chunks[0]).config.num_moe_experts // ep
+        parts = [torch.empty_like(full) for _ in range(ep)]
+        parallel.all_gather(parts, full.contiguous(), group=parallel.ep_group())
+        local = row.expert - parallel.ep_rank() * per_rank
+        for r, part in enumerate(parts):
+            yield row.for_expert(r * per_rank + local), layer, part
+
+
+def iter_hf_tensors(model_chunks: list, family: Family, hf_cfg: dict, *, critic: bool = False) -> Iterator[tuple[str, Tensor]]:
+    """Yield (HF name, full tensor) for every weight this pipeline stage holds (every expert of
+    it too, gathered over EP: see expert_tensors)."""
+    for param, row, layer in exported_params(model_chunks, family, hf_cfg, critic=critic, experts=False):
+        full = gather_tp(param, row.layout)
+        yield from mcore_to_hf(row, full, hf_cfg, layer)
+    for row, layer, full in expert_tensors(model_chunks, family, hf_cfg, critic=critic):
         yield from mcore_to_hf(row, full, hf_cfg, layer)

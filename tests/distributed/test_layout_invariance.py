@@ -2,8 +2,9 @@
 on a fixed global mini-batch, actor (PPO + NLL) and critic (value loss) parameters are the
 same for every layout, and equal a direct single-process implementation of the formulas.
 
-Reference: transformers' own Qwen2 models (independent of Megatron), the loss formulas written
-out directly, and a plain SGD step. SGD, not Adam: Adam's first step is nearly invariant to the
+Reference: transformers' own Qwen2 and Qwen3-MoE models (independent of Megatron), the loss
+formulas written out directly, and a plain SGD step. The MoE model is also stepped at expert
+parallelism 2, where each DP rank holds half the experts and tokens cross ranks by all-to-all. SGD, not Adam: Adam's first step is nearly invariant to the
 gradient's scale, so it would hide exactly the normalization errors this test is for.
 """
 
@@ -25,22 +26,27 @@ TEMPERATURE = 0.7
 VOCAB = 250  # needs padding at TP=2
 
 
-def _make_models(tmp_path):
-    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
+def _make_models(tmp_path, moe: bool = False):
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, Qwen2Config
+
+    from tests.helpers.tiny_hf import qwen3_moe_config
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-6,
-    )
-    actor = Qwen2ForCausalLM(cfg).float()
+    if moe:  # 4 experts, top-2, layer 2 dense
+        cfg = qwen3_moe_config(vocab=VOCAB)
+    else:
+        cfg = Qwen2Config(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+            tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-6,
+        )
+    actor = AutoModelForCausalLM.from_config(cfg).float()
     with torch.no_grad():  # non-zero q/k/v biases, and every weight well away from init values
         for name, p in actor.named_parameters():
             p.add_(torch.randn_like(p) * 0.02)
     actor.save_pretrained(tmp_path / "actor")
-    critic_cfg = Qwen2Config(**{**cfg.to_dict(), "num_labels": 1})
-    critic = Qwen2ForTokenClassification(critic_cfg).float()
+    critic_cfg = type(cfg)(**{**cfg.to_dict(), "num_labels": 1})
+    critic = AutoModelForTokenClassification.from_config(critic_cfg).float()
     critic.model.load_state_dict(actor.model.state_dict())
     with torch.no_grad():
         critic.score.weight.normal_(0, 0.1)
@@ -104,7 +110,7 @@ def _reference(actor_dir, critic_dir, loss_agg="token"):
     with torch.no_grad():
         for p in actor.parameters():
             p -= LR * p.grad
-    actor_after = {k: v.detach().clone() for k, v in actor.state_dict().items()}
+    actor_after = _per_expert(actor.state_dict())
 
     critic = AutoModelForTokenClassification.from_pretrained(critic_dir, dtype=torch.float32)
     values = critic(b.tokens).logits[..., 0]
@@ -116,8 +122,17 @@ def _reference(actor_dir, critic_dir, loss_agg="token"):
     with torch.no_grad():
         for p in critic.parameters():
             p -= LR * p.grad
-    critic_after = {k: v.detach().clone() for k, v in critic.state_dict().items()}
+    critic_after = _per_expert(critic.state_dict())
     return actor_after, critic_after
+
+
+def _per_expert(state: dict) -> dict:
+    """transformers 5's fused expert tensors as the per-expert HF names the export writes."""
+    from vapo_megatron.rollout.embedded import expert_views
+
+    views = expert_views(state)
+    fused = [k for k in state if k.endswith((".experts.gate_up_proj", ".experts.down_proj"))]
+    return {k: v.detach().clone() for k, v in {**state, **views}.items() if k not in fused}
 
 
 # ---- the parallel code under test ------------------------------------------------------------
@@ -131,7 +146,7 @@ def _micro_split(rows: list[int], n_micro: int) -> list[list[int]]:
     return [list(c) for c in torch.tensor_split(torch.tensor(rows), n_micro) if len(c)]
 
 
-def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp=False):
+def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp=False, ep=1):
     from megatron.core import dist_checkpointing  # noqa: F401  (import order: megatron first)
 
     import model_providers
@@ -147,7 +162,7 @@ def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp=False):
     from vapo_megatron.weights.hf_read import load_hf_weights
     from vapo_megatron.weights.params import iter_hf_tensors
 
-    parallel.init_distributed(tp, pp, seed=7)
+    parallel.init_distributed(tp, pp, ep=ep, seed=7)
     b = _global_batch()
     b = b.select(_dp_split(parallel.dp_rank(), parallel.dp_size()))
     counts = global_counts(b)
@@ -206,12 +221,19 @@ def models(tmp_path_factory):
     return actor_dir, critic_dir, {"token": _reference(actor_dir, critic_dir, "token")}
 
 
-def _check(models, world, tp, pp, n_micro, loss_agg="token", sp=False):
+@pytest.fixture(scope="module")
+def moe_models(tmp_path_factory):
+    path = tmp_path_factory.mktemp("layout-moe")
+    actor_dir, critic_dir = _make_models(path, moe=True)
+    return actor_dir, critic_dir, {"token": _reference(actor_dir, critic_dir, "token")}
+
+
+def _check(models, world, tp, pp, n_micro, loss_agg="token", sp=False, ep=1):
     actor_dir, critic_dir, refs = models
     if loss_agg not in refs:
         refs[loss_agg] = _reference(actor_dir, critic_dir, loss_agg)
     ref_actor, ref_critic = refs[loss_agg]
-    per_rank = run_ranks(world, _parallel_step, actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp)
+    per_rank = run_ranks(world, _parallel_step, actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp, ep)
     for role, ref in (("actor", ref_actor), ("critic", ref_critic)):
         got = {}
         for r in per_rank:
@@ -250,6 +272,17 @@ LAYOUTS = {
 def test_one_step_matches_reference(models, layout):
     world, tp, pp, n_micro, *sp = LAYOUTS[layout]
     _check(models, world, tp, pp, n_micro, sp=sp == [True])
+
+
+# Qwen3-MoE: (world, tp, pp, micro-batches, ep); sequence parallelism at TP=2 (megatron's MoE
+# layer trains at TP > 1 only with it).
+MOE_LAYOUTS = {"dp2_ep1": (2, 1, 1, 2, 1), "dp2_ep2": (2, 1, 1, 2, 2), "tp2_sp": (2, 2, 1, 2, 1)}
+
+
+@pytest.mark.parametrize("layout", list(MOE_LAYOUTS))
+def test_moe_one_step_matches_reference(moe_models, layout):
+    world, tp, pp, n_micro, ep = MOE_LAYOUTS[layout]
+    _check(moe_models, world, tp, pp, n_micro, sp=tp > 1, ep=ep)
 
 
 def test_sample_level_loss_matches_reference(models):

@@ -33,14 +33,16 @@ def unwrap(chunk):
     return chunk
 
 
-def _expert(rest: str, model) -> tuple[str, int | None]:
-    """(table key suffix, GLOBAL expert number or None) of a layer-local parameter name."""
+def expert_key(rest: str, *, per_rank: int, ep_rank: int) -> tuple[str, int | None]:
+    """(table key suffix, GLOBAL expert number or None) of a layer-local parameter name: expert-
+    parallel rank `ep_rank` holds experts ep_rank * per_rank ... under the local numbers 0 ...,
+    as local_experts.{k}.linear_fc1.weight (megatron's SequentialMLP) or linear_fc1.weight{k}
+    (Transformer Engine's grouped GEMM)."""
     m = _EXPERT.match(rest)
     if not m:
         return rest, None
     local, suffix = (int(m.group(1)), m.group(2)) if m.group(1) is not None else (int(m.group(4)), m.group(3) + ".weight")
-    per_rank = model.config.num_moe_experts // parallel.ep_size()
-    return "mlp.experts.local_experts.{expert}." + suffix, parallel.ep_rank() * per_rank + local
+    return "mlp.experts.local_experts.{expert}." + suffix, ep_rank * per_rank + local
 
 
 def is_expert(row: Row) -> bool:
@@ -60,7 +62,8 @@ def param_rows(chunk, rows: tuple[Row, ...]) -> Iterator[tuple[Tensor, Row, int 
         m = _LAYER.match(name)
         if m:
             local, rest = int(m.group(1)), m.group(2)
-            rest, expert = _expert(TE_ALIASES.get(rest, rest), model)
+            per_rank = model.config.num_moe_experts // parallel.ep_size() if model.config.num_moe_experts else 0
+            rest, expert = expert_key(TE_ALIASES.get(rest, rest), per_rank=per_rank, ep_rank=parallel.ep_rank())
             layer = model.decoder.layers[local].layer_number - 1  # megatron's layer_number is global, 1-based
             key = "decoder.layers.{layer}." + rest
         if key not in by_name:

@@ -1,0 +1,72 @@
+"""The Qwen3-MoE family's pure parts: which layers get experts, what a config may say, and how a
+megatron expert parameter name finds its table row and global expert number."""
+
+from __future__ import annotations
+
+import pytest
+
+from model_providers import HFConfigError, QWEN3_MOE, check_supported
+from model_providers.presets import preset
+from model_providers.qwen3_moe import moe_layer_pattern
+from vapo_megatron.weights.params import expert_key
+
+
+def _cfg(**change) -> dict:
+    cfg = {**preset("qwen3-30b-a3b"), "_source": "/m/config.json"}
+    cfg.update(change)
+    return cfg
+
+
+def test_dense_layers_follow_transformers_rule():
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeDecoderLayer, Qwen3MoeSparseMoeBlock
+
+    cfg = dict(num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3])
+    hf = Qwen3MoeConfig(hidden_size=16, intermediate_size=32, moe_intermediate_size=8, num_attention_heads=2,
+                        num_key_value_heads=1, head_dim=8, num_experts=4, num_experts_per_tok=2, **cfg)
+    want = [int(isinstance(Qwen3MoeDecoderLayer(hf, i).mlp, Qwen3MoeSparseMoeBlock)) for i in range(6)]
+    assert moe_layer_pattern(cfg) == want == [0, 1, 0, 0, 0, 1]
+
+
+def test_architecture_of_the_published_30b_a3b():
+    arch = QWEN3_MOE.architecture(_cfg())
+    t = arch.transformer
+    assert arch.num_experts == 128 and t["moe_router_topk"] == 8 and t["moe_ffn_hidden_size"] == 768
+    assert t["moe_router_pre_softmax"] is False  # norm_topk_prob=true: softmax over the top-k
+    assert t["moe_layer_freq"] == [1] * 48 and t["qk_layernorm"] and not t["add_qkv_bias"]
+    # transformers 5 writes num_local_experts in place of the Hub's num_experts
+    cfg = _cfg(num_local_experts=128)
+    del cfg["num_experts"]
+    assert QWEN3_MOE.architecture(cfg).num_experts == 128
+
+
+@pytest.mark.parametrize("change, says", [
+    (dict(num_experts_per_tok=200), "num_experts_per_tok=200 is more than num_experts=128"),
+    (dict(moe_intermediate_size=0), "moe_intermediate_size=0 is not supported"),
+    (dict(mlp_only_layers=list(range(48))), "no layer has routed experts"),
+    (dict(attention_bias=True), "attention_bias=true is not supported for Qwen3-MoE"),
+    (dict(hidden_act="gelu"), "hidden_act='gelu' is not supported"),
+])
+def test_unsupported_settings_are_one_line_naming_the_config(change, says):
+    with pytest.raises(HFConfigError) as e:
+        check_supported(_cfg(**change))
+    assert str(e.value).startswith("/m/config.json: ") and says in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("rest, per_rank, ep_rank, want", [
+    ("mlp.experts.local_experts.1.linear_fc1.weight", 64, 1, ("mlp.experts.local_experts.{expert}.linear_fc1.weight", 65)),
+    ("mlp.experts.local_experts.0.linear_fc2.weight", 2, 0, ("mlp.experts.local_experts.{expert}.linear_fc2.weight", 0)),
+    # Transformer Engine's grouped GEMM keeps a rank's experts as weight0, weight1, ...
+    ("mlp.experts.linear_fc2.weight3", 16, 2, ("mlp.experts.local_experts.{expert}.linear_fc2.weight", 35)),
+    ("mlp.router.weight", 16, 2, ("mlp.router.weight", None)),
+    ("mlp.linear_fc1.weight", 16, 2, ("mlp.linear_fc1.weight", None)),
+])
+def test_expert_parameter_names_find_their_row_and_global_number(rest, per_rank, ep_rank, want):
+    assert expert_key(rest, per_rank=per_rank, ep_rank=ep_rank) == want
+    key, expert = want
+    rows = {r.mcore: r for r in QWEN3_MOE.rows}
+    row = rows["decoder.layers.{layer}." + key]
+    if expert is not None:
+        bound = row.for_expert(expert)
+        assert bound.hf_names(5)[-1].startswith(f"model.layers.5.mlp.experts.{expert}.")
+        assert bound.for_expert(7).hf_names(5) == row.for_expert(7).hf_names(5)  # rebinding uses the template

@@ -8,6 +8,7 @@
     optimizer.py     megatron's optimizer, OptimizerParamScheduler, the NaN-guarded step
     schedule.py      one call of megatron's pipeline schedule; why the loss scaling is exactly global
     update.py        the mini-batch / optimizer-step loop shared by both roles
+    moe_metrics.py   the router's load-balancing loss read back for the logs (MoE models)
     actor.py         the policy: old log-probs, PPO + positive-example NLL update
     critic.py        the value model: values, clipped value-loss update
     memory.py        GPU memory handed back at the trainer <-> rollout-engine phase switches

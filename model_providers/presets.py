@@ -96,6 +96,11 @@ PRESETS = {
                                  max_pos=128, theta=10000.0),
     "tiny-qwen2-tied": lambda: _qwen2(hidden=32, layers=4, heads=4, kv_heads=2, ffn=64, vocab=250, tied=True,
                                       max_pos=128, theta=10000.0),
+    # 4 experts (2 per rank at EP=2), top-2, layer 2 dense, head_dim 12 unlike hidden/heads.
+    "tiny-qwen3-moe": lambda: {**_qwen3(hidden=32, layers=4, heads=4, kv_heads=2, ffn=64, experts=4, top_k=2,
+                                        expert_ffn=24),
+                               "head_dim": 12, "vocab_size": 250, "max_position_embeddings": 128, "rope_theta": 10000.0,
+                               "mlp_only_layers": [2]},
     "qwen2.5-0.5b": lambda: _qwen2(hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, vocab=151936, tied=True),
     "qwen2.5-1.5b": lambda: _qwen2(hidden=1536, layers=28, heads=12, kv_heads=2, ffn=8960, vocab=151936, tied=True),
     "qwen2.5-7b": lambda: _qwen2(hidden=3584, layers=28, heads=28, kv_heads=4, ffn=18944, vocab=152064, tied=False),

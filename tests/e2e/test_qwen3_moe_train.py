@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.train_runs import make_demo_data, records, train
+from tests.helpers.train_runs import checkpoint_tensors, exported, hf_weights, make_demo_data, records, train
 
 
 def write_tiny_qwen3_moe(model_dir: Path, tokenizer_dir: Path, *, seed: int = 0) -> None:
@@ -58,13 +58,27 @@ def _overrides(data: Path, run_dir: Path) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("layout", [["parallel.tp=1", "parallel.ep=2"],
-                                    ["parallel.tp=2", "parallel.sequence_parallel=true"]], ids=["ep2", "tp2-sp"])
-def test_vapo_train_runs_on_qwen3_moe_with_the_embedded_engine(moe_demo, tmp_path, layout):
-    run_dir = tmp_path / "run"
-    run = train("demo_cpu.yaml", *_overrides(moe_demo, run_dir), *layout)
+EP2 = ["parallel.tp=1", "parallel.ep=2"]
+LAYOUTS = {"ep2": EP2, "tp2-sp": ["parallel.tp=2", "parallel.sequence_parallel=true"]}
+
+
+@pytest.fixture(scope="module")
+def ep2_run(moe_demo, tmp_path_factory) -> tuple[Path, str]:
+    """Two VAPO steps at EP=2, uninterrupted, with the final checkpoint and HF export."""
+    run_dir = tmp_path_factory.mktemp("moe-ep2") / "run"
+    run = train("demo_cpu.yaml", *_overrides(moe_demo, run_dir), *EP2, "trainer.export_hf=true")
+    return run_dir, run.stdout
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_vapo_train_runs_on_qwen3_moe_with_the_embedded_engine(moe_demo, ep2_run, tmp_path, layout):
+    if layout == "ep2":
+        run_dir, stdout = ep2_run
+    else:
+        run_dir = tmp_path / "run"
+        stdout = train("demo_cpu.yaml", *_overrides(moe_demo, run_dir), *LAYOUTS[layout]).stdout
     vapo = [r for r in records(run_dir) if r["phase"] == "vapo"]
-    assert len(vapo) == 2, run.stdout[-3000:]
+    assert len(vapo) == 2, stdout[-3000:]
     for r in vapo:
         # Mean |engine - trainer| log-prob over response tokens, float32 on both sides: rounding
         # only (a misrouted token or a misplaced expert weight gives ~1e-2 and more).
@@ -76,3 +90,29 @@ def test_vapo_train_runs_on_qwen3_moe_with_the_embedded_engine(moe_demo, tmp_pat
         # ranks (TP shards counted twice, stages or micro-batches not averaged) is off by >= 2x.
         for role in ("actor", "critic"):
             assert 0.95 < r[f"{role}/moe_aux_loss"] < 1.5, r[f"{role}/moe_aux_loss"]
+
+
+def test_resume_at_ep2_reaches_the_same_state_and_exports_every_expert(moe_demo, ep2_run, tmp_path):
+    """Stopped after one step and resumed, an EP=2 run ends with the same weights AND optimizer
+    state (each EP rank's experts and their Adam moments, through megatron's dist checkpoint) as
+    the uninterrupted run; its HF export holds every expert of every MoE layer."""
+    full_dir, _ = ep2_run
+    run_dir = tmp_path / "run"
+    train("demo_cpu.yaml", *_overrides(moe_demo, run_dir), *EP2, "trainer.total_steps=1")
+    proc = train("demo_cpu.yaml", *_overrides(moe_demo, run_dir), *EP2, "trainer.export_hf=true")
+    assert "resumed from" in proc.stdout + proc.stderr
+    last = (full_dir / "checkpoints" / "latest").read_text().strip()
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == last
+    for role in ("actor", "critic"):
+        want = checkpoint_tensors(full_dir / "checkpoints" / last / role)
+        have = checkpoint_tensors(run_dir / "checkpoints" / last / role)
+        assert want.keys() == have.keys()
+        assert any("experts" in k and "exp_avg" in k for k in want), sorted(want)[:20]  # expert Adam state is in it
+        for name in want:
+            assert torch.equal(want[name], have[name]), f"{role} {name} differs after resume"
+    # The trainer's export (experts gathered over EP) equals the checkpoint converted at EP=1.
+    final = hf_weights(run_dir / "hf")
+    assert {f"model.layers.{layer}.mlp.experts.{e}.{p}.weight" for layer in (0, 2) for e in range(4)
+            for p in ("gate_proj", "up_proj", "down_proj")} <= final.keys()
+    actor = exported(run_dir / "checkpoints" / last / "actor", tmp_path / "actor-hf")
+    assert final.keys() == actor.keys() and all(torch.equal(final[k], actor[k]) for k in actor)

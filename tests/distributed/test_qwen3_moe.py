@@ -7,9 +7,10 @@ dense layer among four (mlp_only_layers=[2]), head_dim 12 unlike hidden/heads = 
 vocabulary Megatron pads. One 2-rank run does the three layouts. In each, every model (untied,
 tied, critic) is converted by vapo-convert's hf-to-mcore (at EP=2 the import reads each rank's
 own experts by their global numbers), loaded into freshly built chunks and run forward; at
-TP=2 and PP=2 it is exported again with mcore-to-hf. At EP=2 the untied actor also gets a random
-update, is saved as a dist checkpoint, exported by the trainer's export (every expert gathered
-over EP) and synced into an embedded engine on rank 0; the EP=2 checkpoint is then converted with
+TP=2 and PP=2 it is exported again with mcore-to-hf. At EP=2 and PP=2 the untied actor also gets
+a random update, is saved as a dist checkpoint, exported by the trainer's export (every expert
+gathered over EP; each stage its own) and synced into an embedded engine on rank 0 (at PP=2 the
+second stage's experts are broadcast to it); the EP=2 checkpoint is then converted with
 mcore-to-hf at EP=1, TP=2 (the checkpoint reshards the experts). The parent compares logits and
 values with transformers' to 1e-4, the exports bitwise with the source safetensors, and the
 engine with the trainer's export and Megatron's logits.
@@ -58,8 +59,9 @@ def _load_and_forward(ckpt: Path, ids, *, critic: bool):
     return megatron_forward(chunks, ids, critic=critic, vocab=hf_cfg["vocab_size"])
 
 
-def _sync_at_ep2(hf_dir: Path, work: Path, ids):
-    """The untied actor at EP=2, randomly updated: saved, exported (every expert) and synced."""
+def _sync(hf_dir: Path, work: Path, ids, tag: str):
+    """The untied actor, randomly updated: saved, exported (every expert) and synced into an
+    engine on rank 0 (at PP=2 the second stage's experts reach it by broadcast)."""
     import torch.distributed as dist
     from transformers import AutoConfig
 
@@ -83,8 +85,8 @@ def _sync_at_ep2(hf_dir: Path, work: Path, ids):
         (tmp / "hf" / "config.json").write_text(json.dumps({k: v for k, v in hf_cfg.items() if k != "_source"}))
         (tmp / META).write_text(json.dumps({"family": family.name, "critic": False, "dtype": "float32"}))
 
-    dist_io.save_model(work / "ep2-ckpt", chunks, write_extra=meta)
-    convert.export_hf_dir(chunks, family, hf_cfg, work / "ep2-export", files_src=hf_dir, critic=False,
+    dist_io.save_model(work / f"{tag}-ckpt", chunks, write_extra=meta)
+    convert.export_hf_dir(chunks, family, hf_cfg, work / f"{tag}-export", files_src=hf_dir, critic=False,
                           dtype="float32", max_shard_bytes=40_000)
     logits = megatron_forward(chunks, ids, critic=False, vocab=hf_cfg["vocab_size"])
     engine = None
@@ -121,8 +123,8 @@ def _run(dirs: dict, ids, work: Path):
                 out[f"{kind}-{tag}"] = got
             if ep == 1:  # vapo-convert runs at EP=1 (a checkpoint written at EP=2 reshards)
                 convert.mcore_to_hf(ckpt, work / f"{kind}-{tag}-hf", tp=tp, pp=pp, max_shard_bytes=40_000)
-        if ep == 2:
-            out["sync"] = _sync_at_ep2(dirs["untied"], work, ids)
+        if tag in ("ep2", "pp2"):
+            out[f"sync-{tag}"] = _sync(dirs["untied"], work, ids, tag)
         if tag == "tp2":
             convert.mcore_to_hf(work / "ep2-ckpt", work / "ep2-ckpt-hf", tp=tp, pp=pp, max_shard_bytes=40_000)
     return out
@@ -179,19 +181,20 @@ def test_qwen3_moe_round_trips_bitwise(models, runs, kind, tag):
     torch.testing.assert_close(back[..., 0] if critic else back, refs[kind], atol=0, rtol=0)
 
 
-def test_qwen3_moe_weight_sync_and_export_at_ep2(models, runs):
+@pytest.mark.parametrize("tag", ["ep2", "pp2"])
+def test_qwen3_moe_weight_sync_and_export(models, runs, tag):
     dirs, _, _ = models
     per_rank, work = runs
-    rank0, rank1 = per_rank[0]["sync"], per_rank[1]["sync"]
+    rank0, rank1 = per_rank[0][f"sync-{tag}"], per_rank[1][f"sync-{tag}"]
     assert rank0["version"] == 5 and "engine_state" not in rank1
-    export = _exported(work / "ep2-export")
+    export = _exported(work / f"{tag}-export")
     # Every expert of every MoE layer is in the trainer's export, under its HF name ...
     assert set(export) == set(load_file(dirs["untied"] / "model.safetensors"))
-    # ... the EP=2 checkpoint converted at EP=1 (TP=2) gives the same tensors, bitwise ...
-    converted = _exported(work / "ep2-ckpt-hf")
-    assert set(converted) == set(export)
-    for name, t in export.items():
-        assert torch.equal(converted[name], t), name
+    if tag == "ep2":  # ... the EP=2 checkpoint converted at EP=1 (TP=2) gives the same tensors, bitwise ...
+        converted = _exported(work / "ep2-ckpt-hf")
+        assert set(converted) == set(export)
+        for name, t in export.items():
+            assert torch.equal(converted[name], t), name
     # ... and the engine holds exactly them: transformers 5 fuses each layer's experts into
     # gate_up_proj [E, 2I, H] = [gate; up] per expert and down_proj [E, H, I].
     state = rank0["engine_state"]
@@ -205,5 +208,8 @@ def test_qwen3_moe_weight_sync_and_export_at_ep2(models, runs):
         else:
             got = state[name]
         assert torch.equal(got, t), name
-    torch.testing.assert_close(rank0["engine_logits"], rank0["megatron_logits"], atol=TOL, rtol=0)
-    torch.testing.assert_close(rank1["megatron_logits"], rank0["megatron_logits"], atol=0, rtol=0)
+    # Megatron's logits are on the last stage: rank 0 at EP=2 (both ranks compute them), rank 1 at PP=2.
+    megatron_logits = rank0["megatron_logits"] if tag == "ep2" else rank1["megatron_logits"]
+    torch.testing.assert_close(rank0["engine_logits"], megatron_logits, atol=TOL, rtol=0)
+    if tag == "ep2":
+        torch.testing.assert_close(rank1["megatron_logits"], rank0["megatron_logits"], atol=0, rtol=0)

@@ -72,7 +72,7 @@ def init_distributed(
             distributed_timeout_minutes=timeout_minutes,
         )
     model_parallel_cuda_manual_seed(seed)
-    _init_wait_groups(wait_timeout_s)
+    _init_wait_groups(wait_timeout_s, (tp, pp, vpp, ep))
     return layout
 
 
@@ -227,11 +227,13 @@ _WAIT_GROUPS: dict = {}
 _WAIT_TIMEOUT_S: float | None = None
 
 
-def _init_wait_groups(timeout_s: float) -> None:
-    """Collective. One gloo group per world / model-parallel / DP / PP group (megatron's layout)."""
+def _init_wait_groups(timeout_s: float, layout: tuple) -> None:
+    """Collective. One gloo group per world / model-parallel / DP / PP group of megatron's layout."""
     global _WAIT_TIMEOUT_S
-    if _WAIT_GROUPS:
+    if _WAIT_GROUPS and _WAIT_GROUPS["layout"] == layout:  # again after a re-init at another layout
         return
+    _WAIT_GROUPS.clear()
+    _WAIT_GROUPS["layout"] = layout
     if timeout_s <= 0:
         raise ValueError(f"rollout.wait_timeout_s={timeout_s} must be > 0")
     timeout = datetime.timedelta(seconds=timeout_s)

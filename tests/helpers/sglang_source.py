@@ -1,7 +1,7 @@
 """SGLang's real API, read from the installed sglang package's own source files.
 
-`sglang.Engine`, the request structs of `sglang.srt.managers.io_struct` and the Qwen2/Qwen3/Llama
-model classes do not import on this CPU machine (they pull in uvloop, torchvision, tvm_ffi and
+`sglang.Engine`, the request structs of `sglang.srt.managers.io_struct` and the Qwen2/Qwen3/
+Qwen3-MoE/Llama model classes do not import on this CPU machine (they pull in uvloop, torchvision, tvm_ffi and
 SGLang's CUDA kernels), so their definitions are read with `ast` from the installed files
 instead of being imported. Nothing here is copied or recorded: a new SGLang version that renames
 an argument, a request field or a weight name changes what these functions return, and the tests
@@ -11,6 +11,7 @@ that use them fail here instead of on a cluster.
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import importlib.metadata
 import importlib.util
@@ -123,7 +124,8 @@ def stacked_params_mapping(model: str, method: str) -> list[tuple[str, str, str 
     """The (param_name, shard_name, shard_id) list that <model>.py's ...ForCausalLM.<method>
     uses to fold HF q/k/v and gate/up tensors into SGLang's fused parameters."""
     path = SRT / "models" / f"{model}.py"
-    cls_name = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[model]
+    cls_name = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
+                "qwen3_moe": "Qwen3MoeForCausalLM"}[model]
     fn = _method(_class(path, cls_name), method)
     for node in ast.walk(fn):
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "stacked_params_mapping"
@@ -192,3 +194,183 @@ def first_call_signals() -> list[str]:
     if not names:
         raise LookupError(f"no add_signal_handler call in TokenizerManager.auto_create_handle_loop ({TOKENIZER_MANAGER_PY})")
     return names
+
+
+# Qwen3-MoE: Qwen3MoeForCausalLM.load_weights folds q/k/v and a dense MLP's gate/up like Qwen3,
+# and sends each expert's gate/up/down tensor into its layer's FusedMoE (w13_weight / w2_weight).
+QWEN3_MOE_PY = SRT / "models" / "qwen3_moe.py"
+QWEN2_MOE_PY = SRT / "models" / "qwen2_moe.py"
+FUSED_MOE_PY = SRT / "layers" / "moe" / "fused_moe_triton" / "layer.py"
+UNQUANT_PY = SRT / "layers" / "quantization" / "unquant.py"
+
+
+def _run_source(fn: ast.FunctionDef, path: Path):
+    """One function of SGLang's source as a plain Python function (decorators and annotations
+    dropped, so it needs none of SGLang's imports); tracebacks point into `path`."""
+    fn = copy.deepcopy(fn)
+    fn.decorator_list, fn.returns = [], None
+    for arg in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs:
+        arg.annotation = None
+    module = ast.fix_missing_locations(ast.Module(body=[fn], type_ignores=[]))
+    namespace: dict = {}
+    exec(compile(module, str(path), "exec"), namespace)
+    return namespace[fn.name]
+
+
+def _self_attrs(path: Path, cls_name: str) -> dict[str, ast.expr]:
+    """`self.X = value` assignments of <cls_name>.__init__ (`self.X, ... = value` too): X -> value."""
+    out = {}
+    for node in ast.walk(_method(_class(path, cls_name), "__init__")):
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                for e in t.elts if isinstance(t, ast.Tuple) else [t]:
+                    if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id == "self":
+                        out[e.attr] = node.value
+    return out
+
+
+def _require_attrs(path: Path, cls_name: str, names: tuple[str, ...]) -> dict[str, ast.expr]:
+    attrs = _self_attrs(path, cls_name)
+    missing = [n for n in names if n not in attrs]
+    if missing:
+        raise LookupError(f"{cls_name}.__init__ ({path}) no longer sets {missing}")
+    return attrs
+
+
+def _keyword(call: ast.expr, name: str):
+    """The literal value of keyword `name` of a call, or LookupError when the call omits it."""
+    for kw in call.keywords if isinstance(call, ast.Call) else ():
+        if kw.arg == name:
+            return ast.literal_eval(kw.value)
+    raise LookupError(name)
+
+
+def qwen3_moe_layer_is_sparse(config, layer_id: int) -> bool:
+    """Whether SGLang builds layer `layer_id` with routed experts: the `is_layer_sparse = ...`
+    expression of Qwen3MoeDecoderLayer.stage_facts, evaluated for the HF config object `config`."""
+    fn = _method(_class(QWEN3_MOE_PY, "Qwen3MoeDecoderLayer"), "stage_facts")
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "is_layer_sparse" for t in node.targets):
+            expr = compile(ast.Expression(body=node.value), str(QWEN3_MOE_PY), "eval")
+            return bool(eval(expr, {"__builtins__": {}}, {"config": config, "layer_id": layer_id}))
+    raise LookupError(f"no is_layer_sparse in Qwen3MoeDecoderLayer.stage_facts ({QWEN3_MOE_PY})")
+
+
+def qwen3_moe_expert_mapping(config) -> list[tuple[str, str, int, str]]:
+    """(param_name, weight_name, expert_id, shard_id) rows of Qwen3MoeForCausalLM.load_weights'
+    expert_params_mapping: the call's arguments read from there (`self.config.X` taken from
+    `config`), FusedMoE.make_expert_params_mapping run from its own source."""
+    fn = _method(_class(QWEN3_MOE_PY, "Qwen3MoeForCausalLM"), "load_weights")
+    for node in ast.walk(fn):
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "expert_params_mapping" for t in node.targets)
+                and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute)):
+            call = node.value
+            break
+    else:
+        raise LookupError(f"no expert_params_mapping = X.Y(...) in Qwen3MoeForCausalLM.load_weights ({QWEN3_MOE_PY})")
+    kwargs = {}
+    for kw in call.keywords:
+        src = ast.unparse(kw.value)
+        if src.startswith("self.config."):
+            kwargs[kw.arg] = getattr(config, src.removeprefix("self.config."))
+        else:
+            kwargs[kw.arg] = ast.literal_eval(kw.value)
+    cls_name, method = ast.unparse(call.func.value), call.func.attr
+    make = _run_source(_method(_class(FUSED_MOE_PY, cls_name), method), FUSED_MOE_PY)
+    return [tuple(row) for row in make(None, **kwargs)]
+
+
+def fused_moe_params(with_bias: bool) -> list[str]:
+    """The parameters UnquantizedFusedMoEMethod.create_weights registers on a FusedMoE layer (the
+    bf16 path): the names of its `layer.register_parameter(...)` calls, those under
+    `if self.with_bias:` only when `with_bias`."""
+    fn = _method(_class(UNQUANT_PY, "UnquantizedFusedMoEMethod"), "create_weights")
+    names = []
+
+    def visit(node, in_bias: bool):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "self.with_bias":
+            for child in node.body:
+                visit(child, True)
+            for child in node.orelse:
+                visit(child, in_bias)
+            return
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register_parameter"
+                and (with_bias or not in_bias)):
+            names.append(ast.literal_eval(node.args[0]))
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_bias)
+
+    visit(fn, False)
+    if not names:
+        raise LookupError(f"no register_parameter in UnquantizedFusedMoEMethod.create_weights ({UNQUANT_PY})")
+    return names
+
+
+def qwen3_moe_params(config) -> set[str]:
+    """Parameter names of SGLang's Qwen3MoeForCausalLM for the HF config object `config`
+    (unquantized, one pipeline stage): every module attribute used here is checked to be set in
+    the class's __init__; the layer kind comes from stage_facts, the experts' parameters from
+    FusedMoE's create_weights."""
+    if "tie_word_embeddings" in ast.unparse(_class(QWEN3_MOE_PY, "Qwen3MoeForCausalLM")):
+        raise LookupError(f"Qwen3MoeForCausalLM ({QWEN3_MOE_PY}) now reads tie_word_embeddings: update qwen3_moe_params")
+    _require_attrs(QWEN3_MOE_PY, "Qwen3MoeForCausalLM", ("model", "lm_head"))  # lm_head: never tied (checked above)
+    _require_attrs(QWEN2_MOE_PY, "Qwen2MoeModel", ("embed_tokens", "layers", "norm"))  # Qwen3MoeModel's base
+    _require_attrs(QWEN3_MOE_PY, "Qwen3MoeDecoderLayer", ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm"))
+    _require_attrs(QWEN3_MOE_PY, "Qwen3MoeAttention", ("qkv_proj", "o_proj", "q_norm", "k_norm"))
+    _require_attrs(QWEN2_MOE_PY, "Qwen2MoeMLP", ("gate_up_proj", "down_proj"))  # a dense layer's MLP
+    block = _require_attrs(QWEN3_MOE_PY, "Qwen3MoeSparseMoeBlock", ("gate", "experts"))
+    if _keyword(block["gate"], "bias"):
+        raise LookupError(f"Qwen3MoeSparseMoeBlock.gate has a bias now ({QWEN3_MOE_PY})")
+    try:
+        with_bias = _keyword(block["experts"], "with_bias")
+    except LookupError:  # not passed: FusedMoE.__init__'s default
+        with_bias = _signature(_method(_class(FUSED_MOE_PY, "FusedMoE"), "__init__")).parameters["with_bias"].default
+    params = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+    for layer in range(config.num_hidden_layers):
+        p = f"model.layers.{layer}."
+        params |= {p + n for n in ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.qkv_proj.weight",
+                                   "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight")}
+        if qwen3_moe_layer_is_sparse(config, layer):
+            params |= {p + "mlp.gate.weight"} | {p + "mlp.experts." + n for n in fused_moe_params(with_bias)}
+        else:
+            params |= {p + "mlp.gate_up_proj.weight", p + "mlp.down_proj.weight"}
+    return params
+
+
+def qwen3_moe_load_target(name: str, params: set[str], stacked, experts) -> tuple[str, str | int | None, int | None] | None:
+    """Where Qwen3MoeForCausalLM.load_weights puts tensor `name`: (param, shard_id, expert_id), or
+    None when it skips it (silently: no log line). Follows the loop's own steps: the stacked rows
+    skip expert names; a stacked row whose result is no parameter falls through to the next;
+    with no stacked hit, the first expert row whose weight name is in `name` rewrites it, and a
+    name that matched an expert row but reached no parameter is skipped."""
+    if "mtp" in name or "rotary_emb.inv_freq" in name:
+        return None
+    for param_name, weight_name, shard_id in stacked:
+        if weight_name not in name or "mlp.experts" in name:
+            continue
+        name = name.replace(weight_name, param_name)
+        if name in params:
+            return name, shard_id, None
+    is_expert = False
+    for param_name, weight_name, expert_id, shard_id in experts:
+        if weight_name not in name:
+            continue
+        is_expert = True
+        name = name.replace(weight_name, param_name)
+        if name in params:
+            return name, shard_id, expert_id
+    if is_expert:
+        return None
+    return (name, None, None) if name in params else None
+
+
+def fused_moe_local_expert(expert_id: int, *, ep_rank: int, ep_size: int, num_experts: int) -> int:
+    """The local slot FusedMoE.weight_loader gives global expert `expert_id` on expert-parallel
+    rank `ep_rank` (-1: not this rank's, the tensor is dropped there): SGLang's own
+    _map_global_expert_id_to_local_expert_id, run from its source, without EPLB, shared-expert
+    fusion or redundant experts (FusedMoE.__init__'s fields for that case)."""
+    fn = _run_source(_method(_class(FUSED_MOE_PY, "FusedMoE"), "_map_global_expert_id_to_local_expert_id"), FUSED_MOE_PY)
+    local = num_experts // ep_size
+    layer = type("FusedMoEFields", (), dict(_expert_storage_rank=ep_rank, _num_local_routed=local,
+                                            _has_fused_shared=False, _num_global_routed=num_experts))()
+    return fn(layer, expert_id)

@@ -1,20 +1,26 @@
 """Every call vapo_megatron/rollout makes into SGLang, checked against the installed SGLang's own
-source (sglang_source reads engine.py, io_struct.py and the Qwen2/Qwen3/Llama model files with ast;
+source (sglang_source reads engine.py, io_struct.py and the Qwen2/Qwen3/Qwen3-MoE/Llama model files with ast;
 ServerArgs and SamplingParams import here and are used directly). A new SGLang that renames an
 argument, a field or a weight mapping fails these tests. docs/weight_sync.md lists the calls."""
 
 from __future__ import annotations
 
 import inspect
+import re
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
+from model_providers import QWEN3_MOE
+from model_providers.qwen2 import MLP_ROWS
+from model_providers.qwen3_moe import EXPERT_ROWS, moe_layer_pattern, num_experts
 from tests.helpers.sglang_source import (
-    engine_method, engine_signature, legacy_load_target, sglang_param_names, stacked_params_mapping,
+    engine_method, engine_signature, fused_moe_local_expert, legacy_load_target, qwen3_moe_expert_mapping,
+    qwen3_moe_layer_is_sparse, qwen3_moe_load_target, qwen3_moe_params, sglang_param_names, stacked_params_mapping,
 )
 from tests.helpers.sglang_doubles import FakeColocatedSGLangEngineForTests, FakeSGLangEngineForTests, hf_state
+from tests.helpers.tiny_hf import qwen3_moe_config
 from vapo_megatron.rollout.base import SamplingParams
 from vapo_megatron.rollout.sglang_engine import (
     SGLangEngineConfig, engine_kwargs, expand_requests, order_by_engine_rank, parse_output,
@@ -167,6 +173,96 @@ def test_hf_names_reach_sglang_llama_parameters(tied):
     # The sync sends the table's separate HF names only (the loop above).
     assert legacy_load_target("model.layers.0.self_attn.qkv_proj.weight", sglang_params, llama) == (
         "model.layers.0.self_attn.qkv_proj.weight", None)
+
+
+def _qwen3_moe_sent(hf_cfg: dict) -> list[str]:
+    """Every HF name the weight sync pushes for a Qwen3-MoE actor: the export table's rows, with
+    each layer's dense-MLP rows or its router and expert rows (moe_layer_pattern), every expert
+    bound by Row.for_expert."""
+    pattern, experts, names = moe_layer_pattern(hf_cfg), num_experts(hf_cfg), []
+    for row in QWEN3_MOE.export_table(hf_cfg, critic=False):
+        if not row.has_layer():
+            names += row.hf_names()
+            continue
+        for layer, sparse in enumerate(pattern):
+            if (row in EXPERT_ROWS and not sparse) or (row in MLP_ROWS and sparse):
+                continue
+            bound = [row.for_expert(e) for e in range(experts)] if row.has_expert() else [row]
+            names += [n for r in bound for n in r.hf_names(layer)]
+    return names
+
+
+def _qwen3_moe_targets(cfg) -> tuple[dict, set[str]]:
+    """{sent name: SGLang's load target or None}, and SGLang's parameter names, for the config object."""
+    stacked = stacked_params_mapping("qwen3_moe", "load_weights")
+    experts, params = qwen3_moe_expert_mapping(cfg), qwen3_moe_params(cfg)
+    return {n: qwen3_moe_load_target(n, params, stacked, experts) for n in _qwen3_moe_sent(cfg.to_dict())}, params
+
+
+def test_hf_names_reach_sglang_qwen3_moe_parameters():
+    """Qwen3MoeForCausalLM.load_weights: q/k/v fold as Qwen3's; each expert's gate/up/down goes to
+    its layer's FusedMoE (gate -> w13 shard w1, up -> w3, down -> w2_weight) with its global
+    expert id; the router `mlp.gate` loads as is. All layers sparse, untied: the Hub's Qwen3-MoE."""
+    assert stacked_params_mapping("qwen3_moe", "load_weights") == stacked_params_mapping("qwen3", "load_weights")
+    cfg = qwen3_moe_config(mlp_only_layers=())
+    targets, params = _qwen3_moe_targets(cfg)
+    fused = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v")}
+    for name, target in targets.items():
+        m = re.fullmatch(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight", name)
+        part = name.split(".")[-2]
+        assert target is not None, f"{name} reaches no parameter of SGLang's model"
+        if m:
+            want = (m[1] + (".w2_weight" if m[3] == "down" else ".w13_weight"), {"gate": "w1", "up": "w3", "down": "w2"}[m[3]],
+                    int(m[2]))
+        elif part in fused:
+            want = (name.replace(part, fused[part][0]), fused[part][1], None)
+        else:
+            want = (name, None, None)
+        assert target == want, name
+    assert {t[0] for t in targets.values()} == params  # and every parameter of SGLang's model is written
+    assert len(targets) == len(_qwen3_moe_sent(cfg.to_dict()))  # no name sent twice
+    assert sum(".mlp.experts." in n for n in targets) == 4 * 4 * 3  # layers x experts x (gate, up, down)
+    stacked, experts = stacked_params_mapping("qwen3_moe", "load_weights"), qwen3_moe_expert_mapping(cfg)
+    # Dropped without a log line: fused expert names (transformers 5 holds its experts so, in
+    # memory), Megatron's names, a dense MLP's names on an expert layer. We never push those.
+    for bad in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.0.gate_up_proj.weight",
+                "decoder.layers.0.mlp.router.weight", "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight",
+                "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.down_proj.weight"):
+        assert qwen3_moe_load_target(bad, params, stacked, experts) is None, bad
+
+
+def test_sglang_qwen3_moe_has_no_dense_layers():
+    """SGLang's Qwen3MoeDecoderLayer.stage_facts builds every layer with experts: mlp_only_layers
+    and decoder_sparse_step are not read. A model with dense layers (the tiny one: layer 2) loses
+    their MLP in SGLang: the names are dropped and that layer's experts keep what they had. No
+    published Qwen3-MoE has dense layers; nothing in the trainer refuses one yet."""
+    cfg = qwen3_moe_config()
+    assert moe_layer_pattern(cfg.to_dict()) == [1, 1, 0, 1]  # transformers and megatron
+    assert [qwen3_moe_layer_is_sparse(cfg, layer) for layer in range(4)] == [True] * 4  # SGLang
+    targets, params = _qwen3_moe_targets(cfg)
+    assert {n for n, t in targets.items() if t is None} == {f"model.layers.2.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+    p = "model.layers.2.mlp."
+    assert params - {t[0] for t in targets.values() if t} == {p + "gate.weight", p + "experts.w13_weight", p + "experts.w2_weight"}
+
+
+def test_sglang_qwen3_moe_lm_head_is_not_tied():
+    """SGLang's Qwen3MoeForCausalLM always builds its own lm_head (it never reads
+    tie_word_embeddings). The sync does not send a tied lm_head, so it would keep what it had
+    (random, with load_format="dummy"). Published Qwen3-MoE models are untied."""
+    cfg = qwen3_moe_config(tied=True, mlp_only_layers=())
+    targets, params = _qwen3_moe_targets(cfg)
+    assert "lm_head.weight" not in targets and all(t is not None for t in targets.values())
+    assert params - {t[0] for t in targets.values()} == {"lm_head.weight"}
+
+
+@pytest.mark.parametrize("ep", [1, 2, 4])
+def test_each_sglang_ep_rank_keeps_its_own_experts(ep):
+    """Each engine TP rank is sent every expert's full tensors; SGLang's FusedMoE.weight_loader
+    keeps global expert e on EP rank e // (E/ep) only, in local slot e % (E/ep)."""
+    E = 4
+    for e in range(E):
+        slots = {r: fused_moe_local_expert(e, ep_rank=r, ep_size=ep, num_experts=E) for r in range(ep)}
+        assert {r: s for r, s in slots.items() if s != -1} == {e // (E // ep): e % (E // ep)}
 
 
 def test_memory_tags_are_sglangs():

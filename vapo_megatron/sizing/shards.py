@@ -70,8 +70,6 @@ def shard_sizes(actor_hf: dict, critic_hf: dict, *, world_size: int, tp: int, pp
                 params_dtype: torch.dtype, ep: int = 1) -> list[ShardSize]:
     """Build actor and critic shards of every distinct (tp_rank, pp_rank) on the meta device, at
     dp_rank 0 (hence ep_rank 0; every EP rank holds as many experts)."""
-    from megatron.core import parallel_state
-
     from vapo_megatron.mcore import parallel
     from vapo_megatron.mcore.models import build_chunks
 
@@ -82,11 +80,10 @@ def shard_sizes(actor_hf: dict, critic_hf: dict, *, world_size: int, tp: int, pp
             rank = global_rank(tp_rank, pp_rank, tp=tp, dp=dp)
             parallel.init_fake(world_size, rank, tp, pp, vpp, ep=ep)
             try:
-                where = (parallel.tp_rank(), parallel.pp_rank(), parallel.dp_rank(), parallel.ep_rank(),
-                         parallel_state.get_expert_tensor_parallel_rank())
-                if where != (tp_rank, pp_rank, 0, 0, tp_rank):
-                    raise RuntimeError(f"megatron placed rank {rank} at (tp, pp, dp, ep, expert tp)={where}, "
-                                       f"expected {(tp_rank, pp_rank, 0, 0, tp_rank)}")
+                where = (parallel.tp_rank(), parallel.pp_rank(), parallel.dp_rank(), parallel.ep_rank())
+                if where != (tp_rank, pp_rank, 0, 0):
+                    raise RuntimeError(f"megatron placed rank {rank} at (tp, pp, dp, ep)={where}, "
+                                       f"expected {(tp_rank, pp_rank, 0, 0)}")
                 inflight = peak_inflight_microbatches(pp, vpp)
                 counts, unique, experts = [], [], []
                 for hf_cfg, critic in ((actor_hf, False), (critic_hf, True)):

@@ -13,6 +13,8 @@ it by one flat figure. Also printed: the size of one checkpoint and the disk the
 
 The model config comes from model.hf_path/config.json when that file exists; otherwise --preset
 NAME (model_providers/presets.py) must be given, and it is always said which one was used.
+Mixture-of-experts models (Qwen3-MoE) are sized at parallel.ep: each rank holds E/EP of every MoE
+layer's experts, whose optimizer state the distributed optimizer shards over expert-DP = DP/EP.
 Exit status: 0 fits, 1 does not fit (each failing phase, rank and the amount over are printed),
 2 invalid configuration or layout (one message, never a traceback: config/cli.py). The figures are computed, not measured (docs/slurm.md).
 """
@@ -70,7 +72,7 @@ def plan(args: argparse.Namespace) -> int:
     from model_providers import HFConfigError, check_supported
     from vapo_megatron.config.checks import config_problems
     from vapo_megatron.config.layout import layout_problems
-    from vapo_megatron.config.preflight import batch_problems
+    from vapo_megatron.config.preflight import batch_problems, moe_problems
 
     try:
         if args.nodes < 1 or args.gpus_per_node < 1:
@@ -92,8 +94,13 @@ def plan(args: argparse.Namespace) -> int:
             problems.append(str(e))
         problems += config_problems(cfg, check_paths=False)
         p, r = cfg.parallel, cfg.rollout
-        layout = layout_problems(world, p.tp, p.pp, p.vpp, model=actor_hf)
+        layout = layout_problems(world, p.tp, p.pp, p.vpp, model=actor_hf, ep=p.ep)
+        if critic_hf is not actor_hf:  # a critic of its own: its heads and experts split too
+            critic = layout_problems(world, p.tp, p.pp, p.vpp, model=critic_hf, model_key="model.critic_hf_path", ep=p.ep)
+            layout += [msg for msg in critic if msg not in layout]  # the world-size ones are said once
         problems += layout
+        problems += moe_problems(cfg, [("model.hf_path", actor_hf)] + ([("model.critic_hf_path", critic_hf)]
+                                                                       if critic_hf is not actor_hf else []))
         if not layout:
             problems += batch_problems(cfg, world // (p.tp * p.pp))
         if r.engine == "sglang" and (world % r.sglang_tp or r.sglang_tp > args.gpus_per_node):

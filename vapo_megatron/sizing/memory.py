@@ -3,9 +3,11 @@
   parameters   n * dtype bytes (model.dtype)
   gradients    n * 4: megatron DDP's main_grad buffers are float32 (grad_reduce_in_fp32)
   optimizer    Adam: n * 12 with bf16 params (fp32 master copy + 2 fp32 moments), n * 8 with fp32
-               params (moments only); divided by DP with the distributed optimizer
+               params (moments only); divided by DP with the distributed optimizer, the routed
+               experts' share by expert-DP = DP / EP (parallel.ep)
   activations  of the model being trained, for one micro-batch of T = trainer.micro_batch_tokens
-               tokens, times the micro-batches a pipeline stage holds at once
+               tokens, times the micro-batches a pipeline stage holds at once; a mixture-of-experts
+               layer adds its router and all-to-all terms (moe_layer_parts)
 """
 
 from __future__ import annotations
@@ -18,15 +20,21 @@ from vapo_megatron.config import Config
 GIB = float(1 << 30)
 
 
-def state_bytes(n_params: int, *, dtype_bytes: int, dp: int, distributed_optimizer: bool) -> tuple[int, int, int]:
-    """(parameters, gradients, optimizer state) in bytes for `n_params` parameters on one rank."""
+def state_bytes(n_params: int, *, dtype_bytes: int, dp: int, distributed_optimizer: bool, expert_params: int = 0,
+                ep: int = 1) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer state) in bytes for `n_params` parameters on one rank, of
+    which `expert_params` are routed experts. Every parameter on the rank has its own float32
+    main_grad (megatron DDP keeps expert and dense grads in separate buffers, reduced over the
+    expert-data-parallel and the data-parallel group). The distributed optimizer shards the dense
+    state over DP and the experts' over expert-DP = DP / EP (DistributedOptimizer's per-buffer
+    ranges over the buffer's own group: DDP's intra_expt_dp_group for expert buffers)."""
     params = n_params * dtype_bytes
     grads = n_params * 4  # DDP main_grad buffer, float32 (mcore/model.py, wrap_ddp: grad_reduce_in_fp32)
     per_param = 12 if dtype_bytes < 4 else 8  # fp32 master (bf16 params only) + Adam exp_avg + exp_avg_sq
-    optim = n_params * per_param
+    dense, experts = (n_params - expert_params) * per_param, expert_params * per_param
     if distributed_optimizer:
-        optim = math.ceil(optim / dp)
-    return params, grads, optim
+        return params, grads, math.ceil(dense / dp) + math.ceil(experts / (dp // ep))
+    return params, grads, dense + experts
 
 
 # ---- the reserve: what the trainer and the engine use besides tensors ---------------------------
@@ -59,9 +67,13 @@ SGLANG_RUNTIME_ITEM = "SGLang buffers outside its static share"
 
 def reserve_parts(cfg: Config, *, world_size: int, dp: int, activations: int, phase: str) -> dict[str, int]:
     """Bytes one GPU needs besides the counted tensors in `phase` ("training" or "rollout");
-    `activations` is the training peak's (the model being trained)."""
-    tp, pp, colocated = cfg.parallel.tp, cfg.parallel.pp, cfg.rollout.engine == "sglang"
-    groups = sum(size > 1 for size in (world_size, tp, pp, dp)) + (colocated and cfg.rollout.sglang_tp > 1)
+    `activations` is the training peak's (the model being trained). With EP > 1 the MoE layers
+    add the EP group (the dispatcher's all-to-all), the TP x EP group (its token counts, TP > 1)
+    and the expert-DP group (DDP's expert gradients, DP / EP > 1)."""
+    tp, pp, ep, colocated = cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.ep, cfg.rollout.engine == "sglang"
+    expert_groups = (ep, tp * ep if tp > 1 else 1, dp // ep) if ep > 1 else ()
+    groups = (sum(size > 1 for size in (world_size, tp, pp, dp, *expert_groups))
+              + (colocated and cfg.rollout.sglang_tp > 1))
     parts = {"CUDA context, trainer": CUDA_CONTEXT_BYTES}
     if colocated:
         parts["CUDA context, engine"] = CUDA_CONTEXT_BYTES
@@ -82,6 +94,54 @@ def checkpoint_bytes(actor_params: int, critic_params: int, *, dtype_bytes: int)
     return (actor_params + critic_params) * per_param
 
 
+# The named activation items of a mixture-of-experts layer (moe_layer_parts), as the report prints them.
+MOE_ROUTER = "MoE router logits + probs [T/s, E] fp32"
+MOE_DISPATCH = "MoE all-to-all dispatch [T*k, h]"
+MOE_EXPERT_MLP = "MoE expert MLP [T*k, 3f_e/t]"
+MOE_COMBINE = "MoE all-to-all combine [T*k, h], transient"
+MOE_ITEMS = (MOE_ROUTER, MOE_DISPATCH, MOE_EXPERT_MLP, MOE_COMBINE)
+
+
+def moe_architecture(hf_cfg: dict) -> dict | None:
+    """The MoE fields megatron gets (num_moe_experts, moe_router_topk, moe_ffn_hidden_size), from
+    the model family (model_providers); None for a dense model."""
+    from model_providers import family_for
+
+    arch = family_for(hf_cfg).architecture(hf_cfg)
+    return arch.transformer if arch.num_experts else None
+
+
+def moe_layer_parts(hf_cfg: dict, *, tokens: int, tp: int, dtype_bytes: int,
+                    sequence_parallel: bool = False) -> dict[str, int]:
+    """A mixture-of-experts layer's MLP activations on one rank for `tokens` tokens, in place of the
+    dense MLP's 3f/TP ({} for a dense model). E experts, top-k routing, expert width f_e; megatron's
+    MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py) with no token
+    dropping (mcore/models.py, moe_settings); routing assumed balanced (each EP rank receives its
+    share; an EP rank whose experts are popular receives more):
+      router    logits [T/s, E] from TopKRouter.gating (router_gating_linear, float32 by
+                moe_router_dtype="fp32") and the routing probs [T/s, E], kept for backward;
+                T/s: the tokens entering the layer on this rank (s = TP with sequence parallelism)
+      dispatch  the T/s x k routed copies of this rank's tokens: permuted (dispatch_preprocess),
+                sent to the EP ranks of their experts by all_to_all (token_dispatch), gathered over
+                TP (dispatch_postprocess): T x k tokens [T*k, h] enter this rank's local experts,
+                linear_fc1's input, kept for its weight gradient
+      expert    linear_fc1's output [T*k, 2 f_e / t] (gate and up) and the probability-weighted
+                SwiGLU output [T*k, f_e / t] (linear_fc2's input) of the local experts
+      combine   linear_fc2's output [T*k, h] going back: reduce-scatter over TP (combine_preprocess),
+                all_to_all over EP (token_combine), unpermute (combine_postprocess); not kept for
+                backward, and its gradient returns the same way: one per rank, for the layer
+                being computed (a transient, not per stored layer)"""
+    moe = moe_architecture(hf_cfg)
+    if moe is None:
+        return {}
+    h, k, f = hf_cfg["hidden_size"], moe["moe_router_topk"], moe["moe_ffn_hidden_size"]
+    routed = tokens * k
+    return {MOE_ROUTER: 2 * 4 * (tokens // tp if sequence_parallel else tokens) * moe["num_moe_experts"],
+            MOE_DISPATCH: dtype_bytes * routed * h,
+            MOE_EXPERT_MLP: dtype_bytes * routed * 3 * f // tp,
+            MOE_COMBINE: dtype_bytes * routed * h}
+
+
 def layer_activation_bytes(hf_cfg: dict, *, tokens: int, tp: int, dtype_bytes: int,
                            sequence_parallel: bool = False) -> int:
     """Activations one transformer layer keeps for its backward pass, nothing recomputed, for
@@ -91,13 +151,17 @@ def layer_activation_bytes(hf_cfg: dict, *, tokens: int, tp: int, dtype_bytes: i
                   parallelism each rank keeps its T/TP slice of them: 4h/TP
       (a+2g)d/TP  q, k, v (attention backward)
       ad/TP       attention output (kept by flash attention; also linear_proj's input)
-      3f/TP       linear_fc1's output (gate and up) and the SwiGLU output (linear_fc2's input)
+      3f/TP       linear_fc1's output (gate and up) and the SwiGLU output (linear_fc2's input); in
+                  a mixture-of-experts model the kept items of moe_layer_parts instead (router,
+                  dispatch, expert MLP; its few dense layers, if any, are counted as MoE layers)
     Left out as small: softmax statistics, RMSNorm's per-token scale (dropout is 0: no masks)."""
     h, f = hf_cfg["hidden_size"], hf_cfg["intermediate_size"]
     a, g = hf_cfg["num_attention_heads"], query_groups(hf_cfg)
     d = head_dim(hf_cfg)
-    per_token = (4 * h // tp if sequence_parallel else 4 * h) + ((a + 2 * g) * d + a * d + 3 * f) // tp
-    return dtype_bytes * tokens * per_token
+    moe = moe_layer_parts(hf_cfg, tokens=tokens, tp=tp, dtype_bytes=dtype_bytes, sequence_parallel=sequence_parallel)
+    mlp = 0 if moe else 3 * f
+    per_token = (4 * h // tp if sequence_parallel else 4 * h) + ((a + 2 * g) * d + a * d + mlp) // tp
+    return dtype_bytes * tokens * per_token + sum(v for name, v in moe.items() if name != MOE_COMBINE)
 
 
 def logprob_buffer_bytes(tokens: int, vocab_shard: int, chunk_tokens: int) -> int:
@@ -105,26 +169,40 @@ def logprob_buffer_bytes(tokens: int, vocab_shard: int, chunk_tokens: int) -> in
     return 4 * min(chunk_tokens, tokens) * vocab_shard
 
 
-def activation_bytes(hf_cfg: dict, *, tokens: int, tp: int, pp: int, vpp: int | None, inflight_microbatches: int,
+def activation_parts(hf_cfg: dict, *, tokens: int, tp: int, pp: int, vpp: int | None, inflight_microbatches: int,
                      dtype_bytes: int, recompute: bool, logits_vocab: int, chunk_tokens: int,
-                     sequence_parallel: bool = False) -> int:
-    """Peak activations of one model on one rank. recompute (full, uniform, one layer per group):
-    each layer keeps only its input [T, h] ([T/TP, h] with sequence parallelism), and the layer
-    being back-propagated is recomputed in full. logits_vocab: the padded vocabulary on the last stage of the actor (0 elsewhere and for
-    the critic, whose value head is [T, 1]): vocab-parallel logits [T, V/TP] and their gradient,
-    for the one micro-batch the last stage holds, plus the log-prob kernel's one float32 work
-    buffer [min(chunk_tokens, T), V/TP] (algorithms/vocab_parallel.py; trainer.logprob_chunk_tokens)."""
+                     sequence_parallel: bool = False) -> dict[str, int]:
+    """Peak activations of one model on one rank, by name: "layers" (all but the MoE items),
+    "logits", and for a mixture-of-experts model the MOE_ITEMS (moe_layer_parts) over the layers
+    that keep them. recompute (full, uniform, one layer per group): each layer keeps only its input
+    [T, h] ([T/TP, h] with sequence parallelism), and the layer being back-propagated is recomputed
+    in full (its MoE items once). logits_vocab: the padded vocabulary on the last stage of the actor
+    (0 elsewhere and for the critic, whose value head is [T, 1]): vocab-parallel logits [T, V/TP]
+    and their gradient, for the one micro-batch the last stage holds, plus the log-prob kernel's one
+    float32 work buffer [min(chunk_tokens, T), V/TP] (algorithms/vocab_parallel.py;
+    trainer.logprob_chunk_tokens). The MoE combine buffer is counted once (a transient)."""
     # Layers with stored activations: in-flight (chunk) micro-batches x layers per (virtual) stage.
     n_layers = inflight_microbatches * (hf_cfg["num_hidden_layers"] // (pp * (vpp or 1)))
     full_layer = layer_activation_bytes(hf_cfg, tokens=tokens, tp=tp, dtype_bytes=dtype_bytes,
                                         sequence_parallel=sequence_parallel)
+    moe = moe_layer_parts(hf_cfg, tokens=tokens, tp=tp, dtype_bytes=dtype_bytes, sequence_parallel=sequence_parallel)
+    kept_moe = sum(v for name, v in moe.items() if name != MOE_COMBINE)
     if recompute:
         kept = tokens * hf_cfg["hidden_size"] // (tp if sequence_parallel else 1)
-        layers = n_layers * dtype_bytes * kept + full_layer
+        parts = {"layers": n_layers * dtype_bytes * kept + full_layer - kept_moe}
+        layers_with_moe = 1
     else:
-        layers = n_layers * full_layer
-    logits = 2 * dtype_bytes * tokens * (logits_vocab // tp) + logprob_buffer_bytes(tokens, logits_vocab // tp, chunk_tokens)
-    return layers + logits
+        parts = {"layers": n_layers * (full_layer - kept_moe)}
+        layers_with_moe = n_layers
+    parts.update({name: v * (1 if name == MOE_COMBINE else layers_with_moe) for name, v in moe.items()})
+    parts["logits"] = (2 * dtype_bytes * tokens * (logits_vocab // tp)
+                       + logprob_buffer_bytes(tokens, logits_vocab // tp, chunk_tokens))
+    return parts
+
+
+def activation_bytes(hf_cfg: dict, **kwargs) -> int:
+    """Peak activations of one model on one rank: the sum of activation_parts(hf_cfg, **kwargs)."""
+    return sum(activation_parts(hf_cfg, **kwargs).values())
 
 
 def kv_bytes_per_token(hf_cfg: dict, *, sglang_tp: int, dtype_bytes: int = 2) -> int:
@@ -134,5 +212,7 @@ def kv_bytes_per_token(hf_cfg: dict, *, sglang_tp: int, dtype_bytes: int = 2) ->
     return 2 * hf_cfg["num_hidden_layers"] * max(1, g // sglang_tp) * d * dtype_bytes
 
 
-__all__ = ["GIB", "ROLLOUT_CACHE_ITEM", "SGLANG_RUNTIME_ITEM", "activation_bytes", "checkpoint_bytes",
-           "kv_bytes_per_token", "layer_activation_bytes", "logprob_buffer_bytes", "reserve_parts", "state_bytes"]
+__all__ = ["GIB", "MOE_COMBINE", "MOE_DISPATCH", "MOE_EXPERT_MLP", "MOE_ITEMS", "MOE_ROUTER", "ROLLOUT_CACHE_ITEM",
+           "SGLANG_RUNTIME_ITEM", "activation_bytes", "activation_parts", "checkpoint_bytes", "kv_bytes_per_token",
+           "layer_activation_bytes", "logprob_buffer_bytes", "moe_architecture", "moe_layer_parts", "reserve_parts",
+           "state_bytes"]

@@ -22,14 +22,15 @@ from dataclasses import dataclass, field
 
 from vapo_megatron.config import Config
 from vapo_megatron.mcore.dtypes import torch_dtype
-from vapo_megatron.sizing.memory import (GIB, SGLANG_RUNTIME_ITEM, activation_bytes, checkpoint_bytes, kv_bytes_per_token,
+from vapo_megatron.sizing.memory import (GIB, SGLANG_RUNTIME_ITEM, activation_parts, checkpoint_bytes, kv_bytes_per_token,
                                          reserve_parts, state_bytes)
 from vapo_megatron.sizing.shards import ShardSize, shard_sizes
 
 
 @dataclass(frozen=True)
 class RankMemory:
-    """Bytes on one rank position; parts maps a component name to bytes."""
+    """Bytes on one rank position; parts maps a component name to bytes ("actor parameters", ...;
+    "actor activations, recompute: <item>" itemises the activations by memory.activation_parts)."""
 
     tp_rank: int
     pp_rank: int
@@ -68,6 +69,7 @@ class Plan:
     # config's, or the GPU's memory when it does not fit); colocated only.
     kv_compare: dict = field(default_factory=dict)
     state_per_gpu: int = 0  # the trainer's state on the worst rank: what the offload moves to the host
+    ep: int = 1  # parallel.ep: the routed experts split over EP ranks of DP (expert-DP = DP / EP)
 
 
 def _padded_vocab(hf_cfg: dict, tp: int) -> int:
@@ -79,11 +81,12 @@ def _padded_vocab(hf_cfg: dict, tp: int) -> int:
 def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, gpu_memory_gib: float,
               reserve_gib: float | None = None) -> Plan:
     """Size `cfg` for `world_size` GPUs; `problems` lists what does not fit (empty: it fits)."""
-    tp, pp, vpp = cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp
+    tp, pp, vpp, ep = cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, cfg.parallel.ep
     dp = world_size // (tp * pp)
     params_dtype = torch_dtype(cfg.model.dtype)
     dtype_bytes = params_dtype.itemsize
-    shards = shard_sizes(actor_hf, critic_hf, world_size=world_size, tp=tp, pp=pp, vpp=vpp, params_dtype=params_dtype)
+    shards = shard_sizes(actor_hf, critic_hf, world_size=world_size, tp=tp, pp=pp, vpp=vpp, params_dtype=params_dtype,
+                         ep=ep)
     gpu = int(gpu_memory_gib * GIB)
     flat = None if reserve_gib is None else int(reserve_gib * GIB)
     r = cfg.rollout
@@ -101,17 +104,23 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     ranks = []
     for s in shards:
         parts: dict[str, int] = {}
-        for name, hf_cfg, n, optim, is_critic in (("actor", actor_hf, s.actor_params, cfg.actor_optim, False),
-                                                  ("critic", critic_hf, s.critic_params, cfg.critic_optim, True)):
-            p, g, o = state_bytes(n, dtype_bytes=dtype_bytes, dp=dp, distributed_optimizer=optim.distributed_optimizer)
+        for name, hf_cfg, n, n_expert, optim, is_critic in (
+                ("actor", actor_hf, s.actor_params, s.actor_expert, cfg.actor_optim, False),
+                ("critic", critic_hf, s.critic_params, s.critic_expert, cfg.critic_optim, True)):
+            p, g, o = state_bytes(n, dtype_bytes=dtype_bytes, dp=dp, distributed_optimizer=optim.distributed_optimizer,
+                                  expert_params=n_expert, ep=ep)
             last = s.pp_rank == pp - 1
             vocab = 0 if is_critic or not last else _padded_vocab(hf_cfg, tp)
-            act = {rc: activation_bytes(hf_cfg, tokens=T, tp=tp, pp=pp, vpp=vpp, inflight_microbatches=s.inflight_microbatches,
-                                        dtype_bytes=dtype_bytes, recompute=rc, logits_vocab=vocab, sequence_parallel=sp,
-                                        chunk_tokens=cfg.trainer.logprob_chunk_tokens) for rc in (True, False)}
-            parts.update({f"{name} count": n, f"{name} parameters": p, f"{name} gradients": g, f"{name} optimizer state": o,
+            items = {rc: activation_parts(hf_cfg, tokens=T, tp=tp, pp=pp, vpp=vpp, inflight_microbatches=s.inflight_microbatches,
+                                          dtype_bytes=dtype_bytes, recompute=rc, logits_vocab=vocab, sequence_parallel=sp,
+                                          chunk_tokens=cfg.trainer.logprob_chunk_tokens) for rc in (True, False)}
+            act = {rc: sum(items[rc].values()) for rc in (True, False)}
+            parts.update({f"{name} count": n, f"{name} expert count": n_expert, f"{name} parameters": p,
+                          f"{name} gradients": g, f"{name} optimizer state": o,
                           f"{name} activations": act[recompute], f"{name} activations, recompute": act[True],
                           f"{name} activations, no recompute": act[False]})
+            for rc, label in ((True, "recompute"), (False, "no recompute")):
+                parts.update({f"{name} activations, {label}: {item}": v for item, v in items[rc].items()})
         resident = sum(parts[f"{m} {k}"] for m in ("actor", "critic") for k in ("parameters", "gradients", "optimizer state"))
         act = max(parts["actor activations"], parts["critic activations"])
         reserve = {ph: {"--reserve-gib": flat} if flat is not None else
@@ -154,7 +163,7 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
         problems.append(f"rollout: trainer.offload_during_rollout=true would move the trainer's {max(state) / GIB:.1f} GiB "
                         "per GPU to host memory during rollout")
     return Plan(world_size, gpu, flat, (tp, pp, dp, vpp), shards, ranks, engine_weights, engine_share,
-                kv_cache, kv_tokens, sequence, ckpt, freed, problems, offload, compare, max(state))
+                kv_cache, kv_tokens, sequence, ckpt, freed, problems, offload, compare, max(state), ep)
 
 
 def _state(m: RankMemory) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vapo_megatron.config import Config
-from vapo_megatron.sizing.memory import GIB
+from vapo_megatron.sizing.memory import GIB, MOE_ITEMS
 from vapo_megatron.sizing.plan import Plan
 
 
@@ -60,30 +60,42 @@ def _offload_lines(plan: Plan, cfg: Config, gpus_per_node: int) -> list[str]:
 def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_per_node: int) -> str:
     tp, pp, dp, vpp = plan.layout
     r = cfg.rollout
+    moe = any(s.actor_expert or s.critic_expert for s in plan.shards)
+    ep = f" EP={plan.ep} (expert-DP={dp // plan.ep})" if moe or plan.ep > 1 else ""
+    counted = "TP-replicated ones once" + (", the experts of every EP rank" if moe else "")
     lines = [
         f"vapo-plan: {nodes} node(s) x {gpus_per_node} GPUs = {plan.world_size} GPUs of {plan.gpu_bytes / GIB:.1f} GiB",
         f"model: {model_source}",
-        f"layout: TP={tp} PP={pp} VPP={vpp or '-'} DP={dp}; params {cfg.model.dtype}; "
+        f"layout: TP={tp} PP={pp} VPP={vpp or '-'} DP={dp}{ep}; params {cfg.model.dtype}; "
         f"distributed optimizer: actor {_yes(cfg.actor_optim.distributed_optimizer)}, critic {_yes(cfg.critic_optim.distributed_optimizer)}; "
         f"full recompute: {_yes(cfg.model.recompute_activations)}; "
         f"sequence parallel: {_yes(cfg.parallel.sequence_parallel and tp > 1)}; micro_batch_tokens={cfg.trainer.micro_batch_tokens}, "
         f"logprob_chunk_tokens={cfg.trainer.logprob_chunk_tokens} (actor activations include its float32 buffer)",
         f"shards built on the meta device: {len(plan.shards)} distinct (tp_rank, pp_rank) positions x 2 models;",
-        f"model parameters (TP-replicated ones once): actor {sum(s.actor_unique for s in plan.shards):,}, "
+        f"model parameters ({counted}): actor {sum(s.actor_unique for s in plan.shards):,}, "
         f"critic {sum(s.critic_unique for s in plan.shards):,} (megatron's padded vocabulary)",
         "",
     ]
     worst = max(plan.ranks, key=lambda m: max(m.training, m.rollout))
     lines.append(f"{'per GPU, GiB, worst rank (tp=' + str(worst.tp_rank) + ' pp=' + str(worst.pp_rank) + ')':<52}"
                  f"{'actor':>7}   {'critic':>7}")
+    sharded = ""
+    if cfg.actor_optim.distributed_optimizer:
+        sharded = f", / DP={dp}" + (f", experts / {dp // plan.ep}" if moe else "")
     rows = [("parameters", "parameters"), ("gradients (fp32 main_grad)", "gradients"),
-            (f"optimizer state (Adam{', / DP=' + str(dp) if cfg.actor_optim.distributed_optimizer else ''})", "optimizer state"),
+            (f"optimizer state (Adam{sharded})", "optimizer state"),
             ("activations, full recompute", "activations, recompute"),
             ("activations, no recompute", "activations, no recompute")]
     for label, key in rows:
         lines.append(f"  {label:<50}{_g(worst.parts['actor ' + key])}   {_g(worst.parts['critic ' + key])}")
+        if moe and key.startswith("activations"):  # the MoE layers' items, included in the line above
+            lines += [f"    {item:<48}{_g(worst.parts[f'actor {key}: {item}'])}   {_g(worst.parts[f'critic {key}: {item}'])}"
+                      for item in MOE_ITEMS]
     lines.append(f"  {'(parameters on this rank, billions)':<50}{worst.parts['actor count'] / 1e9:7.3f}   "
                  f"{worst.parts['critic count'] / 1e9:7.3f}")
+    if moe:
+        lines.append(f"  {'(of which routed experts: E/EP per MoE layer)':<50}{worst.parts['actor expert count'] / 1e9:7.3f}   "
+                     f"{worst.parts['critic expert count'] / 1e9:7.3f}")
     lines.append("")
     lines.append(f"{'per pipeline stage, GiB, worst TP rank':<52}{'training':>8}  {'rollout':>8}")
     for pr in range(pp):

@@ -19,13 +19,19 @@ class ShardSize:
     actor_params: int  # every parameter on this rank (what its memory holds)
     critic_params: int
     # This rank's share of the model's distinct parameters: TP-sharded tensors count on every TP
-    # rank, TP-replicated ones (norms, the critic's value head) on tp_rank 0 only. Summed over all
+    # rank, TP-replicated ones (norms, the critic's value head) on tp_rank 0 only; routed experts
+    # x EP (the other EP ranks of this position hold the other experts). Summed over all
     # positions: the model's parameter count (with megatron's padded vocabulary).
     actor_unique: int
     critic_unique: int
     # Micro-batches (model-chunk micro-batches with VPP) whose activations this pipeline rank holds
     # at its peak: megatron's own warm-up count for the training schedule + the one in 1F1B.
     inflight_microbatches: int
+    # Of *_params: the routed experts' parameters on this rank (E/EP experts of each of its MoE
+    # layers). Megatron's DDP reduces their gradients over the expert-data-parallel group and the
+    # distributed optimizer shards their state over it (DP/EP ranks), the rest over DP.
+    actor_expert: int = 0
+    critic_expert: int = 0
 
 
 def peak_inflight_microbatches(pp: int, vpp: int | None, *, num_microbatches: int = 1024) -> int:
@@ -44,13 +50,26 @@ def peak_inflight_microbatches(pp: int, vpp: int | None, *, num_microbatches: in
 
 def global_rank(tp_rank: int, pp_rank: int, *, tp: int, dp: int) -> int:
     """Global rank of (tp_rank, pp_rank, dp_rank=0) in megatron's default order tp-cp-ep-dp-pp
-    (TP fastest, PP slowest); init_fake's parallel state is checked against it."""
+    (TP fastest, PP slowest); init_fake's parallel state is checked against it.
+
+    With EP, megatron lays the expert grid out in the same order over (expert TP = TP, EP,
+    expert-DP = DP/EP, PP) (parallel_state.initialize_model_parallel, expert_decoder_rank_generator):
+    a rank's dp_rank is ep_rank + EP x expert_dp_rank, so dp_rank 0 is ep_rank 0 and expert-DP
+    rank 0, and its expert TP rank is its tp_rank."""
     return tp_rank + tp * dp * pp_rank
 
 
+def is_expert(name: str) -> bool:
+    """A routed expert's parameter, by megatron's name: `mlp.experts.local_experts.{k}.*`
+    (SequentialMLP) or `mlp.experts.linear_fc{1,2}.weight{k}` (TE's grouped GEMM). The router
+    (`mlp.router.weight`) is replicated over EP and TP, a dense parameter."""
+    return ".mlp.experts." in f".{name}"
+
+
 def shard_sizes(actor_hf: dict, critic_hf: dict, *, world_size: int, tp: int, pp: int, vpp: int | None,
-                params_dtype: torch.dtype) -> list[ShardSize]:
-    """Build actor and critic shards of every distinct (tp_rank, pp_rank) on the meta device."""
+                params_dtype: torch.dtype, ep: int = 1) -> list[ShardSize]:
+    """Build actor and critic shards of every distinct (tp_rank, pp_rank) on the meta device, at
+    dp_rank 0 (hence ep_rank 0; every EP rank holds as many experts)."""
     from vapo_megatron.mcore import parallel
     from vapo_megatron.mcore.models import build_chunks
 
@@ -58,26 +77,29 @@ def shard_sizes(actor_hf: dict, critic_hf: dict, *, world_size: int, tp: int, pp
     out = []
     for pp_rank in range(pp):
         for tp_rank in range(tp):
-            parallel.init_fake(world_size, global_rank(tp_rank, pp_rank, tp=tp, dp=dp), tp, pp, vpp)
+            rank = global_rank(tp_rank, pp_rank, tp=tp, dp=dp)
+            parallel.init_fake(world_size, rank, tp, pp, vpp, ep=ep)
             try:
-                where = (parallel.tp_rank(), parallel.pp_rank(), parallel.dp_rank())
-                if where != (tp_rank, pp_rank, 0):
-                    raise RuntimeError(f"megatron placed rank {global_rank(tp_rank, pp_rank, tp=tp, dp=dp)} at "
-                                       f"(tp, pp, dp)={where}, expected {(tp_rank, pp_rank, 0)}")
+                where = (parallel.tp_rank(), parallel.pp_rank(), parallel.dp_rank(), parallel.ep_rank())
+                if where != (tp_rank, pp_rank, 0, 0):
+                    raise RuntimeError(f"megatron placed rank {rank} at (tp, pp, dp, ep)={where}, "
+                                       f"expected {(tp_rank, pp_rank, 0, 0)}")
                 inflight = peak_inflight_microbatches(pp, vpp)
-                counts, unique = [], []
+                counts, unique, experts = [], [], []
                 for hf_cfg, critic in ((actor_hf, False), (critic_hf, True)):
                     with torch.device("meta"):
                         chunks = build_chunks(hf_cfg, params_dtype=params_dtype, critic=critic, on_gpu=False)
-                    params = [p for c in chunks for p in c.parameters()]
-                    counts.append(sum(p.numel() for p in params))
-                    unique.append(sum(p.numel() for p in params
+                    params = [(n, p) for c in chunks for n, p in c.named_parameters()]
+                    counts.append(sum(p.numel() for _, p in params))
+                    experts.append(sum(p.numel() for n, p in params if is_expert(n)))
+                    unique.append(sum(p.numel() * (ep if is_expert(n) else 1) for n, p in params
                                       if tp_rank == 0 or getattr(p, "tensor_model_parallel", False)))
                     del chunks, params
             finally:
                 parallel.destroy()
-            out.append(ShardSize(tp_rank, pp_rank, counts[0], counts[1], unique[0], unique[1], inflight))
+            out.append(ShardSize(tp_rank, pp_rank, counts[0], counts[1], unique[0], unique[1], inflight,
+                                 experts[0], experts[1]))
     return out
 
 
-__all__ = ["ShardSize", "global_rank", "peak_inflight_microbatches", "shard_sizes"]
+__all__ = ["ShardSize", "global_rank", "is_expert", "peak_inflight_microbatches", "shard_sizes"]

@@ -70,3 +70,28 @@ def test_expert_parameter_names_find_their_row_and_global_number(rest, per_rank,
         bound = row.for_expert(expert)
         assert bound.hf_names(5)[-1].startswith(f"model.layers.5.mlp.experts.{expert}.")
         assert bound.for_expert(7).hf_names(5) == row.for_expert(7).hf_names(5)  # rebinding uses the template
+
+
+@pytest.mark.parametrize("change, says", [
+    (dict(mlp_only_layers=[3]), "has dense layers [3] (mlp_only_layers / decoder_sparse_step)"),
+    (dict(tie_word_embeddings=True), "has tie_word_embeddings=true"),
+])
+def test_sglang_refuses_what_its_qwen3_moe_would_silently_drop(change, says):
+    """SGLang 0.5.23's Qwen3-MoE builds every layer with experts and always its own lm_head
+    (tests/unit/test_sglang_api.py pins both from its source), so such a model is refused with
+    SGLang rollouts, in one line naming the setting and the config, and accepted with the
+    embedded engine (transformers builds what the config says)."""
+    from vapo_megatron.config.load import load_config
+    from vapo_megatron.config.preflight import moe_problems
+
+    hf = _cfg(**change)
+    for engine, refused in (("sglang", True), ("sglang_http", True), ("embedded", False)):
+        urls = ["rollout.sglang_urls=[http://127.0.0.1:30000]"] if engine == "sglang_http" else []
+        cfg = load_config("configs/qwen3_30b_a3b_vapo.yaml", [f"rollout.engine={engine}", *urls], check_paths=False)
+        problems = moe_problems(cfg, [("model.hf_path", hf)])
+        assert bool(problems) == refused, (engine, problems)
+        if refused:
+            (line,) = problems
+            assert line.startswith(f"rollout.engine={engine}: model.hf_path (/m/config.json) ") and says in line
+    cfg = load_config("configs/qwen3_30b_a3b_vapo.yaml", [], check_paths=False)
+    assert moe_problems(cfg, [("model.hf_path", _cfg())]) == []  # the published config goes through

@@ -129,11 +129,32 @@ def hardware_problems(cfg: Config, *, cuda: bool) -> list[str]:
     return out
 
 
+def _sglang_moe_problems(key: str, hf_cfg: dict, engine: str) -> list[str]:
+    """What SGLang 0.5.23's Qwen3-MoE would silently get wrong (docs/weight_sync.md): it builds
+    every layer with experts (ignores mlp_only_layers / decoder_sparse_step), so a dense layer's
+    weights are dropped, and it always has its own lm_head (ignores tie_word_embeddings), which
+    the sync never sends for a tied model. Both would leave engine weights unset, unnoticed."""
+    from model_providers.family import tied_embeddings
+    from model_providers.qwen3_moe import moe_layer_pattern
+
+    out, src = [], hf_cfg["_source"]
+    dense = [i for i, moe in enumerate(moe_layer_pattern(hf_cfg)) if not moe]
+    if dense:
+        out.append(f"rollout.engine={engine}: {key} ({src}) has dense layers {dense} (mlp_only_layers / "
+                   "decoder_sparse_step), which SGLang 0.5.23's Qwen3-MoE does not build; use rollout.engine=embedded")
+    if tied_embeddings(hf_cfg):
+        out.append(f"rollout.engine={engine}: {key} ({src}) has tie_word_embeddings=true, which SGLang 0.5.23's "
+                   "Qwen3-MoE ignores (its lm_head would never be synced); use rollout.engine=embedded")
+    return out
+
+
 def moe_problems(cfg: Config, models: list[tuple[str, dict | None]]) -> list[str]:
     """Mixture-of-experts settings that megatron-core would refuse only mid-run."""
     out = []
     for key, hf_cfg in models:
         moe = hf_cfg is not None and any(k in hf_cfg and hf_cfg[k] for k in ("num_experts", "num_local_experts"))
+        if moe and cfg.rollout.engine in ("sglang", "sglang_http"):
+            out += _sglang_moe_problems(key, hf_cfg, cfg.rollout.engine)
         # megatron's MoELayer.forward raises in training when TP > 1 without sequence parallelism.
         if moe and cfg.parallel.tp > 1 and not cfg.parallel.sequence_parallel:
             out.append(f"parallel.sequence_parallel=false with parallel.tp={cfg.parallel.tp}: {key} "

@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 from tests.helpers.dist_utils import run_ranks
 from tests.helpers.megatron_ref import megatron_forward, random_update
 from tests.helpers.tiny_hf import input_ids, save_tiny
+from tests.helpers.train_runs import hf_weights
 
 KINDS = {"untied": dict(tied=False), "tied": dict(tied=True), "critic": dict(critic=True)}
 LAYOUTS = {"ep2": (1, 1, 2), "tp2": (2, 1, 1), "pp2": (1, 2, 1)}  # name: (tp, pp, ep)
@@ -137,15 +138,6 @@ def runs(models, tmp_path_factory):
     return run_ranks(2, _run, dirs, ids, work), work
 
 
-def _exported(dst: Path) -> dict[str, torch.Tensor]:
-    index = json.loads((dst / "model.safetensors.index.json").read_text())
-    out = {}
-    for f in sorted(set(index["weight_map"].values())):
-        out.update(load_file(dst / f))
-    assert set(out) == set(index["weight_map"])
-    return out
-
-
 @pytest.mark.parametrize("tag", list(LAYOUTS))
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_qwen3_moe_matches_transformers(models, runs, kind, tag):
@@ -166,7 +158,7 @@ def test_qwen3_moe_round_trips_bitwise(models, runs, kind, tag):
     dirs, refs, ids = models
     _, work = runs
     source = load_file(dirs[kind] / "model.safetensors")
-    exported = _exported(work / f"{kind}-{tag}-hf")
+    exported = hf_weights(work / f"{kind}-{tag}-hf")
     assert set(exported) == set(source)
     assert "model.layers.0.mlp.experts.3.down_proj.weight" in source  # per-expert names, as on the Hub
     for k in source:
@@ -187,11 +179,11 @@ def test_qwen3_moe_weight_sync_and_export(models, runs, tag):
     per_rank, work = runs
     rank0, rank1 = per_rank[0][f"sync-{tag}"], per_rank[1][f"sync-{tag}"]
     assert rank0["version"] == 5 and "engine_state" not in rank1
-    export = _exported(work / f"{tag}-export")
+    export = hf_weights(work / f"{tag}-export")
     # Every expert of every MoE layer is in the trainer's export, under its HF name ...
     assert set(export) == set(load_file(dirs["untied"] / "model.safetensors"))
     if tag == "ep2":  # ... the EP=2 checkpoint converted at EP=1 (TP=2) gives the same tensors, bitwise ...
-        converted = _exported(work / "ep2-ckpt-hf")
+        converted = hf_weights(work / "ep2-ckpt-hf")
         assert set(converted) == set(export)
         for name, t in export.items():
             assert torch.equal(converted[name], t), name

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from tests.helpers.tiny_hf import LLAMA3_ROPE
-from tests.helpers.train_runs import ROOT, make_demo_data, records, train
+from tests.helpers.train_runs import ROOT, make_demo_data, records, small_run_overrides, train
 
 
 def write_tiny_llama(model_dir: Path, tokenizer_dir: Path, *, seed: int = 0) -> None:
@@ -53,14 +53,7 @@ def llama_demo(tmp_path_factory) -> Path:
 
 
 def _overrides(data: Path, run_dir: Path) -> list[str]:
-    return [
-        f"trainer.run_dir={run_dir}", f"model.hf_path={data}/model",
-        f"data.train_files=[{data}/train.jsonl]", f"data.eval_files=[{data}/eval.jsonl]",
-        f"sft.files=[{data}/sft.jsonl]", "sft.steps=0", "algo.value_pretrain_steps=0",
-        "rollout.prompts_per_step=4", "rollout.n_samples=2", "algo.mini_batches=2", "eval.max_prompts=4",
-        "trainer.total_steps=2", "trainer.save_every=100", "eval.every=100", "trainer.tensorboard=false",
-        "trainer.export_hf=false",
-    ]
+    return [*small_run_overrides(data, run_dir)]
 
 
 def test_vapo_train_runs_on_llama_at_tp2_with_the_embedded_engine(llama_demo, tmp_path):

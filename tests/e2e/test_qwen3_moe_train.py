@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.train_runs import checkpoint_tensors, exported, hf_weights, make_demo_data, records, train
+from tests.helpers.train_runs import (checkpoint_tensors, exported, hf_weights, make_demo_data, records,
+                                      small_run_overrides, train)
 
 
 def write_tiny_qwen3_moe(model_dir: Path, tokenizer_dir: Path, *, seed: int = 0) -> None:
@@ -48,14 +49,7 @@ def moe_demo(tmp_path_factory) -> Path:
 
 
 def _overrides(data: Path, run_dir: Path) -> list[str]:
-    return [
-        f"trainer.run_dir={run_dir}", f"model.hf_path={data}/model",
-        f"data.train_files=[{data}/train.jsonl]", f"data.eval_files=[{data}/eval.jsonl]",
-        f"sft.files=[{data}/sft.jsonl]", "sft.steps=0", "algo.value_pretrain_steps=0",
-        "rollout.prompts_per_step=4", "rollout.n_samples=2", "algo.mini_batches=2", "eval.max_prompts=4",
-        "trainer.total_steps=2", "trainer.save_every=100", "eval.every=100", "trainer.tensorboard=false",
-        "trainer.export_hf=false", "model.moe_aux_loss_coeff=0.01",
-    ]
+    return [*small_run_overrides(data, run_dir), "model.moe_aux_loss_coeff=0.01"]
 
 
 EP2 = ["parallel.tp=1", "parallel.ep=2"]

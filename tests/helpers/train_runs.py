@@ -116,6 +116,19 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+def small_run_overrides(data: Path, run_dir: Path) -> list[str]:
+    """Two short VAPO steps on the demo data (make_demo_data) with the model in data/model: no
+    warm start, no value pretraining, no intermediate checkpoint, eval or export."""
+    return [
+        f"trainer.run_dir={run_dir}", f"model.hf_path={data}/model",
+        f"data.train_files=[{data}/train.jsonl]", f"data.eval_files=[{data}/eval.jsonl]",
+        f"sft.files=[{data}/sft.jsonl]", "sft.steps=0", "algo.value_pretrain_steps=0",
+        "rollout.prompts_per_step=4", "rollout.n_samples=2", "algo.mini_batches=2", "eval.max_prompts=4",
+        "trainer.total_steps=2", "trainer.save_every=100", "eval.every=100", "trainer.tensorboard=false",
+        "trainer.export_hf=false",
+    ]
+
+
 def hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     """All tensors of a sharded HF safetensors export (through its index)."""
     index = json.loads((hf_dir / "model.safetensors.index.json").read_text())

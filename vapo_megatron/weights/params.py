@@ -109,13 +109,13 @@ def expert_tensors(model_chunks: list, family: Family, hf_cfg: dict, *, critic: 
     groups (every rank of a stage iterates, in the same order): each rank's local expert k is
     TP-gathered, then all-gathered over EP, which brings expert r * E/EP + k of each EP rank r.
     One local expert's worth (x EP) is held at a time."""
-    ep, per_rank = parallel.ep_size(), None
+    ep = parallel.ep_size()
+    per_rank = unwrap(model_chunks[0]).config.num_moe_experts // ep if ep > 1 else 1
     for param, row, layer in exported_params(model_chunks, family, hf_cfg, critic=critic, experts=True):
         full = gather_tp(param, row.layout)
         if ep == 1:
             yield row, layer, full
             continue
-        per_rank = per_rank or unwrap(model_chunks[0]).config.num_moe_experts // ep
         parts = [torch.empty_like(full) for _ in range(ep)]
         parallel.all_gather(parts, full.contiguous(), group=parallel.ep_group())
         local = row.expert - parallel.ep_rank() * per_rank

@@ -42,6 +42,48 @@ def _optim_problems(key: str, o: OptimConfig) -> list[str]:
     return out
 
 
+# Settings that only a critic reads: with algo.estimator=grpo (no critic) each is refused when set
+# away from its default, in one line, rather than silently ignored (docs/algorithm.md, baselines).
+_DEFAULTS = Config()
+CRITIC_ONLY: dict[str, str] = {
+    "algo.lambda_critic": "the critic's GAE lambda",
+    "algo.value_clip": "the value loss's clip",
+    "algo.value_pretrain_ev_threshold": "value pretraining's stop",
+    "algo.decoupled_gae": "GAE's lambda split",
+    "algo.length_adaptive": "GAE's length-adaptive lambda",
+    "algo.lambda_policy": "GAE's policy lambda",
+    "algo.alpha": "GAE's length-adaptive alpha",
+    "algo.gamma": "GAE's discount",
+    "critic_optim": "the critic's optimizer",
+    "model.critic_hf_path": "the critic's trunk",
+}
+
+
+def _get(cfg: Config, key: str):
+    obj = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def estimator_problems(cfg: Config) -> list[str]:
+    """algo.estimator=grpo has no critic: value pretraining and every critic-only setting changed
+    from its default are refused, one line each."""
+    a = cfg.algo
+    out = []
+    if a.grpo_std_eps <= 0:
+        out.append(f"algo.grpo_std_eps={a.grpo_std_eps} must be > 0")
+    if a.estimator != "grpo":
+        return out
+    if a.value_pretrain_steps > 0:
+        out.append(f"algo.value_pretrain_steps={a.value_pretrain_steps} needs a critic, which algo.estimator=grpo "
+                   "does not have: set algo.value_pretrain_steps=0")
+    for key, what in CRITIC_ONLY.items():
+        if _get(cfg, key) != _get(_DEFAULTS, key):
+            out.append(f"{key} ({what}) is set, but algo.estimator=grpo has no critic: remove it from the config")
+    return out
+
+
 def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     """Every invalid value or combination of values, each message naming the key(s) and what is
     allowed. Also checks that the named files exist (cheap); preflight.py checks their contents."""
@@ -64,6 +106,12 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     require(a.value_pretrain_steps >= 0, f"algo.value_pretrain_steps={a.value_pretrain_steps} must be >= 0")
     require(a.value_pretrain_ev_threshold is None or a.value_pretrain_ev_threshold <= 1,
             f"algo.value_pretrain_ev_threshold={a.value_pretrain_ev_threshold} must be <= 1 (or null)")
+    out += estimator_problems(cfg)
+    require(r.max_sampling_rounds >= 1, f"rollout.max_sampling_rounds={r.max_sampling_rounds} must be >= 1")
+    require(cfg.reward.overlong_buffer >= 0, f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be >= 0 (0: off)")
+    require(cfg.reward.overlong_buffer <= r.max_new_tokens,
+            f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be <= rollout.max_new_tokens={r.max_new_tokens}")
+    require(cfg.reward.overlong_penalty >= 0, f"reward.overlong_penalty={cfg.reward.overlong_penalty} must be >= 0")
     require(a.ppo_epochs >= 1, f"algo.ppo_epochs={a.ppo_epochs} must be >= 1")
     require(a.mini_batches >= 1, f"algo.mini_batches={a.mini_batches} must be >= 1")
     require(r.prompts_per_step >= 1, f"rollout.prompts_per_step={r.prompts_per_step} must be >= 1")

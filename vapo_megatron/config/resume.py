@@ -59,6 +59,8 @@ MAY_CHANGE_ON_RESUME: dict[str, tuple[tuple[str, ...], str]] = {
     ),
 }
 _MAY_CHANGE = frozenset(k for keys, _ in MAY_CHANGE_ON_RESUME.values() for k in keys)
+# Never, not even with trainer.allow_config_change: the checkpoint holds a critic or it does not.
+NEVER_CHANGE = ("algo.estimator",)
 
 
 def differences(saved: Config, new: Config) -> dict[str, tuple[object, object]]:
@@ -98,6 +100,12 @@ def check_resume(cfg: Config, *, announce: bool) -> None:
         raise ConfigError(f"{path}: the saved configuration of the run cannot be read ({problems_error(problems)}); "
                           "move it away to resume without the check")
     diffs = differences(saved, cfg)
+    for key in NEVER_CHANGE:
+        if key in diffs:
+            old, new = diffs[key]
+            raise ConfigError(f"{key}: {old!r} in the run in {run_dir}, {new!r} now; a run cannot switch its estimator "
+                              "(the checkpoint holds a critic or does not), even with trainer.allow_config_change=true: "
+                              "choose a new trainer.run_dir")
     refused = {k: v for k, v in diffs.items() if k not in _MAY_CHANGE}
     why = ""
     if "trainer.total_steps" in diffs and (spans := _run_length_schedules(saved)):

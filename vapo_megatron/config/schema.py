@@ -75,6 +75,15 @@ class OptimConfig:
 class AlgoConfig:
     """VAPO's knobs; each ablation of the paper's table is one switch (docs/algorithm.md)."""
 
+    # How advantages are estimated. "gae": VAPO/PPO, a critic (value model) is trained and GAE
+    # runs on its values. "grpo": value-free (GRPO, DAPO): a response's advantage is its reward
+    # minus its group's mean reward, over the group's std; there is no critic at all (not built,
+    # not checkpointed, not in vapo-plan), and the critic-only settings below are refused.
+    estimator: Literal["gae", "grpo"] = "gae"
+    # grpo: divide by the group's reward std (+ grpo_std_eps); false: the "Dr. GRPO" variant,
+    # reward minus the group mean only.
+    grpo_std_norm: bool = True
+    grpo_std_eps: float = 1e-6  # grpo: added to the group's std before dividing
     gamma: float = 1.0  # discount factor of GAE (1.0: undiscounted, as in the paper)
     # Component 2, decoupled GAE: lambda for the value targets (1.0 = Monte-Carlo returns).
     lambda_critic: float = 1.0
@@ -120,6 +129,12 @@ class RolloutConfig:
     sglang_tp: int = 8  # tensor parallel size of one SGLang engine (GPUs per engine)
     sglang_mem_fraction: float = 0.7  # share of GPU memory SGLang's KV cache may take
     sglang_urls: tuple[str, ...] = ()  # servers of engine sglang_http, one per engine
+    # Dynamic sampling (DAPO sec. 3.2): groups whose samples are all correct or all wrong (equal
+    # rewards: zero advantage under GRPO, little signal under PPO) are dropped, and further
+    # prompts_per_step batches are generated until the step has prompts_per_step informative
+    # groups or max_sampling_rounds rounds have run (then it trains on what it has; logged).
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 10  # generation rounds of one step at most, with dynamic_sampling
     wait_timeout_s: float = 14400.0  # seconds a rank may wait, on a gloo group, for others' generation, engine start or weight update (docs/slurm.md, Timeouts)
 
 
@@ -140,6 +155,11 @@ class RewardConfig:
     correct_score: float = 1.0  # reward of a correct response
     incorrect_score: float = -1.0  # reward of an incorrect one
     timeout_s: float = 5.0  # time limit of one reward call, seconds (over it: incorrect)
+    # Overlong reward shaping (DAPO sec. 3.4): a response longer than rollout.max_new_tokens -
+    # overlong_buffer tokens loses up to overlong_penalty, linearly, reaching all of it at
+    # rollout.max_new_tokens (a truncated response). 0 tokens: off.
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0  # the penalty at rollout.max_new_tokens (with overlong_buffer > 0)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,9 @@
-"""Step 5 of the loop (pure tensors): value targets and advantages from rewards and critic values.
+"""Step 5 of the loop (pure tensors): advantages, and the critic's value targets, of a batch.
+
+An estimator is a function of the batch (ESTIMATORS, chosen by algo.estimator):
+    gae   VAPO/PPO, from rewards and the critic's values (below)
+    grpo  value-free (GRPO, DAPO): reward minus the group's mean, over the group's std
+Each returns (advantages [B, S], returns [B, S] or None, logs).
 
 Decoupled GAE (VAPO component 2): returns use lambda_critic (1.0: Monte-Carlo returns, so the
 value target is unbiased however long the response), advantages use lambda_policy.
@@ -10,6 +15,8 @@ Reward is 0 on every token but the last, gamma = 1 (sec. 2, token-level MDP).
 from __future__ import annotations
 
 import torch
+
+from typing import Callable
 
 from vapo_megatron.algorithms.gae import compute_gae, length_adaptive_lambda
 from vapo_megatron.config import AlgoConfig
@@ -43,3 +50,41 @@ def compute_advantages(batch: RolloutBatch, algo: AlgoConfig, *, value_pretrain:
     advantages, _ = compute_gae(rewards, values, mask, algo.gamma, lam_policy)
     S = batch.tokens.shape[1]
     return to_sequence(advantages, pl, rl, S), to_sequence(returns, pl, rl, S)
+
+
+def group_relative_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, *, std_norm: bool,
+                              eps: float) -> torch.Tensor:
+    """[B] GRPO advantages: (r_i - mean of i's group) / (std of i's group + eps), or without the
+    division when std_norm is False (Dr. GRPO). rewards [B], group_ids [B] (any integer labels;
+    the samples of one prompt share one). The std is the sample standard deviation (Bessel's
+    n - 1, as torch.std); a group of one has advantage 0 (nothing to compare it with), and a group
+    whose rewards are all equal has advantage 0 on every sample."""
+    if rewards.shape != group_ids.shape or rewards.dim() != 1:
+        raise ValueError(f"rewards {tuple(rewards.shape)} and group_ids {tuple(group_ids.shape)} must be one [B] shape")
+    r = rewards.to(torch.float64)
+    _, ids = torch.unique(group_ids, return_inverse=True)  # [B] in 0..G-1
+    G = int(ids.max()) + 1 if len(ids) else 0
+    count = torch.zeros(G, dtype=torch.float64).index_add_(0, ids, torch.ones_like(r))
+    mean = torch.zeros(G, dtype=torch.float64).index_add_(0, ids, r) / count
+    dev = r - mean[ids]
+    if not std_norm:
+        return dev.float()
+    var = torch.zeros(G, dtype=torch.float64).index_add_(0, ids, dev * dev) / (count - 1).clamp(min=1)
+    return (dev / (var.sqrt()[ids] + eps)).float()
+
+
+def gae_estimator(batch: RolloutBatch, algo: AlgoConfig, *, value_pretrain: bool):
+    """VAPO's estimator: decoupled, length-adaptive GAE on the critic's values."""
+    advantages, returns = compute_advantages(batch, algo, value_pretrain=value_pretrain)
+    return advantages, returns, {"actor/lambda_policy_mean": float(policy_lambdas(batch.response_lens, algo).mean())}
+
+
+def grpo_estimator(batch: RolloutBatch, algo: AlgoConfig, *, value_pretrain: bool):
+    """GRPO's estimator: one group-relative value on every token of a response; no value targets.
+    Groups never straddle DP ranks (whole groups are dealt to ranks), so the statistics are exact."""
+    per_response = group_relative_advantages(batch.rewards, batch.group_ids, std_norm=algo.grpo_std_norm,
+                                             eps=algo.grpo_std_eps)                    # [B]
+    return per_response.unsqueeze(1) * batch.mask, None, {}
+
+
+ESTIMATORS: dict[str, Callable] = {"gae": gae_estimator, "grpo": grpo_estimator}

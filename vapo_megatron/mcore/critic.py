@@ -16,8 +16,10 @@ import torch
 from vapo_megatron.algorithms.losses import value_loss_sum
 from vapo_megatron.algorithms.normalization import GlobalCounts
 from vapo_megatron.data.batch import RolloutBatch
-from vapo_megatron.mcore.model import TrainModel
+from vapo_megatron.config import Config
+from vapo_megatron.mcore.model import TrainModel, build_model, copy_trunk
 from vapo_megatron.mcore.update import UpdateSettings, forward_only, optimize
+from vapo_megatron.trainer import dp_stats
 
 
 def value_outputs(mb: RolloutBatch, values: torch.Tensor):
@@ -43,8 +45,24 @@ def value_loss(mb: RolloutBatch, values: torch.Tensor, *, clip_range: float | No
 class Critic:
     """The value model: a TrainModel with the value clip of its updates."""
 
-    def __init__(self, model: TrainModel, clip_range: float | None, update: UpdateSettings):
+    def __init__(self, model: TrainModel, clip_range: float | None, update: UpdateSettings, *, own_trunk: bool = False):
         self.model, self.clip_range, self.settings = model, clip_range, update
+        self.own_trunk = own_trunk  # model.critic_hf_path: a trunk of its own, kept after the warm start
+
+    def start_from(self, actor: TrainModel) -> None:
+        """After the warm start: the critic starts from the policy that RL starts from, with its
+        fresh value head (component 1), unless it has a trunk of its own."""
+        if not self.own_trunk:
+            copy_trunk(actor, self.model)
+
+    @property
+    def models(self) -> dict[str, TrainModel]:
+        """What the checkpoints, the offload and the warm start's trunk copy hold of it."""
+        return {"critic": self.model}
+
+    def fit(self, batch: RolloutBatch) -> dict[str, float]:
+        """How well the old values V_t predicted the step's returns G_t, before the update."""
+        return {"critic/explained_variance": dp_stats.explained_variance(batch)}
 
     def values(self, batch: RolloutBatch) -> torch.Tensor:
         """Step 4: V_t at every prediction position, [B, S]."""
@@ -58,4 +76,31 @@ class Critic:
         return optimize(self.model, "critic", batch, loss_for, self.settings)
 
 
-__all__ = ["Critic", "value_loss", "value_outputs"]
+class NoCritic:
+    """algo.estimator=grpo: there is no value model. Every call the loop makes on a critic is
+    here and does nothing, so the step reads the same for every estimator; nothing is built,
+    checkpointed, offloaded or logged (no critic/* metrics)."""
+
+    models: dict[str, TrainModel] = {}
+
+    def start_from(self, actor: TrainModel) -> None:
+        pass
+
+    def values(self, batch: RolloutBatch) -> None:
+        return None
+
+    def fit(self, batch: RolloutBatch) -> dict[str, float]:
+        return {}
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        return {}
+
+
+def build_critic(cfg: Config, update: UpdateSettings) -> Critic | NoCritic:
+    """Collective. The value model algo.estimator needs: gae a Critic, grpo none."""
+    if cfg.algo.estimator == "grpo":
+        return NoCritic()
+    return Critic(build_model(cfg, critic=True), cfg.algo.value_clip, update, own_trunk=bool(cfg.model.critic_hf_path))
+
+
+__all__ = ["Critic", "NoCritic", "build_critic", "value_loss", "value_outputs"]

@@ -32,7 +32,7 @@ from vapo_megatron.rewards.pool import BoundedPool, Outcome, resolve_function
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["RewardFn", "RewardResult", "PoolRewardFn", "ExactMatchRewardFn", "build_reward_fn", "score_batch"]
+__all__ = ["RewardFn", "RewardResult", "PoolRewardFn", "ExactMatchRewardFn", "build_reward_fn", "score_batch", "summarize"]
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,13 @@ def score_batch(
     reward/mean, reward/accuracy, reward/timeouts, reward/errors (the last two are counts)."""
     import torch  # here, not at the top: reward workers import this package and need no torch
 
-    results = reward_fn(prompts, responses, ground_truths)
+    return summarize(reward_fn(prompts, responses, ground_truths))
+
+
+def summarize(results: list) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """score_batch's tensors and counters from a list of RewardResults."""
+    import torch
+
     scores = torch.tensor([r.score for r in results], dtype=torch.float32)
     correct = torch.tensor([r.correct for r in results], dtype=torch.bool)
     n = max(len(results), 1)

@@ -37,6 +37,7 @@ class Rollout:
     prompts: list[PromptRecord]
     outputs: list[RolloutOutput]
     n: int
+    results: list | None = None  # the verifier's RewardResult per output, when already judged (dynamic sampling)
 
 
 def build_engine(cfg: Config, *, with_weights: bool = True) -> RolloutEngine | None:

@@ -1,11 +1,14 @@
 """The VAPO loop: a Trainer whose step reads top to bottom (docs/algorithm.md).
 
 Phases: optional supervised warm start ("sft"), value pretraining ("value_pretrain",
-component 1: critic only, frozen policy, Monte-Carlo targets), then VAPO ("vapo"). One step:
-    1. sample a group of prompts          5. decoupled, length-adaptive GAE
-    2. rollout                            6. critic update
-    3. rewards                            7. actor update (PPO + NLL)
-    4. old log-probs and values           8. weight sync into the rollout engines
+component 1: critic only, frozen policy, Monte-Carlo targets), then RL ("vapo"). One step:
+    1. sample a group of prompts          5. advantages (algo.estimator: decoupled, length-adaptive
+    2. rollout (+ dynamic sampling)          GAE; or GRPO's group-relative rewards)
+    3. rewards (+ overlong shaping)       6. critic update
+    4. old log-probs and values           7. actor update (PPO + NLL)
+                                          8. weight sync into the rollout engines
+The loop is estimator-blind: with algo.estimator=grpo the critic is mcore/critic.py's NoCritic,
+whose values, fit and update do nothing, and the estimator is a function (ESTIMATORS).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from contextlib import contextmanager
 import torch
 
 from model_providers import read_hf_config
-from vapo_megatron.algorithms.advantages import compute_advantages, policy_lambdas
+from vapo_megatron.algorithms.advantages import ESTIMATORS
 from vapo_megatron.checkpoint.manager import CheckpointManager
 from vapo_megatron.config import Config, resume, to_dict
 from vapo_megatron.data.datasets import Datasets, stop_token_ids
@@ -24,14 +27,16 @@ from vapo_megatron.data.prompts import PromptSampler
 from vapo_megatron.evaluation.sampled import greedy_accuracy, sample_eval
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.actor import Actor, PolicyLossSettings
-from vapo_megatron.mcore.critic import Critic
-from vapo_megatron.mcore.model import build_model, copy_trunk
+from vapo_megatron.mcore.critic import build_critic
+from vapo_megatron.mcore.model import build_model
 from vapo_megatron.mcore.offload import Offloader, check_host_memory
 from vapo_megatron.mcore.optimizer import current_lr
 from vapo_megatron.mcore.update import UpdateSettings
 from vapo_megatron.rewards import build_reward_fn
 from vapo_megatron.rewards.answers import AnswerKey
 from vapo_megatron.rewards.scorer import Scorer
+from vapo_megatron.rewards.shaping import OverlongShaping
+from vapo_megatron.rollout.dynamic_sampling import StepRollouts
 from vapo_megatron.rollout.generator import Generator
 from vapo_megatron.testing import faults
 from vapo_megatron.trainer import dp_stats
@@ -63,23 +68,27 @@ class Trainer:
         self.data = Datasets.load(cfg, read_hf_config(cfg.model.hf_path))   # tokenizer, every split
         self.scorer = Scorer(build_reward_fn(cfg.reward.fn, correct_score=cfg.reward.correct_score,
                                              incorrect_score=cfg.reward.incorrect_score, timeout_s=cfg.reward.timeout_s),
-                             self.data.tokenizer, stop_token_ids(self.data.tokenizer))
+                             self.data.tokenizer, stop_token_ids(self.data.tokenizer),
+                             OverlongShaping(cfg.rollout.max_new_tokens, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty))
         self.generator = Generator.build(cfg, self.scorer.stop_token_ids)   # the rollout engines
+        # Steps 1-2: the step's prompts and rollouts (rollout.dynamic_sampling: DAPO's filter and refill)
+        self.rollouts = StepRollouts(self.generator, self.scorer, cfg.rollout, mini_batches=cfg.algo.mini_batches)
         self.answers = AnswerKey(cfg.reward.fn, timeout_s=cfg.reward.timeout_s)  # maj@K; its pool starts at first use
         updates = UpdateSettings(mini_batches=a.mini_batches, epochs=a.ppo_epochs, max_tokens=t.micro_batch_tokens,
                                  max_consecutive_skips=t.max_consecutive_skips)
         self.actor = Actor(build_model(cfg, critic=False), PolicyLossSettings(
             eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c, loss_agg=a.loss_agg,
             nll_coef=a.nll_coef, temperature=cfg.rollout.temperature, chunk_tokens=t.logprob_chunk_tokens), updates)
-        self.critic = Critic(build_model(cfg, critic=True), a.value_clip, updates)
+        self.critic = build_critic(cfg, updates)  # algo.estimator=grpo: NoCritic, no value model at all
+        self.estimate = ESTIMATORS[a.estimator]  # step 5 (algorithms/advantages.py)
+        self.models = {"actor": self.actor.model, **self.critic.models}  # what is checkpointed and offloaded
         # trainer.offload_during_rollout: the state's size is known now (mcore/offload.py).
         self.offloader, self.bandwidth_logged = None, False
         if t.offload_during_rollout:
-            check_host_memory([self.actor.model, self.critic.model])  # every node, before any step
-            self.offloader = Offloader([self.actor.model, self.critic.model])
+            check_host_memory(list(self.models.values()))  # every node, before any step
+            self.offloader = Offloader(list(self.models.values()))
         self.state = RunState(sampler=PromptSampler(self.data.train, cfg.rollout.prompts_per_step, cfg.data.seed))
-        self.checkpoints = CheckpointManager(t.run_dir, {"actor": self.actor.model, "critic": self.critic.model},
-                                             config=to_dict(cfg))
+        self.checkpoints = CheckpointManager(t.run_dir, self.models, config=to_dict(cfg))
         self.checkpoints.load(self.state)                                     # resume, when there is a checkpoint
         if parallel.is_rank0():  # only now: a refused or failed resume must not rewrite the run's record
             resume.save(cfg)
@@ -152,8 +161,7 @@ class Trainer:
         faults.set_iteration(self.state.iteration)  # test-only fault injection (testing/faults.py)
         with self._offloaded(timed=True):  # trainer.offload_during_rollout: state on the host until scoring
             with timed("rollout"):
-                prompts = self.state.sampler.next_batch()                                    # 1
-                rollout = self.generator.collect(prompts, seed=self._rollout_seed())         # 2
+                rollout, sampling_logs = self.rollouts.collect(self.state.sampler, seed=self._rollout_seed())  # 1, 2
                 self.generator.release_weights()  # colocated SGLang: its GPU memory goes to training until step 8
             faults.fault_point("rollout")
             faults.fault_point("usr1")
@@ -162,13 +170,14 @@ class Trainer:
         with timed("score"):
             batch.old_logp, entropy = self.actor.log_probs(batch)                            # 4
             batch.values = self.critic.values(batch)
-        batch.advantages, batch.returns = compute_advantages(batch, algo, value_pretrain=pretraining)  # 5
+        batch.advantages, batch.returns, estimator_logs = self.estimate(batch, algo, value_pretrain=pretraining)  # 5
         if algo.whiten_advantages:
             batch.advantages = dp_stats.whiten_advantages(batch)
         if faults.poisoned("nan_loss"):  # test-only: NaN losses and gradients in both models
             batch.advantages = torch.full_like(batch.advantages, float("nan"))
-            batch.returns = torch.full_like(batch.returns, float("nan"))
-        ev = dp_stats.explained_variance(batch)
+            if batch.returns is not None:
+                batch.returns = torch.full_like(batch.returns, float("nan"))
+        fit_logs = self.critic.fit(batch)  # critic/explained_variance of the old values (none without a critic)
         with timed("critic_update"):
             critic_logs = self.critic.update(batch)                                          # 6
         actor_logs: dict[str, float] = {}
@@ -178,20 +187,18 @@ class Trainer:
         else:
             self.state.pretrain_steps_done += 1
             threshold = algo.value_pretrain_ev_threshold
-            if threshold is not None and ev >= threshold:
+            if threshold is not None and fit_logs["critic/explained_variance"] >= threshold:
                 self.state.pretrain_finished = True
         with timed("sync"):  # also while value pretraining (actor unchanged): the engine released its weights
             self.generator.sync_weights(self.actor.model, version=self.state.iteration + 1)   # 8
-        self._log_step("value_pretrain" if pretraining else "vapo", batch, entropy, ev, reward_logs, critic_logs,
-                       actor_logs, seconds=time.perf_counter() - t0)
+        self._log_step("value_pretrain" if pretraining else "vapo", batch, entropy, sampling_logs, reward_logs,
+                       estimator_logs, fit_logs, critic_logs, actor_logs, seconds=time.perf_counter() - t0)
 
-    def _log_step(self, phase: str, batch, entropy, ev: float, *parts: dict, seconds: float) -> None:
+    def _log_step(self, phase: str, batch, entropy, *parts: dict, seconds: float) -> None:
         cfg = self.cfg
         logs = {k: v for part in parts for k, v in part.items()}
         logs |= {
-            "critic/explained_variance": ev,
             "actor/entropy_rollout": dp_stats.global_mean(entropy, batch.mask),
-            "actor/lambda_policy_mean": float(policy_lambdas(batch.response_lens, cfg.algo).mean()),
             # over the step's own phases, not the eval/checkpoint before it
             "perf/tokens_per_s": dp_stats.global_sum(float(batch.seq_lens.sum())) / seconds,
             "perf/padding_ratio": dp_stats.batch_padding_ratio(batch, cfg.trainer.micro_batch_tokens),
@@ -215,10 +222,8 @@ class Trainer:
             self.state.sft_steps_done = step + 1
             self.state.sft_finished = finished
             self.logger.log(0, "sft", logs, tb_step=step + 1)
-        if self.cfg.model.critic_hf_path:
-            self.actor.model.optimizer.reload_model_params()
-        else:  # the critic starts from the policy that RL starts from (component 1)
-            copy_trunk(self.actor.model, self.critic.model)
+        self.actor.model.optimizer.reload_model_params()  # the optimizer's (fp32 main) copy follows the weights
+        self.critic.start_from(self.actor.model)  # from the warm-started trunk (component 1); no-op without a critic
 
     def log_eval(self, when: str) -> None:
         """Greedy accuracy and the sampled figures (eval/avg@K, eval/pass@k, eval/maj@K). The

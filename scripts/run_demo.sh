@@ -5,6 +5,8 @@
 #                     data split (make_demo_data.py --seed), prompt order (data.seed), rollout
 #                     sampling and the critic's value head (trainer.seed)
 #   VAPO_DEMO_RUN=DIR run directory (default runs/demo); scripts/demo_seeds.sh uses one per seed
+#   VAPO_DEMO_CONFIG=FILE the config (default configs/demo_cpu.yaml; the baselines on the same task:
+#                     configs/grpo.yaml, configs/dapo.yaml, configs/vanilla_ppo.yaml)
 # Extra arguments are dotted config overrides for vapo-train.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +14,7 @@ PY=.venv/bin/python
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 SEED=${VAPO_DEMO_SEED:-0}
 RUN=${VAPO_DEMO_RUN:-runs/demo}
+CONFIG=${VAPO_DEMO_CONFIG:-configs/demo_cpu.yaml}
 DATA=$RUN/data
 start=$(date +%s)
 if ! "$PY" -c "import json, sys; sys.exit(json.load(open(sys.argv[1]))['seed'] != int(sys.argv[2]))" "$DATA/meta.json" "$SEED" 2>/dev/null; then
@@ -24,7 +27,7 @@ fi
 # changed configuration is refused, naming each changed setting (vapo_megatron/config/resume.py).
 # To start over: rm -rf runs/demo/checkpoints runs/demo/metrics.jsonl (or another trainer.run_dir).
 "$PY" -m torch.distributed.run --nproc-per-node 2 --master-addr 127.0.0.1 --master-port "${VAPO_DEMO_PORT:-29517}" \
-  -m vapo_megatron.train --config configs/demo_cpu.yaml \
+  -m vapo_megatron.train --config "$CONFIG" \
   trainer.run_dir="$RUN" model.hf_path="$DATA/model" "data.train_files=[$DATA/train.jsonl]" \
   "data.eval_files=[$DATA/eval.jsonl]" "sft.files=[$DATA/sft.jsonl]" trainer.seed="$SEED" data.seed="$SEED" \
   "$@" 2> >(grep -v -E "UserWarning|warnings.warn|DEPRECATED|RNG state changed|^\s*$" >&2)

@@ -56,8 +56,9 @@ def _make_models(tmp_path, moe: bool = False):
     return str(tmp_path / "actor"), str(tmp_path / "critic")
 
 
-def _global_batch():
-    """8 responses of very different lengths (1..21 tokens), 3 of them correct."""
+def _global_batch(grpo: bool = False):
+    """8 responses of very different lengths (1..21 tokens), 3 of them correct, in 4 groups of 2.
+    grpo: the advantages are GRPO's group-relative ones of the whole batch (algo.estimator=grpo)."""
     from vapo_megatron.data.batch import RolloutBatch, pack_sequences, to_sequence
 
     g = torch.Generator().manual_seed(1)
@@ -80,17 +81,26 @@ def _global_batch():
     batch.returns = to_sequence(torch.randn(B, T, generator=g), pl, rl, S)
     batch.extras["old_logp_offset"] = to_sequence(0.3 * torch.randn(B, T, generator=g), pl, rl, S)
     batch.extras["old_value_offset"] = to_sequence(0.6 * torch.randn(B, T, generator=g), pl, rl, S)
+    if grpo:
+        batch.advantages = _grpo_advantages(batch)
     return batch
+
+
+def _grpo_advantages(batch):
+    from vapo_megatron.algorithms.advantages import ESTIMATORS
+    from vapo_megatron.config import AlgoConfig
+
+    return ESTIMATORS["grpo"](batch, AlgoConfig(estimator="grpo"), value_pretrain=False)[0]
 
 
 # ---- reference: transformers + the formulas, single process ---------------------------------
 
-def _reference(actor_dir, critic_dir, loss_agg="token"):
+def _reference(actor_dir, critic_dir, loss_agg="token", grpo=False):
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     from vapo_megatron.data.batch import shifted_targets
 
-    b = _global_batch()
+    b = _global_batch(grpo)
     mask = b.mask
     N, N_pos, M = mask.sum(), (mask * b.correct[:, None]).sum(), b.size
 
@@ -137,16 +147,19 @@ def _per_expert(state: dict) -> dict:
 
 # ---- the parallel code under test ------------------------------------------------------------
 
-def _dp_split(dp_rank: int, dp_size: int) -> list[int]:
-    # Uneven on purpose: rank 0 gets 3 responses (27 tokens), rank 1 gets 5 (38 tokens).
-    return list(range(8)) if dp_size == 1 else ([0, 1, 2], [3, 4, 5, 6, 7])[dp_rank]
+def _dp_split(dp_rank: int, dp_size: int, grpo: bool = False) -> list[int]:
+    # Uneven on purpose: rank 0 gets 3 responses (27 tokens), rank 1 gets 5 (38 tokens). GRPO's
+    # groups stay whole on one rank, as the trainer deals them: rank 0 gets group 0 (22 tokens).
+    if dp_size == 1:
+        return list(range(8))
+    return ([0, 1], [2, 3, 4, 5, 6, 7])[dp_rank] if grpo else ([0, 1, 2], [3, 4, 5, 6, 7])[dp_rank]
 
 
 def _micro_split(rows: list[int], n_micro: int) -> list[list[int]]:
     return [list(c) for c in torch.tensor_split(torch.tensor(rows), n_micro) if len(c)]
 
 
-def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp=False, ep=1):
+def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp=False, ep=1, grpo=False):
     from megatron.core import dist_checkpointing  # noqa: F401  (import order: megatron first)
 
     import model_providers
@@ -164,12 +177,14 @@ def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp=False, e
 
     parallel.init_distributed(tp, pp, ep=ep, seed=7)
     b = _global_batch()
-    b = b.select(_dp_split(parallel.dp_rank(), parallel.dp_size()))
+    b = b.select(_dp_split(parallel.dp_rank(), parallel.dp_size(), grpo))
+    if grpo:  # each rank estimates its own groups, as the trainer's step 5 does
+        b.advantages = _grpo_advantages(b)
     counts = global_counts(b)
     optim = OptimConfig(lr=LR, clip_grad=0.0)
 
     results = {}
-    for role, hf_dir in (("actor", actor_dir), ("critic", critic_dir)):
+    for role, hf_dir in (("actor", actor_dir),) + ((("critic", critic_dir),) if not grpo else ()):
         is_critic = role == "critic"
         hf_cfg = model_providers.read_hf_config(hf_dir)
         family = model_providers.family_for(hf_cfg)
@@ -228,13 +243,14 @@ def moe_models(tmp_path_factory):
     return actor_dir, critic_dir, {"token": _reference(actor_dir, critic_dir, "token")}
 
 
-def _check(models, world, tp, pp, n_micro, loss_agg="token", sp=False, ep=1):
+def _check(models, world, tp, pp, n_micro, loss_agg="token", sp=False, ep=1, grpo=False):
     actor_dir, critic_dir, refs = models
-    if loss_agg not in refs:
-        refs[loss_agg] = _reference(actor_dir, critic_dir, loss_agg)
-    ref_actor, ref_critic = refs[loss_agg]
-    per_rank = run_ranks(world, _parallel_step, actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp, ep)
-    for role, ref in (("actor", ref_actor), ("critic", ref_critic)):
+    key = (loss_agg, grpo) if grpo else loss_agg
+    if key not in refs:
+        refs[key] = _reference(actor_dir, critic_dir, loss_agg, grpo)
+    ref_actor, ref_critic = refs[key]
+    per_rank = run_ranks(world, _parallel_step, actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp, ep, grpo)
+    for role, ref in (("actor", ref_actor),) + ((("critic", ref_critic),) if not grpo else ()):
         got = {}
         for r in per_rank:
             got.update(r[role])
@@ -287,6 +303,16 @@ def test_moe_one_step_matches_reference(moe_models, layout):
 
 def test_sample_level_loss_matches_reference(models):
     _check(models, 2, 1, 1, 2, loss_agg="sample")
+
+
+# GRPO (algo.estimator=grpo): advantages estimated per rank on whole groups; the actor's update
+# equals the single-process reference whose advantages came from the whole batch. GRPO's
+# per-response loss at DP x micro-batches, DAPO's token-level loss at TP x PP.
+@pytest.mark.parametrize("layout", [("dp2_3micro", "sample"), ("tp2xpp2", "token")])
+def test_grpo_actor_step_matches_reference(models, layout):
+    name, loss_agg = layout
+    world, tp, pp, n_micro = LAYOUTS[name]
+    _check(models, world, tp, pp, n_micro, loss_agg=loss_agg, grpo=True)
 
 
 def _repeat_step_grads(critic_dir):

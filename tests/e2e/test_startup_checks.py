@@ -255,3 +255,34 @@ def test_cli_trains_through_fuzzed_data_and_refuses_a_crafted_checkpoint(demo, t
     assert "resumed from" in out and "iter_0000001 at iteration 1" in out
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert [r["step"] for r in records if r["phase"] == "vapo"] == [1, 2]
+
+
+def test_cli_refuses_bad_baseline_settings_at_once_without_torch(demo, tmp_path):
+    """The baselines' settings (issue 30): an estimator typo, grpo with value pretraining and with a
+    critic-only setting, no sampling round, an overlong buffer past the longest response; one
+    line each, together, exit 2, before torch."""
+    code = ("import sys; from vapo_megatron.train import main; rc = main(sys.argv[1:]); "
+            "heavy = sorted(m for m in ('torch', 'megatron', 'transformers') if m in sys.modules); "
+            "print('HEAVY', heavy, file=sys.stderr); sys.exit(rc)")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
+
+    def run(config: str, *overrides: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-c", code, "--config", str(ROOT / "configs" / config), *_base(demo, tmp_path / "run"),
+             *overrides], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert "HEAVY []" in proc.stderr, proc.stderr[-3000:]
+        return proc.stderr
+
+    err = run("demo_cpu.yaml", "algo.estimator=gpro", "rollout.max_sampling_rounds=0", "reward.overlong_buffer=9")
+    assert "3 invalid settings:" in err, err[-3000:]
+    for text in ["algo.estimator='gpro' is not allowed (choose one of: gae, grpo)",
+                 "rollout.max_sampling_rounds=0 must be >= 1",
+                 "reward.overlong_buffer=9 must be <= rollout.max_new_tokens=8"]:
+        assert text in err, (text, err[-3000:])
+    err = run("grpo.yaml", "algo.value_pretrain_steps=5", "algo.value_clip=0.3")
+    assert "2 invalid settings:" in err, err[-3000:]
+    for text in ["algo.value_pretrain_steps=5 needs a critic, which algo.estimator=grpo does not have",
+                 "algo.value_clip (the value loss's clip) is set, but algo.estimator=grpo has no critic"]:
+        assert text in err, (text, err[-3000:])
+    assert not (tmp_path / "run").exists()

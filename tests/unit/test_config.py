@@ -66,3 +66,35 @@ def test_a_resume_may_not_move_a_schedule_that_decays_over_the_run(tmp_path):
     fixed = [f"trainer.run_dir={run_dir}", "actor_optim.lr_decay_style=linear", "actor_optim.lr_decay_steps=500"]
     resume.save(parse_config(DEMO, fixed)[0])
     resume.check_resume(parse_config(DEMO, [*fixed, "trainer.total_steps=300"])[0], announce=False)  # passes
+
+
+def test_grpo_refuses_every_critic_only_setting_by_name():
+    """algo.estimator=grpo has no critic: each critic-only key changed from its default is one line."""
+    from vapo_megatron.config.checks import CRITIC_ONLY
+
+    grpo = str(ROOT / "configs" / "grpo.yaml")
+    assert load_config(grpo, check_paths=False).algo.estimator == "grpo"  # the shipped config passes
+    changed = {"algo.lambda_critic": "0.9", "algo.value_clip": "null", "algo.value_pretrain_ev_threshold": "0.5",
+               "algo.decoupled_gae": "false", "algo.length_adaptive": "false", "algo.lambda_policy": "0.9",
+               "algo.alpha": "1.0", "algo.gamma": "0.99", "critic_optim": None, "model.critic_hf_path": str(ROOT)}
+    assert set(changed) == set(CRITIC_ONLY)
+    overrides = [f"{k}={v}" for k, v in changed.items() if v is not None] + ["critic_optim.lr=1e-3"]
+    with pytest.raises(ConfigError) as e:
+        load_config(grpo, overrides, check_paths=False)
+    msg = str(e.value)
+    assert msg.startswith(f"{len(CRITIC_ONLY)} invalid settings:"), msg
+    for key in CRITIC_ONLY:
+        assert f"  - {key} (" in msg, (key, msg)
+
+
+def test_a_resume_never_switches_the_estimator(tmp_path):
+    from vapo_megatron.config import resume
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "iter_0000001").mkdir(parents=True)
+    resume.save(load_config(DEMO, [f"trainer.run_dir={run_dir}"], check_paths=False))
+    grpo = str(ROOT / "configs" / "grpo.yaml")
+    for extra in ([], ["trainer.allow_config_change=true"]):
+        cfg = load_config(grpo, [f"trainer.run_dir={run_dir}", *extra], check_paths=False)
+        with pytest.raises(ConfigError, match=r"algo.estimator: 'gae' in the run .*'grpo' now; a run cannot switch"):
+            resume.check_resume(cfg, announce=False)

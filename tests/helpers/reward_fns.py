@@ -49,3 +49,11 @@ def hostile(prompt: str, response: str, ground_truth: str):
     if response == "np32":
         return np.float32(0.5)
     return response.strip() == ground_truth
+
+
+def coin(prompt: str, response: str, ground_truth: str):
+    """A deterministic coin per response text: an untrained model's groups come out mixed or
+    single-valued at random, which gives dynamic sampling both kinds to sort."""
+    import zlib
+
+    return zlib.crc32(response.encode()) % 2 == 0

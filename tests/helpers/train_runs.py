@@ -94,6 +94,7 @@ def _end_orphans(before: dict[int, str]) -> list[str]:
     """Kill and reap the processes re-parented to us during a launch; returns them."""
     time.sleep(0.2)  # a dying worker's helpers are re-parented as it exits
     leftovers = {pid: cmdline for pid, cmdline in _children().items() if pid not in before}
+    alive = {pid: c for pid, c in leftovers.items() if not _is_zombie(pid)}  # a zombie has exited: not left running
     for pid in leftovers:  # our own orphans: end them and collect their exit status
         try:
             os.kill(pid, signal.SIGKILL)
@@ -101,7 +102,14 @@ def _end_orphans(before: dict[int, str]) -> list[str]:
         except (ProcessLookupError, ChildProcessError):
             pass
     _set_subreaper(False)
-    return [f"{pid}: {c}" for pid, c in leftovers.items()]
+    return [f"{pid}: {c}" for pid, c in alive.items()]
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True  # gone already
 
 
 def train(config: str | Path, *overrides: str, env: dict[str, str] | None = None) -> Launch:

@@ -23,6 +23,7 @@ bench: $(STAMP)
 	$(PY) scripts/bench_algo.py
 	$(PY) scripts/bench_weight_sync.py
 	$(PY) scripts/bench_convert.py
+	$(PY) scripts/bench_estimators.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,7 +1,7 @@
 """VAPO's math as pure functions of tensors (docs/algorithm.md; arXiv 2504.05118).
 
     gae.py            GAE, length-adaptive lambda (components 2, 3)
-    advantages.py     step 5: decoupled returns and advantages of a batch
+    advantages.py     step 5: the estimators, GAE (decoupled returns and advantages) and GRPO
     losses.py         PPO with clip-higher, positive-example NLL, value loss: SUMS over tokens
     normalization.py  the global counts N, N_pos, M a mini-batch's loss sums are divided by
     vocab_parallel.py log-probs and entropy from vocabulary-sharded logits (TP)

@@ -16,6 +16,9 @@ Reward specs (``build_reward_fn(spec, ...)``):
   bound), the first failure of each exception kind is logged with its traceback, and the
   run continues. This holds for any exception, SystemExit and KeyboardInterrupt included,
   and for a worker that dies outright (kind ``WorkerDied``; it is replaced).
+
+Beside it: scorer.py (step 3 of the loop: a rollout's rewards as batch tensors) and shaping.py
+(DAPO's overlong reward shaping, added to the verifier's score in the training batch only).
 """
 
 from __future__ import annotations

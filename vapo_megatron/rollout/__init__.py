@@ -1,6 +1,7 @@
 """Rollout: the engines that sample responses, and the weight sync that keeps them on the newest actor.
 
     generator.py      what the loop calls: engines of this replica, generate/collect, release, sync
+    dynamic_sampling.py  a step's prompts and rollouts: one round, or DAPO's dynamic sampling
     base.py           the one interface every engine implements (RolloutEngine, SamplingParams)
     embedded.py       transformers in this process (the CPU engine; also a single GPU)
     sglang_engine.py  colocated sglang.Engine per block of a TP group (GPU); sglang_http.py: a server

@@ -4,7 +4,8 @@
 #   VAPO_DEMO_SEED=N  one seed for everything random (default 0): the tiny model's init and the
 #                     data split (make_demo_data.py --seed), prompt order (data.seed), rollout
 #                     sampling and the critic's value head (trainer.seed)
-#   VAPO_DEMO_RUN=DIR run directory (default runs/demo); scripts/demo_seeds.sh uses one per seed
+#   VAPO_DEMO_RUN=DIR run directory (default runs/demo, or runs/<config name> with VAPO_DEMO_CONFIG);
+#                     scripts/demo_seeds.sh uses one per seed
 #   VAPO_DEMO_CONFIG=FILE the config (default configs/demo_cpu.yaml; the baselines on the same task:
 #                     configs/grpo.yaml, configs/dapo.yaml, configs/vanilla_ppo.yaml)
 # Extra arguments are dotted config overrides for vapo-train.
@@ -13,8 +14,11 @@ cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 SEED=${VAPO_DEMO_SEED:-0}
-RUN=${VAPO_DEMO_RUN:-runs/demo}
 CONFIG=${VAPO_DEMO_CONFIG:-configs/demo_cpu.yaml}
+# runs/demo for the demo's config, runs/<config name> for another (each run directory keeps its settings)
+DEFAULT_RUN=runs/demo
+[ "$CONFIG" = configs/demo_cpu.yaml ] || DEFAULT_RUN=runs/$(basename "$CONFIG" .yaml)
+RUN=${VAPO_DEMO_RUN:-$DEFAULT_RUN}
 DATA=$RUN/data
 start=$(date +%s)
 if ! "$PY" -c "import json, sys; sys.exit(json.load(open(sys.argv[1]))['seed'] != int(sys.argv[2]))" "$DATA/meta.json" "$SEED" 2>/dev/null; then

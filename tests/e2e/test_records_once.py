@@ -60,10 +60,14 @@ def test_a_crash_a_resume_and_reruns_record_every_step_once(demo, tmp_path):
     assert _scalars(run_dir / "tensorboard" / "sft", "sft/nll_loss") == [1, 2, 3]
 
     # Rerunning the finished run changes nothing: no second final eval, no new event.
-    for _ in range(2):
-        again = _cli(demo, run_dir)
+    # A smaller trainer.total_steps (issue 33) says where the run finished and leaves its record.
+    record = (run_dir / "config.yaml").read_bytes()
+    for extra, asked in (((), 4), ((), 4), (("trainer.total_steps=2",), 2)):
+        again = _cli(demo, run_dir, *extra)
         assert again.returncode == 0, again.stderr[-3000:]
-        assert "has finished all 4 iterations: nothing to train" in again.stdout
+        assert (f"has finished, at iteration 4 (trainer.total_steps={asked} asks for {asked}): nothing to train"
+                in again.stdout), again.stdout[-2000:]
+    assert (run_dir / "config.yaml").read_bytes() == record
     assert (run_dir / "metrics.jsonl").read_bytes() == text
     assert _scalars(run_dir / "tensorboard", "eval/accuracy") == [0, 4]
     assert _scalars(run_dir / "tensorboard", "reward/mean") == [1, 2, 3, 4]

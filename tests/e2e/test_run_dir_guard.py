@@ -139,4 +139,4 @@ def test_a_resume_with_another_model_is_a_mismatch_and_leaves_the_run_as_it_was(
 
     again = _cli(*base)  # the original command still resumes the run (and finds it finished)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "has finished all 1 iterations: nothing to train" in again.stdout
+    assert "has finished, at iteration 1 (trainer.total_steps=1 asks for 1): nothing to train" in again.stdout

@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from vapo_megatron.checkpoint.atomic import (CONVERT_HF_TO_MCORE, CONVERT_MCORE_TO_HF, MARKER, TRAINER_CHECKPOINT,
+from vapo_megatron.checkpoint.atomic import (CONVERT_HF_TO_MCORE, CONVERT_MCORE_TO_HF, EVAL_OUTPUT, MARKER, TRAINER_CHECKPOINT,
                                              TRAINER_EXPORT, TargetRefused, check_replaceable, commit_dir,
                                              staging_dir, writer_of)
 
@@ -129,3 +129,10 @@ def test_preflight_says_at_start_that_run_dir_hf_is_not_the_trainers(tmp_path):
     assert problem.startswith(f"trainer.run_dir: {run_dir / 'hf'} is a non-empty directory") and "move it away" in problem
     assert unchanged(run_dir / "hf", files)
     assert export_problems(Config(trainer=TrainerConfig(run_dir=str(tmp_path / "fresh")))) == []
+
+
+def test_an_output_where_nothing_can_be_created_is_refused_before_any_work(tmp_path):
+    """vapo-eval and vapo-convert check --out before they start (issue 33: an unwritable --out lost
+    a whole evaluation). /proc takes no new files, even from root."""
+    with pytest.raises(TargetRefused, match=r"--out /proc/vapo-out cannot be written: nothing can be created in /proc"):
+        check_replaceable("/proc/vapo-out", EVAL_OUTPUT, overwrite=True, flag=None)

@@ -171,7 +171,11 @@ def check_replaceable(target: str | Path, writer: str, *, overwrite: bool, flag:
         above = next((p for p in target.parents if p.exists()), None)
         if above is not None and not above.is_dir():
             raise TargetRefused(f"{name} lies under {above}, which is a file, not a directory; {other}")
+        if above is not None and not _can_create_in(above):
+            raise TargetRefused(f"{name} cannot be written: nothing can be created in {above}; {other}")
         return
+    if not _can_create_in(target.parent):  # the new directory is staged beside the target, then renamed
+        raise TargetRefused(f"{name} cannot be replaced: nothing can be created in {target.parent}; {other}")
     if target.is_symlink() or not target.is_dir():
         raise TargetRefused(f"{name} exists and is not a directory that {writer} wrote; {other}")
     if not any(target.iterdir()):
@@ -186,6 +190,18 @@ def check_replaceable(target: str | Path, writer: str, *, overwrite: bool, flag:
             "markers)")
     allowed = f" ({flag} replaces only a directory that {writer} wrote)" if flag else ""
     raise TargetRefused(f"{name} is {what}, which {writer} never replaces; {other}{allowed}")
+
+
+def _can_create_in(directory: Path) -> bool:
+    """Whether a file can be created in `directory`, tried for real: os.access says yes to root
+    on directories it cannot write (/proc, a read-only mount)."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
 
 
 __all__ = ["CONVERT_HF_TO_MCORE", "CONVERT_MCORE_TO_HF", "EVAL_OUTPUT", "MARKER", "TRAINER_CHECKPOINT",

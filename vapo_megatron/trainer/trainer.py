@@ -90,7 +90,9 @@ class Trainer:
         self.state = RunState(sampler=PromptSampler(self.data.train, cfg.rollout.prompts_per_step, cfg.data.seed))
         self.checkpoints = CheckpointManager(t.run_dir, self.models, config=to_dict(cfg))
         self.checkpoints.load(self.state)                                     # resume, when there is a checkpoint
-        if parallel.is_rank0():  # only now: a refused or failed resume must not rewrite the run's record
+        # Only now: a refused or failed resume must not rewrite the run's record, nor a rerun of a
+        # finished run that has nothing to train (its record keeps the settings it ran with).
+        if parallel.is_rank0() and not self.nothing_to_train:
             resume.save(cfg)
         self.logger = MetricsLogger(t.run_dir, total_steps=self.total_iterations, start_step=self.state.iteration,
                                     sft_start=self.state.sft_steps_done, finished=self.state.finished,
@@ -106,15 +108,21 @@ class Trainer:
     def total_iterations(self) -> int:
         return self.cfg.algo.value_pretrain_steps + self.cfg.trainer.total_steps
 
+    @property
+    def nothing_to_train(self) -> bool:
+        """A rerun of a finished run whose trainer.total_steps asks for no more iterations."""
+        return self.state.finished and self.state.iteration >= self.total_iterations
+
     # ---- the run ---------------------------------------------------------------------------
 
     def run(self) -> int:
         cfg = self.cfg
-        if self.state.finished and self.state.iteration >= self.total_iterations:  # a rerun of a finished run:
-            # its final eval, export and save are done (a longer trainer.total_steps trains on)
+        if self.nothing_to_train:  # a rerun of a finished run: its final eval, export and save are done
+            # (a longer trainer.total_steps trains on)
             if parallel.is_rank0():
-                print(f"[vapo] the run in {cfg.trainer.run_dir} has finished all {self.total_iterations} iterations: "
-                      "nothing to train", flush=True)
+                print(f"[vapo] the run in {cfg.trainer.run_dir} has finished, at iteration {self.state.iteration} "
+                      f"(trainer.total_steps={cfg.trainer.total_steps} asks for {self.total_iterations}): nothing to train",
+                      flush=True)
             return 0
         if not self.state.sft_finished and cfg.sft.steps > 0:
             self.warm_start()
@@ -258,7 +266,7 @@ class Trainer:
         finished run (nothing to log; the W&B run stays finished)."""
         if not parallel.is_rank0() or self.cfg.trainer.wandb.mode == "disabled":
             return None
-        if self.state.finished and self.state.iteration >= self.total_iterations:
+        if self.nothing_to_train:
             return None
         from vapo_megatron.trainer.wandb_run import WandbTracker
 

@@ -1,4 +1,4 @@
-"""vapo-plan: will a run fit on its GPUs? Per-GPU memory of actor, critic and the SGLang engine.
+"""vapo-plan: will a run fit on its GPUs? Per-GPU memory of actor, critic (if any) and the SGLang engine.
 
     vapo-plan --config configs/qwen2.5_32b_vapo.yaml --nodes 8 --gpus-per-node 8 [--gpu-memory-gib 80]
               [--reserve-gib G] [--preset qwen2.5-32b] [key=value overrides...]
@@ -13,6 +13,8 @@ it by one flat figure. Also printed: the size of one checkpoint and the disk the
 
 The model config comes from model.hf_path/config.json when that file exists; otherwise --preset
 NAME (model_providers/presets.py) must be given, and it is always said which one was used.
+With algo.estimator=grpo (GRPO, DAPO) there is no critic: only the actor is sized and built, and the
+report compares the KV cache and state with the same config with a critic (sizing/plan.py).
 Mixture-of-experts models (Qwen3-MoE) are sized at parallel.ep: each rank holds E/EP of every MoE
 layer's experts, whose optimizer state the distributed optimizer shards over expert-DP = DP/EP.
 Exit status: 0 fits, 1 does not fit (each failing phase, rank and the amount over are printed),

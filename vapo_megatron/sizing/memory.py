@@ -87,11 +87,12 @@ def reserve_parts(cfg: Config, *, world_size: int, dp: int, activations: int, ph
     return parts
 
 
-def checkpoint_bytes(actor_params: int, critic_params: int, *, dtype_bytes: int) -> int:
-    """One saved checkpoint, all ranks together: every parameter once in the model's dtype, plus
+def checkpoint_bytes(n_params: int, *, dtype_bytes: int) -> int:
+    """One saved checkpoint, all ranks together, of the `n_params` parameters of the models it saves
+    (actor, and critic unless algo.estimator=grpo): every parameter once in the model's dtype, plus
     Adam's state (fp32 master copy with bf16 parameters, exp_avg, exp_avg_sq); no gradients."""
     per_param = dtype_bytes + (12 if dtype_bytes < 4 else 8)
-    return (actor_params + critic_params) * per_param
+    return n_params * per_param
 
 
 # The named activation items of a mixture-of-experts layer (moe_layer_parts), as the report prints them.

@@ -13,12 +13,16 @@
             fragmentation. Plan.freed_before_resume names the transients emptied by then, which
             are not counted. Plan.kv_compare: the KV cache with and without the offload at this
             config's rollout peak (the share moves by the trainer's state).
+The models are the actor and, with algo.estimator=gae, the critic: with grpo (GRPO, DAPO) there is
+no critic at all (Plan.models), so none of its state, activations or checkpoint bytes, and
+Plan.with_critic is the same config with a critic (its optimizer sharded like the actor's), sized
+at this plan's rollout peak, to compare.
 All figures are computed from shapes and the estimates in memory.py, not measured.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vapo_megatron.config import Config
 from vapo_megatron.mcore.dtypes import torch_dtype
@@ -70,6 +74,10 @@ class Plan:
     kv_compare: dict = field(default_factory=dict)
     state_per_gpu: int = 0  # the trainer's state on the worst rank: what the offload moves to the host
     ep: int = 1  # parallel.ep: the routed experts split over EP ranks of DP (expert-DP = DP / EP)
+    models: tuple[str, ...] = ("actor", "critic")  # ("actor",) with algo.estimator=grpo: no critic
+    # algo.estimator=grpo: the same config with algo.estimator=gae (a critic), its kv_compare at this
+    # plan's rollout peak; None with a critic.
+    with_critic: Plan | None = None
 
 
 def _padded_vocab(hf_cfg: dict, tp: int) -> int:
@@ -78,15 +86,23 @@ def _padded_vocab(hf_cfg: dict, tp: int) -> int:
     return padded_vocab_size(hf_cfg, tp)
 
 
+STATE = ("parameters", "gradients", "optimizer state")  # per model: what the offload moves, training keeps
+
+
 def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, gpu_memory_gib: float,
-              reserve_gib: float | None = None) -> Plan:
-    """Size `cfg` for `world_size` GPUs; `problems` lists what does not fit (empty: it fits)."""
+              reserve_gib: float | None = None, peak: int | None = None) -> Plan:
+    """Size `cfg` for `world_size` GPUs; `problems` lists what does not fit (empty: it fits).
+    critic_hf is the critic's model, unused with algo.estimator=grpo (no critic). peak: the rollout
+    peak of kv_compare (default: this plan's own, at most the GPU)."""
     tp, pp, vpp, ep = cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, cfg.parallel.ep
     dp = world_size // (tp * pp)
     params_dtype = torch_dtype(cfg.model.dtype)
     dtype_bytes = params_dtype.itemsize
-    shards = shard_sizes(actor_hf, critic_hf, world_size=world_size, tp=tp, pp=pp, vpp=vpp, params_dtype=params_dtype,
-                         ep=ep)
+    has_critic = cfg.algo.estimator == "gae"
+    shards = shard_sizes(actor_hf, critic_hf if has_critic else None, world_size=world_size, tp=tp, pp=pp, vpp=vpp,
+                         params_dtype=params_dtype, ep=ep)
+    models = (("actor", actor_hf, cfg.actor_optim),) + ((("critic", critic_hf, cfg.critic_optim),) if has_critic else ())
+    names = tuple(name for name, _, _ in models)
     gpu = int(gpu_memory_gib * GIB)
     flat = None if reserve_gib is None else int(reserve_gib * GIB)
     r = cfg.rollout
@@ -104,13 +120,12 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     ranks = []
     for s in shards:
         parts: dict[str, int] = {}
-        for name, hf_cfg, n, n_expert, optim, is_critic in (
-                ("actor", actor_hf, s.actor_params, s.actor_expert, cfg.actor_optim, False),
-                ("critic", critic_hf, s.critic_params, s.critic_expert, cfg.critic_optim, True)):
+        for name, hf_cfg, optim in models:
+            n, n_expert = getattr(s, f"{name}_params"), getattr(s, f"{name}_expert")
             p, g, o = state_bytes(n, dtype_bytes=dtype_bytes, dp=dp, distributed_optimizer=optim.distributed_optimizer,
                                   expert_params=n_expert, ep=ep)
             last = s.pp_rank == pp - 1
-            vocab = 0 if is_critic or not last else _padded_vocab(hf_cfg, tp)
+            vocab = 0 if name == "critic" or not last else _padded_vocab(hf_cfg, tp)
             items = {rc: activation_parts(hf_cfg, tokens=T, tp=tp, pp=pp, vpp=vpp, inflight_microbatches=s.inflight_microbatches,
                                           dtype_bytes=dtype_bytes, recompute=rc, logits_vocab=vocab, sequence_parallel=sp,
                                           chunk_tokens=cfg.trainer.logprob_chunk_tokens) for rc in (True, False)}
@@ -121,11 +136,11 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
                           f"{name} activations, no recompute": act[False]})
             for rc, label in ((True, "recompute"), (False, "no recompute")):
                 parts.update({f"{name} activations, {label}: {item}": v for item, v in items[rc].items()})
-        resident = sum(parts[f"{m} {k}"] for m in ("actor", "critic") for k in ("parameters", "gradients", "optimizer state"))
-        act = max(parts["actor activations"], parts["critic activations"])
+        state_names = [f"{m} {k}" for m in names for k in STATE]
+        resident = sum(parts[k] for k in state_names)
+        act = max(parts[f"{m} activations"] for m in names)
         reserve = {ph: {"--reserve-gib": flat} if flat is not None else
                    reserve_parts(cfg, world_size=world_size, dp=dp, activations=act, phase=ph) for ph in ("training", "rollout")}
-        state_names = [f"{m} {k}" for m in ("actor", "critic") for k in ("parameters", "gradients", "optimizer state")]
         state = {k.replace("gradients", "gradient buffers (fp32 main_grad)"): parts[k] for k in state_names}
         kv_resume = {} if offload else dict(state)
         kv_resume.update({k: v for k, v in reserve["rollout"].items() if k != SGLANG_RUNTIME_ITEM})
@@ -139,7 +154,8 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
         worst = max(ranks, key=lambda m: getattr(m, phase))
         need = getattr(worst, phase)
         if need > gpu:
-            problems.append(_overflow_message(phase, worst, need, gpu, sum(worst.reserve[phase].values()), engine_share, recompute))
+            problems.append(_overflow_message(phase, worst, need, gpu, sum(worst.reserve[phase].values()), engine_share,
+                                              recompute, names))
     if colocated and kv_cache <= 0:
         problems.append(f"rollout: the SGLang engine's share rollout.sglang_mem_fraction={r.sglang_mem_fraction} x "
                         f"{gpu / GIB:.1f} GiB = {engine_share / GIB:.1f} GiB does not hold its weights "
@@ -149,36 +165,38 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
         problems.append(f"rollout: the SGLang KV cache holds {kv_tokens} tokens per engine, less than one full "
                         f"sequence of data.max_prompt_tokens + rollout.max_new_tokens = {sequence}; raise "
                         f"rollout.sglang_mem_fraction or rollout.sglang_tp")
-    ckpt = checkpoint_bytes(sum(s.actor_unique for s in shards), sum(s.critic_unique for s in shards), dtype_bytes=dtype_bytes)
+    ckpt = checkpoint_bytes(sum(getattr(s, f"{m}_unique") for s in shards for m in names), dtype_bytes=dtype_bytes)
     # The weight sync's bound (rollout/weight_sync.py, SyncStats.bound): the bucket, and the largest
     # full tensor gathered from its TP shards, the embedding or output layer [padded vocab, h].
     largest = _padded_vocab(actor_hf, tp) * actor_hf["hidden_size"] * dtype_bytes
     freed = {f"weight-sync bucket (rollout.weight_sync_bucket_mb={r.weight_sync_bucket_mb})": r.weight_sync_bucket_mb << 20,
              "gathered embedding/output layer (the sync's largest full tensor)": largest,
              "all_gather_object receive buffers (group size x largest object)": None}
-    state = [_state(m) for m in ranks]
+    state = [sum(m.parts[f"{a} {k}"] for a in names for k in STATE) for m in ranks]
     compare = _kv_compare(ranks, state, offload=offload, engine_share=engine_share, engine_weights=engine_weights, gpu=gpu,
-                          per_token=kv_bytes_per_token(actor_hf, sglang_tp=r.sglang_tp), sequence=sequence) if colocated else {}
+                          per_token=kv_bytes_per_token(actor_hf, sglang_tp=r.sglang_tp), sequence=sequence,
+                          peak=peak) if colocated else {}
     if colocated and not offload and any(p.startswith("rollout") for p in problems):
         problems.append(f"rollout: trainer.offload_during_rollout=true would move the trainer's {max(state) / GIB:.1f} GiB "
                         "per GPU to host memory during rollout")
+    with_critic = None
+    if not has_critic:  # the same config with a critic (optimizer sharded as the actor's), at this plan's rollout peak
+        gae = replace(cfg, algo=replace(cfg.algo, estimator="gae"), critic_optim=replace(
+            cfg.critic_optim, distributed_optimizer=cfg.actor_optim.distributed_optimizer))
+        with_critic = make_plan(gae, actor_hf, actor_hf, world_size=world_size, gpu_memory_gib=gpu_memory_gib,
+                                reserve_gib=reserve_gib, peak=compare.get("peak"))
     return Plan(world_size, gpu, flat, (tp, pp, dp, vpp), shards, ranks, engine_weights, engine_share,
-                kv_cache, kv_tokens, sequence, ckpt, freed, problems, offload, compare, max(state), ep)
-
-
-def _state(m: RankMemory) -> int:
-    """The trainer's parameters, gradient buffers and optimizer state on one rank (both models)."""
-    return sum(m.parts[f"{a} {k}"] for a in ("actor", "critic") for k in ("parameters", "gradients", "optimizer state"))
+                kv_cache, kv_tokens, sequence, ckpt, freed, problems, offload, compare, max(state), ep, names, with_critic)
 
 
 def _kv_compare(ranks: list[RankMemory], state: list[int], *, offload: bool, engine_share: int, engine_weights: int,
-                gpu: int, per_token: int, sequence: int) -> dict:
+                gpu: int, per_token: int, sequence: int, peak: int | None = None) -> dict:
     """SGLang's share and KV cache per GPU with and without the offload, at the same rollout peak
     (the worst rank's): this config's when it fits (its share is then one of the two; the other
     differs by what the trainer's state adds to the worst rank, 24 GiB per GPU for the 32B config),
-    else the GPU's memory (the largest shares that fit)."""
+    else the GPU's memory (the largest shares that fit); or `peak` when given."""
     rest = [m.rollout - engine_share - (0 if offload else s) for m, s in zip(ranks, state)]  # without state and share
-    peak = min(max(m.rollout for m in ranks), gpu)
+    peak = min(max(m.rollout for m in ranks), gpu) if peak is None else peak
     shares = {"offloaded": peak - max(rest), "resident": peak - max(r + s for r, s in zip(rest, state))}
     out = {"peak": peak}
     for way, share in shares.items():
@@ -190,11 +208,10 @@ def _kv_compare(ranks: list[RankMemory], state: list[int], *, offload: bool, eng
 
 
 def _overflow_message(phase: str, m: RankMemory, need: int, gpu: int, reserve: int, engine_share: int,
-                      recompute: bool) -> str:
-    resident_keys = [f"{a} {k}" for a in ("actor", "critic") for k in ("parameters", "gradients", "optimizer state")]
-    items = {k: m.parts[k] for k in resident_keys if not (phase == "rollout" and m.offloaded)}
+                      recompute: bool, names: tuple[str, ...]) -> str:
+    items = {f"{a} {k}": m.parts[f"{a} {k}"] for a in names for k in STATE if not (phase == "rollout" and m.offloaded)}
     if phase == "training":
-        model = "actor" if m.parts["actor activations"] >= m.parts["critic activations"] else "critic"
+        model = max(names, key=lambda a: m.parts[f"{a} activations"])  # the actor on a tie
         items[f"{model} activations" + (" (full recompute)" if recompute else " (no recompute)")] = m.parts[f"{model} activations"]
     else:
         items["SGLang engine (rollout.sglang_mem_fraction x GPU)"] = engine_share

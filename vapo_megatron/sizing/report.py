@@ -57,9 +57,41 @@ def _offload_lines(plan: Plan, cfg: Config, gpus_per_node: int) -> list[str]:
     return lines
 
 
+NO_CRITIC = "none (algo.estimator=grpo)"
+
+
+def _no_critic_lines(plan: Plan) -> list[str]:
+    """algo.estimator=grpo: what having no critic frees, against the same config with a critic
+    (Plan.with_critic), the KV cache at this plan's rollout peak with the trainer's state offloaded
+    and resident."""
+    other = plan.with_critic
+    state = other.state_per_gpu - plan.state_per_gpu
+    train = (max(m.training for m in other.ranks) - max(m.training for m in plan.ranks)) / GIB
+    lines = [f"no critic (algo.estimator=grpo) against the same config with one (algo.estimator=gae, "
+             "critic_optim.distributed_optimizer as the actor's; computed): "
+             f"{state / GIB:.1f} GiB less trainer state per GPU (worst rank), training peak {train:.1f} GiB lower, "
+             f"checkpoints {(other.checkpoint - plan.checkpoint) / 1e9:,.1f} GB smaller"]
+    if not plan.kv_compare:
+        return lines
+    lines.append(f"  SGLang KV cache per GPU at this config's rollout peak of {plan.kv_compare['peak'] / GIB:.1f} GiB, "
+                 "without / with a critic:")
+    for way, this in (("offloaded", plan.offload), ("resident", not plan.offload)):
+        a, b = plan.kv_compare[way], other.kv_compare[way]
+        more = (max(a["kv_cache"], 0) - max(b["kv_cache"], 0)) / GIB
+        lines.append(f"  trainer state {way + ':':<10} {max(a['kv_cache'], 0) / GIB:5.1f} GiB = {a['sequences']} full "
+                     f"sequences / {max(b['kv_cache'], 0) / GIB:5.1f} GiB = {b['sequences']}: {more:+.1f} GiB, "
+                     f"{a['sequences'] - b['sequences']:+d} sequences per engine" + ("  <- this config" if this else ""))
+    if plan.offload:
+        lines.append("  (with trainer.offload_during_rollout the critic's state would be in host memory during rollout: "
+                     "no critic leaves the KV cache as it is and saves that host memory; resident, the KV cache gains it)")
+    return lines
+
+
 def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_per_node: int) -> str:
     tp, pp, dp, vpp = plan.layout
     r = cfg.rollout
+    models, critic = plan.models, "critic" in plan.models
+    optim = {"actor": cfg.actor_optim, "critic": cfg.critic_optim}
     moe = any(s.actor_expert or s.critic_expert for s in plan.shards)
     ep = f" EP={plan.ep} (expert-DP={dp // plan.ep})" if moe or plan.ep > 1 else ""
     counted = "TP-replicated ones once" + (", the experts of every EP rank" if moe else "")
@@ -67,18 +99,28 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
         f"vapo-plan: {nodes} node(s) x {gpus_per_node} GPUs = {plan.world_size} GPUs of {plan.gpu_bytes / GIB:.1f} GiB",
         f"model: {model_source}",
         f"layout: TP={tp} PP={pp} VPP={vpp or '-'} DP={dp}{ep}; params {cfg.model.dtype}; "
-        f"distributed optimizer: actor {_yes(cfg.actor_optim.distributed_optimizer)}, critic {_yes(cfg.critic_optim.distributed_optimizer)}; "
+        "distributed optimizer: " + ", ".join(f"{m} {_yes(optim[m].distributed_optimizer)}" for m in models)
+        + ("" if critic else f", critic {NO_CRITIC}") + "; "
         f"full recompute: {_yes(cfg.model.recompute_activations)}; "
         f"sequence parallel: {_yes(cfg.parallel.sequence_parallel and tp > 1)}; micro_batch_tokens={cfg.trainer.micro_batch_tokens}, "
         f"logprob_chunk_tokens={cfg.trainer.logprob_chunk_tokens} (actor activations include its float32 buffer)",
-        f"shards built on the meta device: {len(plan.shards)} distinct (tp_rank, pp_rank) positions x 2 models;",
-        f"model parameters ({counted}): actor {sum(s.actor_unique for s in plan.shards):,}, "
-        f"critic {sum(s.critic_unique for s in plan.shards):,} (megatron's padded vocabulary)",
+        f"shards built on the meta device: {len(plan.shards)} distinct (tp_rank, pp_rank) positions x "
+        f"{len(models)} model{'s' * (len(models) > 1)} ({' and '.join(models)});",
+        f"model parameters ({counted}): "
+        + ", ".join(f"{m} {sum(getattr(s, f'{m}_unique') for s in plan.shards):,}" for m in models)
+        + ("" if critic else f", critic {NO_CRITIC}") + " (megatron's padded vocabulary)",
         "",
     ]
     worst = max(plan.ranks, key=lambda m: max(m.training, m.rollout))
     lines.append(f"{'per GPU, GiB, worst rank (tp=' + str(worst.tp_rank) + ' pp=' + str(worst.pp_rank) + ')':<52}"
-                 f"{'actor':>7}   {'critic':>7}")
+                 + "   ".join(f"{m:>7}" for m in models))
+
+    def cells(key: str, fmt=_g) -> str:
+        return "   ".join(fmt(worst.parts[f"{m} {key}"]) for m in models)
+
+    def billions(n: int) -> str:
+        return f"{n / 1e9:7.3f}"
+
     sharded = ""
     if cfg.actor_optim.distributed_optimizer:
         sharded = f", / DP={dp}" + (f", experts / {dp // plan.ep}" if moe else "")
@@ -87,15 +129,14 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
             ("activations, full recompute", "activations, recompute"),
             ("activations, no recompute", "activations, no recompute")]
     for label, key in rows:
-        lines.append(f"  {label:<50}{_g(worst.parts['actor ' + key])}   {_g(worst.parts['critic ' + key])}")
+        lines.append(f"  {label:<50}{cells(key)}")
         if moe and key.startswith("activations"):  # the MoE layers' items, included in the line above
-            lines += [f"    {item:<48}{_g(worst.parts[f'actor {key}: {item}'])}   {_g(worst.parts[f'critic {key}: {item}'])}"
-                      for item in MOE_ITEMS]
-    lines.append(f"  {'(parameters on this rank, billions)':<50}{worst.parts['actor count'] / 1e9:7.3f}   "
-                 f"{worst.parts['critic count'] / 1e9:7.3f}")
+            lines += [f"    {item:<48}{cells(f'{key}: {item}')}" for item in MOE_ITEMS]
+    lines.append(f"  {'(parameters on this rank, billions)':<50}{cells('count', billions)}")
     if moe:
-        lines.append(f"  {'(of which routed experts: E/EP per MoE layer)':<50}{worst.parts['actor expert count'] / 1e9:7.3f}   "
-                     f"{worst.parts['critic expert count'] / 1e9:7.3f}")
+        lines.append(f"  {'(of which routed experts: E/EP per MoE layer)':<50}{cells('expert count', billions)}")
+    if not critic:
+        lines.append(f"  critic: {NO_CRITIC}: no parameters, gradients, optimizer state or activations; not built")
     lines.append("")
     lines.append(f"{'per pipeline stage, GiB, worst TP rank':<52}{'training':>8}  {'rollout':>8}")
     for pr in range(pp):
@@ -127,14 +168,15 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
     ckpt = plan.checkpoint
     lines += [
         "",
-        f"checkpoints: {ckpt / 1e9:,.1f} GB per save (actor + critic: {cfg.model.dtype} weights + Adam state, all ranks); "
+        f"checkpoints: {ckpt / 1e9:,.1f} GB per save ({' + '.join(models)}: {cfg.model.dtype} weights + Adam state, all ranks); "
         f"{KEEP_CHECKPOINTS} kept, the next written before the oldest goes: {(KEEP_CHECKPOINTS + 1) * ckpt / 1e12:,.2f} TB "
         f"of disk at peak in trainer.run_dir; every trainer.save_every={cfg.trainer.save_every} steps",
         engine_line,
         *offload_lines,
-        ("assumptions: actor and critic parameters, gradients and optimizer state stay on every GPU during training "
+        *(_no_critic_lines(plan) if plan.with_critic is not None else []),
+        (f"assumptions: {' and '.join(models)} parameters, gradients and optimizer state stay on every GPU during training "
          "and go to host memory during rollout (trainer.offload_during_rollout)" if plan.offload else
-         "assumptions: actor and critic parameters, gradients and optimizer state stay on every GPU in both phases "
+         f"assumptions: {' and '.join(models)} parameters, gradients and optimizer state stay on every GPU in both phases "
          "(trainer.offload_during_rollout=false)") + "; during training the engine has released weights, KV cache and CUDA graphs; "
         "during rollout no activations are held (the trainer empties its allocator cache at each switch); one engine TP rank per GPU; flash attention.",
         "",

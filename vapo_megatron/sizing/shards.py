@@ -1,11 +1,14 @@
 """Each distinct rank's actor and critic shards, built on the meta device with megatron's own
 providers (mcore/models.py), inside this one process with torch's fake process group
 (mcore/parallel.py, init_fake): megatron's parameter counts, vocabulary padding and pipeline
-placement of embedding, LM head and value head included."""
+placement of embedding, LM head and value head included. Without a critic (algo.estimator=grpo)
+only the actor's shards are built and the critic's counts are 0."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -17,7 +20,7 @@ class ShardSize:
     tp_rank: int
     pp_rank: int
     actor_params: int  # every parameter on this rank (what its memory holds)
-    critic_params: int
+    critic_params: int  # 0 without a critic (none built)
     # This rank's share of the model's distinct parameters: TP-sharded tensors count on every TP
     # rank, TP-replicated ones (norms, the critic's value head) on tp_rank 0 only; routed experts
     # x EP (the other EP ranks of this position hold the other experts). Summed over all
@@ -66,10 +69,40 @@ def is_expert(name: str) -> bool:
     return ".mlp.experts." in f".{name}"
 
 
-def shard_sizes(actor_hf: dict, critic_hf: dict, *, world_size: int, tp: int, pp: int, vpp: int | None,
+def shard_sizes(actor_hf: dict, critic_hf: dict | None, *, world_size: int, tp: int, pp: int, vpp: int | None,
                 params_dtype: torch.dtype, ep: int = 1) -> list[ShardSize]:
     """Build actor and critic shards of every distinct (tp_rank, pp_rank) on the meta device, at
-    dp_rank 0 (hence ep_rank 0; every EP rank holds as many experts)."""
+    dp_rank 0 (hence ep_rank 0; every EP rank holds as many experts). critic_hf None: no critic,
+    the actor's shards alone (its counts 0)."""
+    layout = (world_size, tp, pp, vpp, params_dtype, ep)
+    actor = _model_counts(actor_hf, False, *layout)
+    critic = _model_counts(critic_hf, True, *layout) if critic_hf is not None else [Counts(0, 0, 0, 0, 0, 0)] * len(actor)
+    return [ShardSize(a.tp_rank, a.pp_rank, a.params, c.params, a.unique, c.unique, a.inflight, a.expert, c.expert)
+            for a, c in zip(actor, critic)]
+
+
+class Counts(NamedTuple):
+    """One model's parameter counts at one rank position (ShardSize's fields, per model)."""
+
+    tp_rank: int
+    pp_rank: int
+    inflight: int
+    params: int
+    unique: int
+    expert: int
+
+
+# One model's counts per layout, kept for the process: vapo-plan with algo.estimator=grpo sizes the
+# same actor twice (without and with a critic, sizing/plan.py).
+_COUNTS: dict[tuple, list[Counts]] = {}
+
+
+def _model_counts(hf_cfg: dict, critic: bool, world_size: int, tp: int, pp: int, vpp: int | None,
+                  params_dtype: torch.dtype, ep: int) -> list[Counts]:
+    """One model's counts at every distinct (tp_rank, pp_rank), built on the meta device."""
+    key = (json.dumps(hf_cfg, sort_keys=True, default=str), critic, world_size, tp, pp, vpp, str(params_dtype), ep)
+    if key in _COUNTS:
+        return _COUNTS[key]
     from vapo_megatron.mcore import parallel
     from vapo_megatron.mcore.models import build_chunks
 
@@ -85,21 +118,18 @@ def shard_sizes(actor_hf: dict, critic_hf: dict, *, world_size: int, tp: int, pp
                     raise RuntimeError(f"megatron placed rank {rank} at (tp, pp, dp, ep)={where}, "
                                        f"expected {(tp_rank, pp_rank, 0, 0)}")
                 inflight = peak_inflight_microbatches(pp, vpp)
-                counts, unique, experts = [], [], []
-                for hf_cfg, critic in ((actor_hf, False), (critic_hf, True)):
-                    with torch.device("meta"):
-                        chunks = build_chunks(hf_cfg, params_dtype=params_dtype, critic=critic, on_gpu=False)
-                    params = [(n, p) for c in chunks for n, p in c.named_parameters()]
-                    counts.append(sum(p.numel() for _, p in params))
-                    experts.append(sum(p.numel() for n, p in params if is_expert(n)))
-                    unique.append(sum(p.numel() * (ep if is_expert(n) else 1) for n, p in params
-                                      if tp_rank == 0 or getattr(p, "tensor_model_parallel", False)))
-                    del chunks, params
+                with torch.device("meta"):
+                    chunks = build_chunks(hf_cfg, params_dtype=params_dtype, critic=critic, on_gpu=False)
+                params = [(n, p) for c in chunks for n, p in c.named_parameters()]
+                unique = sum(p.numel() * (ep if is_expert(n) else 1) for n, p in params
+                             if tp_rank == 0 or getattr(p, "tensor_model_parallel", False))
+                out.append(Counts(tp_rank, pp_rank, inflight, sum(p.numel() for _, p in params), unique,
+                                  sum(p.numel() for n, p in params if is_expert(n))))
+                del chunks, params
             finally:
                 parallel.destroy()
-            out.append(ShardSize(tp_rank, pp_rank, counts[0], counts[1], unique[0], unique[1], inflight,
-                                 experts[0], experts[1]))
+    _COUNTS[key] = out
     return out
 
 
-__all__ = ["ShardSize", "global_rank", "is_expert", "peak_inflight_microbatches", "shard_sizes"]
+__all__ = ["Counts", "ShardSize", "global_rank", "is_expert", "peak_inflight_microbatches", "shard_sizes"]

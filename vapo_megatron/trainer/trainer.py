@@ -22,6 +22,7 @@ from model_providers import read_hf_config
 from vapo_megatron.algorithms.advantages import ESTIMATORS
 from vapo_megatron.checkpoint.manager import CheckpointManager
 from vapo_megatron.config import Config, resume, to_dict
+from vapo_megatron.config.determinism import determinism_env
 from vapo_megatron.data.datasets import Datasets, stop_token_ids
 from vapo_megatron.data.prompts import PromptSampler
 from vapo_megatron.evaluation.sampled import greedy_accuracy, sample_eval
@@ -57,6 +58,7 @@ class Trainer:
         self.stop = stop  # SIGUSR1/SIGTERM, acted on at the next safe point (end of a step)
         self.deadline = Deadline.from_setting(cfg.trainer.deadline, cfg.trainer.deadline_margin_s)
         self.clock = StepClock()  # longest step and save so far, for the deadline
+        determinism_env(cfg.trainer.deterministic)  # vapo-train set it before torch; here for direct callers
         parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, ep=cfg.parallel.ep, seed=cfg.trainer.seed,
                                   wait_timeout_s=cfg.rollout.wait_timeout_s)
         # Before anything is written into the run directory: one trainer per run (run_guard.py).

@@ -30,7 +30,7 @@ from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.actor import Actor, PolicyLossSettings
 from vapo_megatron.mcore.critic import build_critic
 from vapo_megatron.mcore.model import build_model
-from vapo_megatron.mcore.offload import Offloader, check_host_memory
+from vapo_megatron.mcore.offload import Offloader, check_engine_share, check_host_memory
 from vapo_megatron.mcore.optimizer import current_lr
 from vapo_megatron.mcore.update import UpdateSettings
 from vapo_megatron.rewards import build_reward_fn
@@ -89,6 +89,8 @@ class Trainer:
         if t.offload_during_rollout:
             check_host_memory(list(self.models.values()))  # every node, before any step
             self.offloader = Offloader(list(self.models.values()))
+        else:  # the state stays on the GPU beside the engine's share (rollout.sglang_mem_fraction)
+            check_engine_share(cfg, list(self.models.values()))
         self.state = RunState(sampler=PromptSampler(self.data.train, cfg.rollout.prompts_per_step, cfg.data.seed))
         self.checkpoints = CheckpointManager(t.run_dir, self.models, config=to_dict(cfg))
         self.checkpoints.load(self.state)                                     # resume, when there is a checkpoint

@@ -161,13 +161,15 @@ def test_te_with_a_broken_torch_extension_is_absent(tmp_path):
     (pkg / "pytorch" / "__init__.py").write_text("raise ImportError('libtransformer_engine.so: cannot open shared object')\n")
     code = textwrap.dedent("""
         import transformer_engine  # imports, as on a node whose TE torch extension is broken
-        from vapo_megatron.mcore.models import te_available
+        from vapo_megatron.mcore.models import broken_te_line, te_available
         print("TE", te_available())
+        print(broken_te_line(te_available()))
     """)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "TE False" in out.stdout
+    assert "Transformer Engine is installed but megatron-core cannot use it" in out.stdout  # the log line agrees
 
 
 # ---- 5. torch.compile'd fusions need a host C compiler ------------------------------------------

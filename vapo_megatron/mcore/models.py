@@ -8,6 +8,7 @@ schedule is assembled (mcore/model.py, wrap_ddp).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import shutil
 
@@ -37,6 +38,15 @@ def te_available() -> bool:
     except Exception:  # noqa: BLE001 - a broken CUDA install may raise anything while importing
         return False
     return bool(HAVE_TE)
+
+
+def broken_te_line(te: bool) -> str | None:
+    """One log line when Transformer Engine is installed but megatron-core cannot use it (the
+    start-up's accelerator line, config/quiet.py, only sees that it is installed), else None."""
+    if te or importlib.util.find_spec("transformer_engine") is None:
+        return None
+    return ("Transformer Engine is installed but megatron-core cannot use it (transformer_engine.pytorch does not "
+            "import): megatron's local layer spec, no Transformer Engine fusions")
 
 
 def _imports(*modules: str) -> bool:
@@ -161,6 +171,8 @@ def transformer_config(hf_cfg: dict, *, params_dtype: torch.dtype, recompute: bo
     compiler = host_compiler() if on_gpu else None
     compiled = compiled_fusions(on_gpu=on_gpu, compiler=compiler)
     if on_gpu:
+        if line := broken_te_line(te):
+            _announce_once(line)
         _announce_once(f"gradient_accumulation_fusion={fusion} (Transformer Engine {'imports' if te else 'absent'}, "
                        f"Apex fused_weight_gradient_mlp_cuda {'imports' if apex else 'absent'}; both needed)")
         _announce_once(f"masked_softmax_fusion={softmax} (Apex {'/'.join(SOFTMAX_EXTENSIONS)} "
@@ -294,6 +306,6 @@ def build_chunks(hf_cfg: dict, *, params_dtype: torch.dtype, critic: bool, recom
     return [build(hf_cfg, vp_stage=v, **kwargs) for v in range(vpp)]
 
 
-__all__ = ["apex_softmax_available", "apex_wgrad_available", "build_actor", "build_chunks", "build_critic",
+__all__ = ["apex_softmax_available", "apex_wgrad_available", "broken_te_line", "build_actor", "build_chunks", "build_critic",
            "compiled_fusions", "fresh_value_head", "host_compiler", "layer_spec", "padded_vocab_size", "softmax_fusion",
            "te_available", "transformer_config", "wgrad_fusion"]

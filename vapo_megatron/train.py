@@ -34,6 +34,7 @@ def checked_config(config_path: str, overrides: list[str]) -> Config:
     ConfigError listing every problem. Runs without torch and megatron-core: a command with a
     typo fails in seconds. Then the hardware (torch's CUDA) and the run directory's saved config."""
     from vapo_megatron.config import resume
+    from vapo_megatron.config.determinism import determinism_env
     from vapo_megatron.config.preflight import hardware_problems, startup_problems
 
     # The Slurm job's run dir (slurm/vapo_train.sbatch) only where the file and overrides name none.
@@ -43,6 +44,7 @@ def checked_config(config_path: str, overrides: list[str]) -> Config:
     problems += startup_problems(cfg, world_size)
     if problems:
         raise problems_error(problems)
+    determinism_env(cfg.trainer.deterministic)  # before torch is imported, let alone CUDA initialised
     import torch
 
     problems = hardware_problems(cfg, cuda=torch.cuda.is_available())

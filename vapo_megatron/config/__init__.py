@@ -9,6 +9,7 @@
     reference.py  docs/config.md, the configuration reference, generated from schema.py
     cli.py        how the commands answer bad input (one message, exit 2)
     quiet.py      a quiet start-up: library noise filtered, one line on absent accelerators
+    determinism.py  the environment trainer.deterministic needs, set before CUDA initialises
 
 Pure Python: vapo-train checks a command completely before it imports torch or megatron-core.
 """

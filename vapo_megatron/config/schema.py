@@ -227,7 +227,7 @@ class TrainerConfig:
     save_every: int = 50  # steps between checkpoints (and at the end, and on a stop)
     seed: int = 1234  # seed of initialization and rollout sampling
     export_hf: bool = True  # write the final actor as an HF model directory (run_dir/hf)
-    deterministic: bool = False  # torch's deterministic algorithms (slower)
+    deterministic: bool = False  # torch's deterministic algorithms and megatron's deterministic_mode; sets CUBLAS_WORKSPACE_CONFIG and NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 before CUDA starts (slower)
     tensorboard: bool = True  # TensorBoard event files in run_dir/tensorboard
     # A NaN/Inf loss or gradient norm skips that optimizer step (docs/faults.md); this many skips
     # in a row (per model; each mini-batch is one step) stop the run with an error.

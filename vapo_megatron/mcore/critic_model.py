@@ -15,6 +15,7 @@ class CriticModel(GPTModel):
     is a plain Linear(H, 1) replicated across TP: megatron's sharded_state_dict treats children
     that are not MegatronModules as TP-replicated tensors, so dist checkpointing and DDP include
     it like any layernorm. It maps to HF's <Family>ForTokenClassification(num_labels=1).score.
+    The head's matmul runs in float32 on the trunk's output (_values).
     """
 
     def __init__(self, **kwargs):
@@ -52,5 +53,10 @@ class CriticModel(GPTModel):
             # (tensor_parallel_output_grad=False) instead of summing TP copies (reduce-scatter).
             hidden_states = gather_from_sequence_parallel_region(
                 hidden_states, tensor_parallel_output_grad=False, group=self.pg_collection.tp)
-        values = self.value_head(hidden_states).squeeze(-1)
-        return values.transpose(0, 1).float().contiguous()
+        # The head computes in float32 whatever the parameter dtype: a bf16 matmul would leave every
+        # value 3 significant digits before GAE. Its parameters stay in the model's dtype (checkpoints,
+        # conversion and DDP's buffers unchanged); the casts pass the gradient back in that dtype.
+        head = self.value_head
+        bias = None if head.bias is None else head.bias.float()
+        values = torch.nn.functional.linear(hidden_states.float(), head.weight.float(), bias).squeeze(-1)
+        return values.transpose(0, 1).contiguous()

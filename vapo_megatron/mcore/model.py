@@ -110,7 +110,8 @@ def build_model(cfg: Config, *, critic: bool) -> TrainModel:
     family = family_for(hf_cfg)
     dtype = torch_dtype(cfg.model.dtype)
     chunks = build_chunks(hf_cfg, params_dtype=dtype, critic=critic, recompute=cfg.model.recompute_activations,
-                          sequence_parallel=p.sequence_parallel, moe_aux_loss_coeff=cfg.model.moe_aux_loss_coeff)
+                          sequence_parallel=p.sequence_parallel, moe_aux_loss_coeff=cfg.model.moe_aux_loss_coeff,
+                          deterministic=cfg.trainer.deterministic)
     load_hf_weights(chunks, family, hf_cfg, hf_dir, critic=critic)
     optim = cfg.critic_optim if critic else cfg.actor_optim
     chunks = wrap_ddp(chunks, distributed_optimizer=optim.distributed_optimizer)

@@ -7,6 +7,11 @@ schedule is assembled (mcore/model.py, wrap_ddp).
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
+import shutil
+
 import torch
 import torch.nn.functional as F
 
@@ -24,11 +29,70 @@ def padded_vocab_size(hf_cfg: dict, tp: int) -> int:
 
 
 def te_available() -> bool:
+    """megatron-core's own answer (megatron/core/extensions/transformer_engine.py HAVE_TE: whether
+    `transformer_engine.pytorch` imports), which also picks the modules of its layer specs. A bare
+    `import transformer_engine` is not enough: TE's `__init__` survives a torch extension that does
+    not load, and the spec, the fusions and the log line would then disagree with megatron."""
     try:
-        import transformer_engine  # noqa: F401
-    except Exception:  # ImportError, or a broken CUDA install
+        from megatron.core.extensions.transformer_engine import HAVE_TE
+    except Exception:  # noqa: BLE001 - a broken CUDA install may raise anything while importing
+        return False
+    return bool(HAVE_TE)
+
+
+def broken_te_line(te: bool) -> str | None:
+    """One log line when Transformer Engine is installed but megatron-core cannot use it (the
+    start-up's accelerator line, config/quiet.py, only sees that it is installed), else None."""
+    if te or importlib.util.find_spec("transformer_engine") is None:
+        return None
+    return ("Transformer Engine is installed but megatron-core cannot use it (transformer_engine.pytorch does not "
+            "import): megatron's local layer spec, no Transformer Engine fusions")
+
+
+def _imports(*modules: str) -> bool:
+    try:
+        for name in modules:
+            importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - ImportError, or an extension built for another torch
         return False
     return True
+
+
+# Apex's CUDA extensions behind megatron's fused masked softmax (megatron/core/fusions/fused_softmax.py:
+# the causal kernel, and the one whose get_batch_per_block decides whether the kernel applies).
+SOFTMAX_EXTENSIONS = ("scaled_upper_triang_masked_softmax_cuda", "scaled_masked_softmax_cuda")
+# C compilers torch.compile's Inductor/Triton backend may call at a compiled function's first run.
+COMPILERS = ("cc", "gcc", "clang")
+
+
+def apex_softmax_available() -> bool:
+    """Whether Apex's fused-softmax CUDA extensions import (only Apex's CUDA build has them)."""
+    return _imports(*SOFTMAX_EXTENSIONS)
+
+
+def softmax_fusion(*, on_gpu: bool, apex_softmax: bool) -> bool:
+    """TransformerConfig.masked_softmax_fusion: only on the GPU with Apex's softmax extensions.
+    With megatron's local spec, DotProductAttention's FusedScaleMaskSoftmax imports them at the first
+    bf16/fp16 forward whose shape the kernel takes (16 < seq <= 4096, seq % 4 == 0), which raises
+    where Apex is absent (the pip route); TE's attention does not read the field."""
+    return on_gpu and apex_softmax
+
+
+def host_compiler() -> str | None:
+    """The host C compiler torch.compile would find: $CC when it names one on PATH, else cc, gcc, clang."""
+    for name in ((os.environ.get("CC") or "").split()[:1] + list(COMPILERS)):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def compiled_fusions(*, on_gpu: bool, compiler: str | None) -> bool:
+    """TransformerConfig.bias_activation_fusion and bias_dropout_fusion: megatron-core 0.19.2 wraps
+    their kernels (fusions/fused_bias_swiglu.py, fused_bias_dropout.py) in jit_fuser, which is
+    torch.compile (megatron/core/jit.py); the first forward compiles them, which needs a host C
+    compiler. Without one they are off (the same math, unfused)."""
+    return on_gpu and compiler is not None
 
 
 def apex_wgrad_available() -> bool:
@@ -85,11 +149,13 @@ def moe_settings(*, te: bool, aux_loss_coeff: float) -> dict:
 
 
 def transformer_config(hf_cfg: dict, *, params_dtype: torch.dtype, recompute: bool = False, on_gpu: bool | None = None,
-                       sequence_parallel: bool = False, moe_aux_loss_coeff: float = 0.0):
+                       sequence_parallel: bool = False, moe_aux_loss_coeff: float = 0.0, deterministic: bool = False):
     """The family's TransformerConfig for the parallel layout megatron was initialized with.
 
     recompute: full activation recomputation. sequence_parallel: megatron's (only when TP > 1).
     moe_aux_loss_coeff: the router's load-balancing loss weight (MoE models; 0: none).
+    deterministic: trainer.deterministic, megatron's deterministic_mode (its deterministic embedding
+    backward; TE's attention then requires NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, config/determinism.py).
     on_gpu: None = whether CUDA is available; False builds a CPU-initialized model (under
     `torch.device("meta")`: shapes only, as vapo-plan and vapo-convert do)."""
     from megatron.core.transformer import TransformerConfig
@@ -101,9 +167,19 @@ def transformer_config(hf_cfg: dict, *, params_dtype: torch.dtype, recompute: bo
     te = on_gpu and te_available()
     apex = on_gpu and apex_wgrad_available()
     fusion = wgrad_fusion(on_gpu=on_gpu, te=te, apex=apex)
+    softmax = softmax_fusion(on_gpu=on_gpu, apex_softmax=on_gpu and apex_softmax_available())
+    compiler = host_compiler() if on_gpu else None
+    compiled = compiled_fusions(on_gpu=on_gpu, compiler=compiler)
     if on_gpu:
+        if line := broken_te_line(te):
+            _announce_once(line)
         _announce_once(f"gradient_accumulation_fusion={fusion} (Transformer Engine {'imports' if te else 'absent'}, "
                        f"Apex fused_weight_gradient_mlp_cuda {'imports' if apex else 'absent'}; both needed)")
+        _announce_once(f"masked_softmax_fusion={softmax} (Apex {'/'.join(SOFTMAX_EXTENSIONS)} "
+                       f"{'import' if softmax else 'absent'})")
+        if not compiled:
+            _announce_once(f"bias_activation_fusion=False bias_dropout_fusion=False: no host C compiler for "
+                           f"torch.compile (CC, {', '.join(COMPILERS)}: none found)")
     moe = moe_settings(te=te, aux_loss_coeff=moe_aux_loss_coeff) if architecture.num_experts else {}
     return TransformerConfig(
         **{**arch, "activation_func": ACTIVATIONS[arch["activation_func"]]},
@@ -120,11 +196,12 @@ def transformer_config(hf_cfg: dict, *, params_dtype: torch.dtype, recompute: bo
         fp16=params_dtype == torch.float16,
         use_cpu_initialization=not on_gpu,
         # CPU: every fused kernel off (they are CUDA-only). GPU: megatron's fused bias-SwiGLU and
-        # bias-dropout-add; RoPE fusion needs Transformer Engine, wgrad accumulation fusion TE and
-        # Apex (wgrad_fusion).
-        bias_activation_fusion=on_gpu,
-        bias_dropout_fusion=on_gpu,
-        masked_softmax_fusion=on_gpu,
+        # bias-dropout-add when torch.compile has a C compiler (compiled_fusions); the masked softmax
+        # with Apex's extensions (softmax_fusion); RoPE fusion needs Transformer Engine, wgrad
+        # accumulation fusion TE and Apex (wgrad_fusion).
+        bias_activation_fusion=compiled,
+        bias_dropout_fusion=compiled,
+        masked_softmax_fusion=softmax,
         apply_rope_fusion=te,
         gradient_accumulation_fusion=fusion,
         persist_layer_norm=False,
@@ -134,6 +211,7 @@ def transformer_config(hf_cfg: dict, *, params_dtype: torch.dtype, recompute: bo
         recompute_granularity="full" if recompute else None,
         recompute_method="uniform" if recompute else None,
         recompute_num_layers=1 if recompute else None,
+        deterministic_mode=deterministic,
     )
 
 
@@ -182,11 +260,13 @@ def _gpt_kwargs(hf_cfg: dict, config, vp_stage: int | None) -> dict:
 
 
 def build_actor(hf_cfg: dict, *, params_dtype: torch.dtype, vp_stage: int | None = None, recompute: bool = False,
-                on_gpu: bool | None = None, sequence_parallel: bool = False, moe_aux_loss_coeff: float = 0.0):
+                on_gpu: bool | None = None, sequence_parallel: bool = False, moe_aux_loss_coeff: float = 0.0,
+                deterministic: bool = False):
     from megatron.core.models.gpt import GPTModel
 
     config = transformer_config(hf_cfg, params_dtype=params_dtype, recompute=recompute, on_gpu=on_gpu,
-                                sequence_parallel=sequence_parallel, moe_aux_loss_coeff=moe_aux_loss_coeff)
+                                sequence_parallel=sequence_parallel, moe_aux_loss_coeff=moe_aux_loss_coeff,
+                                deterministic=deterministic)
     tied = family_for(hf_cfg).architecture(hf_cfg).tied_embeddings
     return GPTModel(share_embeddings_and_output_weights=tied, **_gpt_kwargs(hf_cfg, config, vp_stage))
 
@@ -203,25 +283,29 @@ def fresh_value_head(config) -> dict[str, torch.Tensor]:
 
 
 def build_critic(hf_cfg: dict, *, params_dtype: torch.dtype, vp_stage: int | None = None, recompute: bool = False,
-                 on_gpu: bool | None = None, sequence_parallel: bool = False, moe_aux_loss_coeff: float = 0.0):
+                 on_gpu: bool | None = None, sequence_parallel: bool = False, moe_aux_loss_coeff: float = 0.0,
+                 deterministic: bool = False):
     from vapo_megatron.mcore.critic_model import CriticModel
 
     config = transformer_config(hf_cfg, params_dtype=params_dtype, recompute=recompute, on_gpu=on_gpu,
-                                sequence_parallel=sequence_parallel, moe_aux_loss_coeff=moe_aux_loss_coeff)
+                                sequence_parallel=sequence_parallel, moe_aux_loss_coeff=moe_aux_loss_coeff,
+                                deterministic=deterministic)
     return CriticModel(**_gpt_kwargs(hf_cfg, config, vp_stage))
 
 
 def build_chunks(hf_cfg: dict, *, params_dtype: torch.dtype, critic: bool, recompute: bool = False,
-                 on_gpu: bool | None = None, sequence_parallel: bool = False, moe_aux_loss_coeff: float = 0.0) -> list:
+                 on_gpu: bool | None = None, sequence_parallel: bool = False, moe_aux_loss_coeff: float = 0.0,
+                 deterministic: bool = False) -> list:
     """One model chunk per virtual stage (a single chunk without VPP)."""
     vpp = parallel.vp_size()
     build = build_critic if critic else build_actor
     kwargs = dict(params_dtype=params_dtype, recompute=recompute, on_gpu=on_gpu, sequence_parallel=sequence_parallel,
-                  moe_aux_loss_coeff=moe_aux_loss_coeff)
+                  moe_aux_loss_coeff=moe_aux_loss_coeff, deterministic=deterministic)
     if vpp is None:
         return [build(hf_cfg, **kwargs)]
     return [build(hf_cfg, vp_stage=v, **kwargs) for v in range(vpp)]
 
 
-__all__ = ["apex_wgrad_available", "build_actor", "build_chunks", "build_critic", "fresh_value_head", "layer_spec", "padded_vocab_size",
+__all__ = ["apex_softmax_available", "apex_wgrad_available", "broken_te_line", "build_actor", "build_chunks", "build_critic",
+           "compiled_fusions", "fresh_value_head", "host_compiler", "layer_spec", "padded_vocab_size", "softmax_fusion",
            "te_available", "transformer_config", "wgrad_fusion"]

@@ -4,7 +4,8 @@
     state.offload()        parameters, DDP gradient buffers, optimizer state -> host; device memory released
     state.onload()         back to the device, bitwise what left
     host_bytes(models)     bytes a full offload needs on the host (Adam's moments counted before they exist)
-    check_host_memory(models)  collective: every node has that much available, else a ConfigError
+    check_host_memory(models)  collective: every node has that much available (the smaller of
+                           MemAvailable and the job's cgroup limit), else a ConfigError
 
 Why storages: megatron's DDP keeps parameters (with the distributed optimizer) and gradients as
 views into flat buffers (buffer.param_data, buffer.grad_data; param.main_grad is a view of the
@@ -28,6 +29,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -208,34 +210,88 @@ class Offloader:
 # ---- host memory at start-up ------------------------------------------------------------------
 
 
-def available_host_bytes() -> int:
-    """MemAvailable of this node (/proc/meminfo), else free physical pages (os.sysconf)."""
+UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a number near 2**63
+
+
+def _read(path: Path) -> str | None:
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+        return path.read_text().strip()
     except OSError:
-        pass
+        return None
+
+
+def _stat(path: Path, key: str) -> int:
+    for line in (_read(path) or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.isdigit():
+            return int(value)
+    return 0
+
+
+def cgroup_available_bytes(root: str | Path = "/sys/fs/cgroup", self_cgroup: str | Path = "/proc/self/cgroup") -> int | None:
+    """What this process's memory cgroups still allow, or None without a limit: the smallest
+    limit - usage + inactive file cache (reclaimable, as MemAvailable counts it) over its cgroup
+    and every ancestor (a job's limit often sits on the job's cgroup, above the step's). cgroup v2:
+    memory.max, memory.current, memory.stat; v1: the memory controller's memory.limit_in_bytes,
+    memory.usage_in_bytes, memory.stat (total_inactive_file). Paths injectable for tests."""
+    root, best = Path(root), None
+    for line in (_read(Path(self_cgroup)) or "").splitlines():
+        hier, _, rest = line.partition(":")
+        controllers, _, rel = rest.partition(":")
+        if hier == "0" and controllers == "":
+            base, files = root, ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):
+            base, files = root / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+        else:
+            continue
+        cgroup = base / rel.strip("/")
+        for d in [cgroup, *[p for p in cgroup.parents if p.is_relative_to(base)]]:
+            limit, usage = _read(d / files[0]), _read(d / files[1])
+            if limit is None or usage is None or not limit.isdigit() or not usage.isdigit() or int(limit) >= UNLIMITED:
+                continue  # "max", absent, or no limit at this level
+            left = max(0, int(limit) - int(usage) + _stat(d / "memory.stat", files[2]))
+            best = left if best is None else min(best, left)
+    return best
+
+
+def node_available_bytes(meminfo: str | Path = "/proc/meminfo") -> int:
+    """MemAvailable of this node, else free physical pages (os.sysconf)."""
+    for line in (_read(Path(meminfo)) or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def host_memory_problem(per_rank: list[tuple[str, int, int]]) -> str | None:
-    """per_rank: (node name, bytes this rank offloads, the node's available bytes) of every rank.
-    A message naming the setting, what each short node needs and has, or None when all fit."""
+def available_host_bytes(*, meminfo: str | Path = "/proc/meminfo", cgroup_root: str | Path = "/sys/fs/cgroup",
+                         self_cgroup: str | Path = "/proc/self/cgroup") -> tuple[int, str]:
+    """(bytes, what bounds them): the smaller of the node's MemAvailable and what the job's memory
+    cgroup still allows; past the cgroup's limit the OOM killer ends the job however free the node is."""
+    node = node_available_bytes(meminfo)
+    job = cgroup_available_bytes(cgroup_root, self_cgroup)
+    if job is not None and job < node:
+        return job, "the job's cgroup memory limit"
+    return node, "MemAvailable"
+
+
+def host_memory_problem(per_rank: list[tuple]) -> str | None:
+    """per_rank: (node name, bytes this rank offloads, the node's available bytes[, what bounds
+    them]) of every rank. A message naming the setting, what each short node needs and has, or
+    None when all fit."""
     need: dict[str, int] = {}
     have: dict[str, int] = {}
-    for node, n, avail in per_rank:
+    bound: dict[str, str] = {}
+    for node, n, avail, *source in per_rank:
         need[node] = need.get(node, 0) + n
-        have[node] = min(have.get(node, avail), avail)
+        if node not in have or avail < have[node]:
+            have[node], bound[node] = avail, (source[0] if source else "MemAvailable")
     short = [node for node in need if need[node] > (1 - HOST_HEADROOM_FRACTION) * have[node]]
     if not short:
         return None
     worst = max(short, key=lambda node: need[node] - have[node])
-    ranks = sum(1 for node, _, _ in per_rank if node == worst)
+    ranks = sum(1 for node, *_ in per_rank if node == worst)
     return (f"trainer.offload_during_rollout=true needs {need[worst] / GIB:.1f} GiB of host memory on node {worst} "
             f"({need[worst]:,} bytes: the actor's and critic's parameters, gradient buffers and optimizer state of its "
-            f"{ranks} rank(s), pinned), but the node has {have[worst] / GIB:.1f} GiB available (MemAvailable, "
+            f"{ranks} rank(s), pinned), but the node has {have[worst] / GIB:.1f} GiB available ({bound[worst]}, "
             f"{have[worst]:,} bytes; {HOST_HEADROOM_FRACTION:.0%} of it is kept for the rest of the job)"
             + (f"; {len(short)} node(s) short" if len(short) > 1 else "")
             + ". Set trainer.offload_during_rollout=false (and lower rollout.sglang_mem_fraction: vapo-plan) "
@@ -248,7 +304,7 @@ def check_host_memory(models) -> None:
     from vapo_megatron.config import ConfigError
     from vapo_megatron.mcore import parallel
 
-    mine = (socket.gethostname(), host_bytes(models), available_host_bytes())
+    mine = (socket.gethostname(), host_bytes(models), *available_host_bytes())
     group = parallel.wait_group()
     every: list = [None] * torch.distributed.get_world_size(group)
     parallel.all_gather_object(every, mine, group=group)
@@ -257,5 +313,26 @@ def check_host_memory(models) -> None:
         raise ConfigError(problem)
 
 
-__all__ = ["HOST_HEADROOM_FRACTION", "Offloader", "available_host_bytes", "check_host_memory", "host_bytes",
-           "host_memory_problem", "state_tensors", "unique_storages"]
+def check_engine_share(cfg, models) -> None:
+    """Collective over the world: with a colocated SGLang engine and trainer.offload_during_rollout
+    off, raises the same ConfigError on every rank when the worst rank's resident state, the
+    engine's share and the reserve exceed the GPU (sizing/plan.py resident_rollout_problem). Only on
+    CUDA: without it no colocated engine runs (config/preflight.py)."""
+    from vapo_megatron.config import ConfigError
+    from vapo_megatron.mcore import parallel
+    from vapo_megatron.sizing.plan import resident_rollout_problem
+
+    if not torch.cuda.is_available() or cfg.rollout.engine != "sglang" or cfg.trainer.offload_during_rollout:
+        return
+    mine = (host_bytes(models), torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    group = parallel.wait_group()
+    every: list = [None] * torch.distributed.get_world_size(group)
+    parallel.all_gather_object(every, mine, group=group)
+    problem = resident_rollout_problem(cfg, state_bytes=max(s for s, _ in every), gpu_bytes=min(g for _, g in every),
+                                       world_size=torch.distributed.get_world_size())
+    if problem:
+        raise ConfigError(problem)
+
+
+__all__ = ["HOST_HEADROOM_FRACTION", "check_engine_share", "Offloader", "available_host_bytes", "cgroup_available_bytes", "check_host_memory",
+           "host_bytes", "host_memory_problem", "node_available_bytes", "state_tensors", "unique_storages"]

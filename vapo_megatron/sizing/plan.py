@@ -225,4 +225,28 @@ def _overflow_message(phase: str, m: RankMemory, need: int, gpu: int, reserve: i
             + ", ".join(f"{k} {v / GIB:.1f} GiB" for k, v in top) + hint)
 
 
-__all__ = ["Plan", "RankMemory", "make_plan"]
+def resident_rollout_problem(cfg: Config, *, state_bytes: int, gpu_bytes: int, world_size: int) -> str | None:
+    """vapo-train's start-up form of the plan's rollout phase without the offload (make_plan needs the
+    model's shapes; here the trainer's state is measured: mcore/offload.py host_bytes of the worst
+    rank): with a colocated engine and trainer.offload_during_rollout=false, the trainer's state stays
+    on the GPU while the engine resumes its share (rollout.sglang_mem_fraction x GPU memory) and
+    needs the reserve besides (memory.reserve_parts). A message naming both keys, or None."""
+    r, t = cfg.rollout, cfg.trainer
+    if r.engine != "sglang" or t.offload_during_rollout:
+        return None
+    dp = max(1, world_size // (cfg.parallel.tp * cfg.parallel.pp))
+    reserve = sum(reserve_parts(cfg, world_size=world_size, dp=dp, activations=0, phase="rollout").values())
+    share = int(r.sglang_mem_fraction * gpu_bytes)
+    need = state_bytes + share + reserve
+    if need <= gpu_bytes:
+        return None
+    fits = (gpu_bytes - state_bytes - reserve) * 100 // gpu_bytes / 100  # rounded down
+    lower = f"lower rollout.sglang_mem_fraction to at most {fits:.2f}" if fits > 0 else "use more GPUs"
+    return (f"rollout.sglang_mem_fraction={r.sglang_mem_fraction} with trainer.offload_during_rollout=false does not fit "
+            f"the GPU at the KV cache's resume: the engine's share {share / GIB:.1f} GiB + the trainer's state "
+            f"{state_bytes / GIB:.1f} GiB (the worst rank's, resident) + {reserve / GIB:.1f} GiB reserve = "
+            f"{need / GIB:.1f} GiB > {gpu_bytes / GIB:.1f} GiB; set trainer.offload_during_rollout=true or {lower} "
+            "(vapo-plan sizes both)")
+
+
+__all__ = ["Plan", "RankMemory", "make_plan", "resident_rollout_problem"]

@@ -53,7 +53,7 @@ def _offload_lines(plan: Plan, cfg: Config, gpus_per_node: int) -> list[str]:
     ratio = on["kv_cache"] / off["kv_cache"] if off["kv_cache"] > 0 else float("inf")
     lines.append(f"  offload: {ratio:.2f}x the KV cache; {plan.state_per_gpu / GIB:.1f} GiB per GPU (worst rank) in pinned "
                  f"host memory, up to {gpus_per_node * plan.state_per_gpu / GIB:.1f} GiB per node of {gpus_per_node} GPUs "
-                 "(checked against MemAvailable at start-up)")
+                 "(checked against MemAvailable and the job's cgroup limit at start-up)")
     return lines
 
 

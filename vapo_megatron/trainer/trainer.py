@@ -22,6 +22,7 @@ from model_providers import read_hf_config
 from vapo_megatron.algorithms.advantages import ESTIMATORS
 from vapo_megatron.checkpoint.manager import CheckpointManager
 from vapo_megatron.config import Config, resume, to_dict
+from vapo_megatron.config.determinism import determinism_env
 from vapo_megatron.data.datasets import Datasets, stop_token_ids
 from vapo_megatron.data.prompts import PromptSampler
 from vapo_megatron.evaluation.sampled import greedy_accuracy, sample_eval
@@ -29,7 +30,7 @@ from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.actor import Actor, PolicyLossSettings
 from vapo_megatron.mcore.critic import build_critic
 from vapo_megatron.mcore.model import build_model
-from vapo_megatron.mcore.offload import Offloader, check_host_memory
+from vapo_megatron.mcore.offload import Offloader, check_engine_share, check_host_memory
 from vapo_megatron.mcore.optimizer import current_lr
 from vapo_megatron.mcore.update import UpdateSettings
 from vapo_megatron.rewards import build_reward_fn
@@ -57,6 +58,7 @@ class Trainer:
         self.stop = stop  # SIGUSR1/SIGTERM, acted on at the next safe point (end of a step)
         self.deadline = Deadline.from_setting(cfg.trainer.deadline, cfg.trainer.deadline_margin_s)
         self.clock = StepClock()  # longest step and save so far, for the deadline
+        determinism_env(cfg.trainer.deterministic)  # vapo-train set it before torch; here for direct callers
         parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, ep=cfg.parallel.ep, seed=cfg.trainer.seed,
                                   wait_timeout_s=cfg.rollout.wait_timeout_s)
         # Before anything is written into the run directory: one trainer per run (run_guard.py).
@@ -87,6 +89,8 @@ class Trainer:
         if t.offload_during_rollout:
             check_host_memory(list(self.models.values()))  # every node, before any step
             self.offloader = Offloader(list(self.models.values()))
+        else:  # the state stays on the GPU beside the engine's share (rollout.sglang_mem_fraction)
+            check_engine_share(cfg, list(self.models.values()))
         self.state = RunState(sampler=PromptSampler(self.data.train, cfg.rollout.prompts_per_step, cfg.data.seed))
         self.checkpoints = CheckpointManager(t.run_dir, self.models, config=to_dict(cfg))
         self.checkpoints.load(self.state)                                     # resume, when there is a checkpoint

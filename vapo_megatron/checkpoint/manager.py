@@ -333,7 +333,8 @@ class CheckpointManager:
         """Collective: raise CheckpointMismatch on every rank when any rank's part of a model
         differs in shape from the checkpoint (each rank holds only its pipeline stage's layers)."""
         for sub, model in self.models.items():
-            found = dist_io.shape_mismatches(path / sub, dist_io.model_sharded_state(model.modules))
+            found = dist_io.shape_mismatches(path / sub, dist_io.model_sharded_state(model.modules),
+                                             vocab_size=model.hf_cfg["vocab_size"])
             everyone = [[] for _ in range(dist.get_world_size())]
             parallel.all_gather_object(everyone, found)
             found = sorted({f for rank in everyone for f in rank})

@@ -118,7 +118,9 @@ def test_a_resume_never_changes_the_expert_parallel_size(tmp_path):
         assert "\n" not in str(e.value)
         assert str(e.value).startswith(f"parallel.ep: 2 in the run in {run_dir}, 1 now; a checkpoint cannot take "
                                        "another expert-parallel size"), str(e.value)
+        assert str(e.value).endswith("not even with trainer.allow_config_change=true: resume with parallel.ep=2, "
+                                     "or choose a new trainer.run_dir"), str(e.value)
     resume.check_resume(ep2, announce=False)  # the same EP passes
     assert resume.ep_change(to_dict(ep2), to_dict(ep2)) is None
     assert resume.ep_change({}, to_dict(ep2)).startswith("written at parallel.ep=1, not 2: a checkpoint cannot take")
-    assert resume.ep_change(to_dict(ep2), to_dict(cfg)).endswith("resume with the run's parallel.ep (2)")
+    assert resume.ep_change(to_dict(ep2), to_dict(cfg)).endswith("(megatron lays the optimizer state out by EP); resume with parallel.ep=2")

@@ -65,8 +65,7 @@ _MAY_CHANGE = frozenset(k for keys, _ in MAY_CHANGE_ON_RESUME.values() for k in 
 # another EP would ask for keys the checkpoint lacks. TP, PP and VPP may change (MAY_CHANGE_ON_RESUME).
 NEVER_CHANGE = {
     "algo.estimator": "a run cannot switch its estimator (the checkpoint holds a critic or does not)",
-    "parallel.ep": "a checkpoint cannot take another expert-parallel size (megatron lays the optimizer state out "
-                   "by EP); resume with the run's parallel.ep",
+    "parallel.ep": "a checkpoint cannot take another expert-parallel size (megatron lays the optimizer state out by EP)",
 }
 
 
@@ -77,7 +76,7 @@ def ep_change(saved_config: dict | None, config: dict) -> str | None:
     saved, now = ((c or {}).get("parallel", {}).get("ep", 1) for c in (saved_config, config))
     if saved == now:
         return None
-    return f"written at parallel.ep={saved}, not {now}: {NEVER_CHANGE['parallel.ep']} ({saved})"
+    return f"written at parallel.ep={saved}, not {now}: {NEVER_CHANGE['parallel.ep']}; resume with parallel.ep={saved}"
 
 
 def differences(saved: Config, new: Config) -> dict[str, tuple[object, object]]:
@@ -120,8 +119,8 @@ def check_resume(cfg: Config, *, announce: bool) -> None:
     for key, why in NEVER_CHANGE.items():
         if key in diffs:
             old, new = diffs[key]
-            raise ConfigError(f"{key}: {old!r} in the run in {run_dir}, {new!r} now; {why}, even with "
-                              "trainer.allow_config_change=true, or choose a new trainer.run_dir")
+            raise ConfigError(f"{key}: {old!r} in the run in {run_dir}, {new!r} now; {why}, not even with "
+                              f"trainer.allow_config_change=true: resume with {key}={old}, or choose a new trainer.run_dir")
     refused = {k: v for k, v in diffs.items() if k not in _MAY_CHANGE}
     why = ""
     if "trainer.total_steps" in diffs and (spans := _run_length_schedules(saved)):

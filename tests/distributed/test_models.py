@@ -61,6 +61,29 @@ def test_padded_vocab_is_megatrons_rule():
     assert padded_vocab_size(cfg, 8) == 152576  # next multiple of 1024
 
 
+def test_a_checkpoint_at_another_tp_differs_only_in_vocab_padding():
+    """Qwen2.5-32B written at TP=8 (152,576 rows) and loaded at TP=4 (152,064), or the reverse: the
+    embedding differs only in padding rows, which megatron's allow_shape_mismatch load fills or drops
+    (checkpoint/dist_io.py). Fewer rows than the real vocabulary, another hidden size, or a tensor
+    megatron does not flag is another model."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    from vapo_megatron.checkpoint.dist_io import vocab_padding_only
+
+    cfg = preset("qwen2.5-32b")
+    vocab, h = cfg["vocab_size"], cfg["hidden_size"]
+    tp4, tp8 = padded_vocab_size(cfg, 4), padded_vocab_size(cfg, 8)
+    assert (tp4, tp8) == (152064, 152576)
+    emb = ShardedTensor.from_rank_offsets("embedding.word_embeddings.weight", torch.empty(tp4, h, device="meta"),
+                                           allow_shape_mismatch=True)
+    assert vocab_padding_only(emb, (tp8, h), vocab)
+    assert not vocab_padding_only(emb, (vocab - 1, h), vocab)  # a smaller vocabulary
+    assert not vocab_padding_only(emb, (tp8, h + 1), vocab)
+    assert not vocab_padding_only(emb, (tp8, h), None)
+    plain = ShardedTensor.from_rank_offsets("decoder.final_layernorm.weight", torch.empty(tp4, h, device="meta"))
+    assert not vocab_padding_only(plain, (tp8, h), vocab)
+
+
 def _count_32b_shards():
     """Build every (TP rank, PP stage) shard of Qwen2.5-32B at TP=8, PP=4 on the meta device,
     with fake process groups (no memory, no communication), and count parameters: TP-split

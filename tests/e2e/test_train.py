@@ -1,9 +1,11 @@
 """The trainer end to end through its real entry point: torchrun, 2 ranks, TP=2, the embedded
-engine, a shortened demo config. Also: exact resume, and the vanilla-PPO config."""
+engine, a shortened demo config. Also: exact resume, resume at another TP, and the vanilla-PPO config."""
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.train_runs import ROOT, exported, hf_weights, make_demo_data, records, train
+from tests.helpers.train_runs import ROOT, checkpoint_tensors, exported, hf_weights, make_demo_data, records, train
 
 REQUIRED_METRICS = [
     "step", "phase", "reward/mean", "reward/accuracy", "response_length/mean", "response_length/max",
@@ -142,6 +144,42 @@ def test_restart_after_checkpoint_reaches_same_weights(full_run, demo_data, tmp_
     # The metrics of the redone steps are not duplicated.
     steps = [r["step"] for r in records(run_dir) if r["phase"] == "vapo"]
     assert steps == sorted(set(steps))
+
+
+# Relative to a tensor's largest magnitude. TP=2 sums partial products across ranks (row-parallel
+# layers, the vocab-parallel softmax) where TP=1 sums them in one matmul: float32 results differ by
+# a few ulps (~1e-7), and Adam's m / sqrt(v) magnifies that where v is small (observed worst: 1.1e-5,
+# the tiny q/k/v biases). One step moves every tensor by 5e-4 or more of its magnitude.
+TP_CHANGE_RTOL = 1e-4
+
+
+def test_resume_at_another_tp_continues_the_run(full_run, demo_data, tmp_path):
+    """A checkpoint does not depend on the TP it was written at (issue 33): the TP=2 run's
+    iteration-2 checkpoint resumed at TP=1 reaches the TP=2 run's iteration 4, weights and Adam
+    state of actor and critic, to float tolerance. The padded vocabulary differs (256 rows at TP=2,
+    128 at TP=1, the real 64 in both): the padding rows are zero in both. One rank, so DP=1 as in
+    the TP=2 run: the same rollouts (the sampling seeds depend on the DP rank)."""
+    run_dir = tmp_path / "tp1"
+    shutil.copytree(full_run, run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / "iter_0000004")
+    (run_dir / "checkpoints" / "latest").write_text("iter_0000002\n")  # as if stopped after iteration 2
+    proc = train("demo_cpu.yaml", *_short(demo_data, run_dir), "trainer.total_steps=3", "parallel.tp=1",
+                 "trainer.export_hf=false", nproc=1)
+    assert "parallel.tp: 2 in the run, 1 now" in proc.output and "resumed from" in proc.output
+    vocab = json.loads((demo_data / "model" / "config.json").read_text())["vocab_size"]
+    for role in ("actor", "critic"):
+        want = checkpoint_tensors(full_run / "checkpoints" / "iter_0000004" / role)
+        have = checkpoint_tensors(run_dir / "checkpoints" / "iter_0000004" / role)
+        assert want.keys() == have.keys()
+        padded = [k for k in want if want[k].shape != have[k].shape]
+        assert padded and all(k.endswith("embedding.word_embeddings.weight") for k in padded), padded
+        for k in want:
+            rows = min(len(want[k]), len(have[k])) if want[k].dim() else None
+            w, h = (want[k][:rows], have[k][:rows]) if rows else (want[k], have[k])
+            assert (w - h).abs().max() <= TP_CHANGE_RTOL * w.abs().max(), f"{role} {k} differs after the TP change"
+            if k in padded:
+                assert want[k].shape[0] == 256 and have[k].shape[0] == 128, k
+                assert not want[k][vocab:].any() and not have[k][vocab:].any(), f"{role} {k}: padding rows are not zero"
 
 
 def test_vanilla_ppo_config_runs(demo_data, tmp_path):

@@ -112,9 +112,9 @@ def _is_zombie(pid: int) -> bool:
         return True  # gone already
 
 
-def train(config: str | Path, *overrides: str, env: dict[str, str] | None = None) -> Launch:
+def train(config: str | Path, *overrides: str, env: dict[str, str] | None = None, nproc: int = 2) -> Launch:
     """A launch that must succeed and leave no process behind."""
-    run = launch(config, list(overrides), env=env)
+    run = launch(config, list(overrides), env=env, nproc=nproc)
     assert run.returncode == 0, f"vapo-train failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
     assert not run.leftovers, f"processes left running after the run: {run.leftovers}"
     return run

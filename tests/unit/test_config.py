@@ -98,3 +98,29 @@ def test_a_resume_never_switches_the_estimator(tmp_path):
         cfg = load_config(grpo, [f"trainer.run_dir={run_dir}", *extra], check_paths=False)
         with pytest.raises(ConfigError, match=r"algo.estimator: 'gae' in the run .*'grpo' now; a run cannot switch"):
             resume.check_resume(cfg, announce=False)
+
+
+def test_a_resume_never_changes_the_expert_parallel_size(tmp_path):
+    """parallel.ep (issue 33): a checkpoint's optimizer state is laid out by EP, so another EP is
+    refused in one line before anything loads, with trainer.allow_config_change too; the checkpoint
+    manager refuses it again from the checkpoint's own state.json (ep_change)."""
+    from vapo_megatron.config import resume
+    from vapo_megatron.config.load import to_dict
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "iter_0000001").mkdir(parents=True)
+    ep2 = parse_config(DEMO, [f"trainer.run_dir={run_dir}", "parallel.ep=2"])[0]
+    resume.save(ep2)
+    for extra in ([], ["trainer.allow_config_change=true"]):
+        cfg = parse_config(DEMO, [f"trainer.run_dir={run_dir}", "parallel.ep=1", *extra])[0]
+        with pytest.raises(ConfigError) as e:
+            resume.check_resume(cfg, announce=False)
+        assert "\n" not in str(e.value)
+        assert str(e.value).startswith(f"parallel.ep: 2 in the run in {run_dir}, 1 now; a checkpoint cannot take "
+                                       "another expert-parallel size"), str(e.value)
+        assert str(e.value).endswith("not even with trainer.allow_config_change=true: resume with parallel.ep=2, "
+                                     "or choose a new trainer.run_dir"), str(e.value)
+    resume.check_resume(ep2, announce=False)  # the same EP passes
+    assert resume.ep_change(to_dict(ep2), to_dict(ep2)) is None
+    assert resume.ep_change({}, to_dict(ep2)).startswith("written at parallel.ep=1, not 2: a checkpoint cannot take")
+    assert resume.ep_change(to_dict(ep2), to_dict(cfg)).endswith("(megatron lays the optimizer state out by EP); resume with parallel.ep=2")

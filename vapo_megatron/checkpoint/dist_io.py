@@ -130,12 +130,16 @@ def load(ckpt_dir: str | Path, sharded_state: dict, *, part: bool = False) -> di
         raise CheckpointError(f"{path}: {_describe_failure(e)}{_short_files(path)}") from e
 
 
-def shape_mismatches(ckpt_dir: str | Path, sharded_state: dict) -> list[str]:
+def shape_mismatches(ckpt_dir: str | Path, sharded_state: dict, *, vocab_size: int | None = None) -> list[str]:
     """Where this rank's part of a model differs from a checkpoint in global shape, or asks for a
     tensor the checkpoint lacks: one phrase each, naming the key and both shapes. [] when they
     match, or when the metadata cannot be read (the load then reports that as damage). A
     checkpoint of another model is a mismatch, not damage: an older checkpoint of the same run
-    would not load either."""
+    would not load either.
+
+    `vocab_size`: the model's real vocabulary (HF config). The embedding and output layer differ
+    in rows between TP sizes (padded_vocab_size); that is not a mismatch as long as both hold
+    every real row (vocab_padding_only)."""
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
     from torch.distributed.checkpoint import FileSystemReader
@@ -150,9 +154,27 @@ def shape_mismatches(ckpt_dir: str | Path, sharded_state: dict) -> list[str]:
             continue
         if sh.key not in saved:
             found.append(f"{sh.key} (shape {list(sh.global_shape)} in the model) is not in the checkpoint")
-        elif tuple(saved[sh.key].size) != tuple(sh.global_shape):
+        elif tuple(saved[sh.key].size) != tuple(sh.global_shape) and not vocab_padding_only(sh, saved[sh.key].size, vocab_size):
             found.append(f"{sh.key} is {list(saved[sh.key].size)} in the checkpoint, {list(sh.global_shape)} in the model")
     return found
+
+
+def vocab_padding_only(sh, saved_shape, vocab_size: int | None) -> bool:
+    """Whether a tensor's checkpoint and model shapes differ only in vocabulary padding rows.
+
+    Megatron pads the vocabulary to a multiple of 128 x TP (mcore/models.py, padded_vocab_size),
+    so a checkpoint written at another TP holds the embedding and output layer with more or fewer
+    rows. Megatron flags exactly these tensors (and the optimizer state made from them) with
+    `allow_shape_mismatch`: its load zero-fills the local shard and reads only the rows the
+    checkpoint has (dist_checkpointing/strategies/torch.py). That is exact here because the
+    padding rows are zero and stay zero: the import writes zeros (model_providers/layouts.py), no
+    token id looks them up, and the log-softmax leaves the padding columns out
+    (algorithms/vocab_parallel.py, num_valid), so their gradient, Adam moments and weight decay are
+    all zero. Rows the checkpoint lacks load as zeros, rows the model lacks are padding dropped.
+    A tensor with fewer rows than the real vocabulary is another model."""
+    model_shape, saved_shape = tuple(sh.global_shape), tuple(saved_shape)
+    return (bool(sh.allow_shape_mismatch) and vocab_size is not None and len(model_shape) == len(saved_shape)
+            and model_shape[1:] == saved_shape[1:] and min(model_shape[0], saved_shape[0]) >= vocab_size)
 
 
 def _short_files(path: Path) -> str:

@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from vapo_megatron.checkpoint import dist_io  # also installs safe_unpickle: no checkpoint pickle runs code
 from vapo_megatron.checkpoint.atomic import commit_dir, fsync_path, staging_dir, staging_path, write_atomic
+from vapo_megatron.config.resume import ep_change
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.model import TrainModel
 from vapo_megatron.mcore.optimizer import set_lr_steps
@@ -333,7 +334,8 @@ class CheckpointManager:
         """Collective: raise CheckpointMismatch on every rank when any rank's part of a model
         differs in shape from the checkpoint (each rank holds only its pipeline stage's layers)."""
         for sub, model in self.models.items():
-            found = dist_io.shape_mismatches(path / sub, dist_io.model_sharded_state(model.modules))
+            found = dist_io.shape_mismatches(path / sub, dist_io.model_sharded_state(model.modules),
+                                             vocab_size=model.hf_cfg["vocab_size"])
             everyone = [[] for _ in range(dist.get_world_size())]
             parallel.all_gather_object(everyone, found)
             found = sorted({f for rank in everyone for f in rank})
@@ -356,6 +358,8 @@ class CheckpointManager:
         for path in self._candidates():
             try:
                 meta = _on_every_rank(partial(self._check_complete, path))
+                if why := ep_change(meta["config"] if "config" in meta else None, self.config):
+                    raise CheckpointMismatch(f"{path} was {why}; the checkpoints are intact")
                 self._check_matches(path)  # another model: stop (older checkpoints are no better)
                 for sub, model in self.models.items():
                     _on_every_rank(partial(_load_model, model, path / sub))

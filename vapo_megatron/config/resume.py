@@ -59,8 +59,24 @@ MAY_CHANGE_ON_RESUME: dict[str, tuple[tuple[str, ...], str]] = {
     ),
 }
 _MAY_CHANGE = frozenset(k for keys, _ in MAY_CHANGE_ON_RESUME.values() for k in keys)
-# Never, not even with trainer.allow_config_change: the checkpoint holds a critic or it does not.
-NEVER_CHANGE = ("algo.estimator",)
+# Never, not even with trainer.allow_config_change, and why: the checkpoint holds a critic or it
+# does not; megatron lays a mixture-of-experts model's optimizer state out by EP (one optimizer
+# at EP=1, dense and expert optimizers chained, their keys prefixed, at EP > 1), so a load at
+# another EP would ask for keys the checkpoint lacks. TP, PP and VPP may change (MAY_CHANGE_ON_RESUME).
+NEVER_CHANGE = {
+    "algo.estimator": "a run cannot switch its estimator (the checkpoint holds a critic or does not)",
+    "parallel.ep": "a checkpoint cannot take another expert-parallel size (megatron lays the optimizer state out by EP)",
+}
+
+
+def ep_change(saved_config: dict | None, config: dict) -> str | None:
+    """One line when a checkpoint's configuration (its state.json) has another parallel.ep than
+    `config`, else None: the checkpoint manager's own check, for a run directory whose config.yaml
+    was moved away (a checkpoint without one was written at EP=1)."""
+    saved, now = ((c or {}).get("parallel", {}).get("ep", 1) for c in (saved_config, config))
+    if saved == now:
+        return None
+    return f"written at parallel.ep={saved}, not {now}: {NEVER_CHANGE['parallel.ep']}; resume with parallel.ep={saved}"
 
 
 def differences(saved: Config, new: Config) -> dict[str, tuple[object, object]]:
@@ -100,12 +116,11 @@ def check_resume(cfg: Config, *, announce: bool) -> None:
         raise ConfigError(f"{path}: the saved configuration of the run cannot be read ({problems_error(problems)}); "
                           "move it away to resume without the check")
     diffs = differences(saved, cfg)
-    for key in NEVER_CHANGE:
+    for key, why in NEVER_CHANGE.items():
         if key in diffs:
             old, new = diffs[key]
-            raise ConfigError(f"{key}: {old!r} in the run in {run_dir}, {new!r} now; a run cannot switch its estimator "
-                              "(the checkpoint holds a critic or does not), even with trainer.allow_config_change=true: "
-                              "choose a new trainer.run_dir")
+            raise ConfigError(f"{key}: {old!r} in the run in {run_dir}, {new!r} now; {why}, not even with "
+                              f"trainer.allow_config_change=true: resume with {key}={old}, or choose a new trainer.run_dir")
     refused = {k: v for k, v in diffs.items() if k not in _MAY_CHANGE}
     why = ""
     if "trainer.total_steps" in diffs and (spans := _run_length_schedules(saved)):

@@ -70,7 +70,16 @@ VARIANTS: dict[str, dict] = {
     "dapo": {"set": ["algo.estimator=grpo", "algo.value_pretrain_steps=0", "rollout.dynamic_sampling=true",
                      "reward.overlong_buffer=OVERLONG"], "unset": CRITIC_ONLY, "needs": NEEDS_ESTIMATOR},
 }
-BUCKETS = ("short", "long")  # the chain task's eval_short.jsonl / eval_long.jsonl
+BUCKETS = ("short", "long")
+
+
+def trainer_supports(variant: str) -> bool:
+    """False for a row that needs main's grpo estimator on a checkout whose trainer never reads
+    algo.estimator (the config accepts it there, and the run would silently be PPO with a critic)."""
+    if "needs" not in VARIANTS[variant]:
+        return True
+    pkg = ROOT / "vapo_megatron"
+    return any(".estimator" in p.read_text() for d in ("trainer", "mcore", "algorithms") for p in (pkg / d).glob("*.py"))  # the chain task's eval_short.jsonl / eval_long.jsonl
 
 
 def base_settings(config: Path, overrides: list[str]) -> dict:
@@ -223,6 +232,9 @@ class Bench:
         if (run / "summary.json").exists() and self.finished(run):
             return json.loads((run / "summary.json").read_text())
         run.mkdir(parents=True, exist_ok=True)
+        if not trainer_supports(variant):
+            return {"variant": variant, "seed": seed, "status": "failed", "returncode": None,
+                    "needs": VARIANTS[variant]["needs"], "log_tail": ["not run: this trainer never reads algo.estimator"]}
         _, unset = resolve(variant, self.base)
         (run / "bench.yaml").write_text(derived_yaml(self.config, unset))
         times = self.times(run)

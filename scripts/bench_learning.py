@@ -176,7 +176,20 @@ class Bench:
         times = self.times(run)
         if not self.finished(run):
             times = self.train(None, seed, run, times)
+        if self.finished(run):
+            self.bucket_evals(run, seed)  # the starting point's short/long figures (the table's first row)
         return times | {"finished": self.finished(run)}
+
+    def bucket_evals(self, run: Path, seed: int) -> dict | str:
+        """vapo-eval of run/hf on the short and long held-out chains: {bucket: summary}, or what failed."""
+        out = {}
+        for b in BUCKETS if self.a.task == "chain" else ():
+            if not (run / f"eval_{b}" / "summary.json").exists():
+                rc, _, _ = self.sh(self.eval_cmd(run, seed, b), run / "bench.log")
+                if rc != 0:
+                    return f"vapo-eval on eval_{b}.jsonl failed (bench.log)"
+            out[b] = json.loads((run / f"eval_{b}" / "summary.json").read_text())
+        return out
 
     def train(self, variant: str | None, seed: int, run: Path, times: dict) -> dict:
         """One attempt at the run (a resume if it was killed); its times are added to `times`."""
@@ -197,8 +210,7 @@ class Bench:
 
         return yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").exists() else self.base
 
-    def eval_cmd(self, variant: str, seed: int, bucket: str) -> list[str]:
-        run = self.run_dir(variant, seed)
+    def eval_cmd(self, run: Path, seed: int, bucket: str) -> list[str]:
         cfg = self.settings(run)
         r, e, rw = cfg["rollout"], cfg["eval"], cfg["reward"]
         temp = r["temperature"] if e["temperature"] is None else e["temperature"]
@@ -248,15 +260,9 @@ class Bench:
                 tail = (run / "bench.log").read_text(errors="replace").strip().splitlines()[-3:]
                 return {"variant": variant, "seed": seed, "status": "failed", "returncode": rc, "log_tail": tail,
                         "needs": VARIANTS[variant].get("needs")}
-        buckets = {}
-        if self.a.task == "chain":
-            for b in BUCKETS:
-                if not (run / f"eval_{b}" / "summary.json").exists():
-                    rc, _, _ = self.sh(self.eval_cmd(variant, seed, b), run / "bench.log")
-                    if rc != 0:
-                        return {"variant": variant, "seed": seed, "status": "failed", "returncode": rc,
-                                "log_tail": [f"vapo-eval on eval_{b}.jsonl failed (bench.log)"]}
-                buckets[b] = json.loads((run / f"eval_{b}" / "summary.json").read_text())
+        buckets = self.bucket_evals(run, seed)
+        if isinstance(buckets, str):
+            return {"variant": variant, "seed": seed, "status": "failed", "log_tail": [buckets]}
         summary = self.summarize(variant, seed, run, times, buckets)
         (run / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         if self.a.summaries:
@@ -271,9 +277,13 @@ class Bench:
         sft = [r for r in records if r.get("phase") == "sft"]
         final = next((r for r in reversed(records) if "eval/accuracy_final" in r), {})
         t = self.times(run)
-        return {"sft_steps": sft[-1]["sft_step"] if sft else 0, "train_accuracy": next(
+        buckets = {b: json.loads((run / f"eval_{b}" / "summary.json").read_text()) for b in BUCKETS
+                   if (run / f"eval_{b}" / "summary.json").exists()}
+        return self.bucket_figures(buckets) | {"sft_steps": sft[-1]["sft_step"] if sft else 0, "train_accuracy": next(
                     (r["sft/train_accuracy"] for r in reversed(sft) if "sft/train_accuracy" in r), None),
-                "eval_accuracy": final.get("eval/accuracy"), "wall_s": round(t["wall_s"], 1), "cpu_s": round(t["cpu_s"], 1)}
+                "eval_accuracy": final.get("eval/accuracy"),
+                "eval_avg@K": final.get(f"eval/avg@{self.settings(run)['eval']['n_samples']}"),
+                "wall_s": round(t["wall_s"], 1), "cpu_s": round(t["cpu_s"], 1)}
 
     def summarize(self, variant: str, seed: int, run: Path, times: dict, buckets: dict) -> dict:
         cfg = self.settings(run)
@@ -290,12 +300,14 @@ class Bench:
             "eval_k": k, "accuracy": final.get("eval/accuracy"), "avg@K": final.get(f"eval/avg@{k}"),
             "curve": curve,
         }
+        return out | self.bucket_figures(buckets)
+
+    @staticmethod
+    def bucket_figures(buckets: dict) -> dict:
+        out = {}
         for b, s in buckets.items():
-            kk = s["samples_per_prompt"]
-            out[f"{b}_prompts"] = s["prompts"]
-            out[f"{b}_accuracy"] = s.get("greedy_accuracy")
-            out[f"{b}_avg@K"] = s[f"avg@{kk}"]
-            out[f"{b}_mean_length"] = s.get("response_length/mean")
+            out |= {f"{b}_prompts": s["prompts"], f"{b}_accuracy": s.get("greedy_accuracy"),
+                    f"{b}_avg@K": s[f"avg@{s['samples_per_prompt']}"], f"{b}_mean_length": s.get("response_length/mean")}
         return out
 
 
@@ -337,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(shlex.join(bench.train_cmd(v, s)))
                 if a.task == "chain":
                     for b in BUCKETS:
-                        print(shlex.join(bench.eval_cmd(v, s, b)))
+                        print(shlex.join(bench.eval_cmd(bench.run_dir(v, s), s, b)))
         return 0
     pairs = [(v, s) for s in seeds for v in variants]
     if a.report:
@@ -362,7 +374,15 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
         summaries = [_read(bench, v, s) for v, s in pairs]
     summaries = [s for s in summaries if s]
-    text = table(summaries)
+    warm = {}  # the starting point of every row: the warm start's own figures, once per data seed
+    for s in summaries:
+        if s.get("warm_start") and s["status"] == "finished":
+            w = bench.warm_summary(s["seed"])
+            warm[bench.data_seed(s["seed"])] = {"variant": "warm start (before RL)", "seed": bench.data_seed(s["seed"]),
+                                                "status": "finished", "samples": 0, "accuracy": w["eval_accuracy"],
+                                                "avg@K": w["eval_avg@K"],
+                                                **{k: v for k, v in w.items() if k.startswith(BUCKETS)}, "wall_s": w["wall_s"]}
+    text = table(list(warm.values()) + summaries)
     print(text, end="")
     bench.out.mkdir(parents=True, exist_ok=True)
     (bench.out / "table.md").write_text(text)

@@ -65,8 +65,7 @@ VARIANTS: dict[str, dict] = {
     "vanilla_ppo": {"set": ["algo.value_pretrain_steps=0", "algo.decoupled_gae=false", "algo.length_adaptive=false",
                             "algo.lambda_policy=0.95", "algo.eps_high=EPS_LOW", "algo.loss_agg=sample",
                             "algo.nll_coef=0", "rollout.n_samples=1", "rollout.prompts_per_step=PROMPTS_X_GROUP"]},
-    "grpo": {"set": ["algo.estimator=grpo", "algo.value_pretrain_steps=0"], "unset": CRITIC_ONLY,
-             "needs": NEEDS_ESTIMATOR},
+    "grpo": {"set": ["algo.estimator=grpo", "algo.value_pretrain_steps=0"], "unset": CRITIC_ONLY, "needs": NEEDS_ESTIMATOR},
     "dapo": {"set": ["algo.estimator=grpo", "algo.value_pretrain_steps=0", "rollout.dynamic_sampling=true",
                      "reward.overlong_buffer=OVERLONG"], "unset": CRITIC_ONLY, "needs": NEEDS_ESTIMATOR},
 }
@@ -121,8 +120,7 @@ def derived_yaml(config: Path, unset: list[str]) -> str:
 
 def free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return s.bind(("127.0.0.1", 0)) or s.getsockname()[1]
 
 
 class Bench:
@@ -199,7 +197,7 @@ class Bench:
         (run / "bench_time.json").write_text(json.dumps(times))
         return times | {"returncode": rc}
 
-    @staticmethod
+    @staticmethod  # what the run's attempts have cost so far
     def times(run: Path) -> dict:
         p = run / "bench_time.json"
         return json.loads(p.read_text()) if p.exists() else {"wall_s": 0.0, "cpu_s": 0.0, "attempts": 0}

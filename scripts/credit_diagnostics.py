@@ -11,7 +11,7 @@ of the run's reward: delta_t = V_{t+1} - V_t, delta_T = R - V_T (gamma = 1, rewa
 For a wrong answer the first wrong step is the first character where it leaves the worked chain
 (the tokenizer has one token per character, so that is a token index). Printed and written
 (--out, JSON): where the most negative TD error falls relative to the first wrong token (at,
-before, after; within 2 tokens), the mean TD error by offset from it, and the critic's explained
+before, after; within 2 tokens), also with the last token's R - V_T left out, the mean TD error by offset from it, and the critic's explained
 variance against the Monte-Carlo return R by position in the response (1 - Var(R - V)/Var(R)).
 """
 
@@ -67,6 +67,7 @@ def main() -> None:
     torch.manual_seed(cfg["trainer"]["seed"])
     offsets: dict[int, list[float]] = {}
     where = {"at": 0, "before": 0, "after": 0, "within_2": 0}
+    inner = {"at": 0, "before": 0, "after": 0, "within_2": 0}  # the same without the last token's delta (R - V_T)
     by_pos: dict[int, list[tuple[float, float]]] = {}
     n_wrong = n = 0
     for row in rows:
@@ -96,17 +97,22 @@ def main() -> None:
             worst = int(delta.argmin())
             where["at" if worst == err else "before" if worst < err else "after"] += 1
             where["within_2"] += abs(worst - err) <= 2
+            if T > 1:
+                worst = int(delta[:-1].argmin())
+                inner["at" if worst == err else "before" if worst < err else "after"] += 1
+                inner["within_2"] += abs(worst - err) <= 2
             for t in range(T):
                 offsets.setdefault(max(-10, min(10, t - err)), []).append(float(delta[t]))
     ev = {}
     for b, pairs in sorted(by_pos.items()):
         rs = torch.tensor([p[0] for p in pairs])
         vs = torch.tensor([p[1] for p in pairs])
-        ev[f"{10 * b}-{10 * b + 9}"] = {"tokens": len(pairs), "explained_variance":
-                                        round(float(1 - (rs - vs).var() / rs.var().clamp_min(1e-8)), 3)}
+        ev[f"{10 * b}-{10 * b + 9}"] = {"tokens": len(pairs), "explained_variance":  # None: every return equal
+                                        round(float(1 - (rs - vs).var() / rs.var()), 3) if rs.var() > 1e-6 else None}
     result = {
         "run": str(run), "responses": n, "wrong_with_a_first_error": n_wrong,
         "most_negative_td_vs_first_error": where,
+        "most_negative_td_before_the_last_token_vs_first_error": inner,
         "mean_td_by_offset_from_first_error": {k: round(sum(v) / len(v), 4) for k, v in sorted(offsets.items())},
         "explained_variance_by_position": ev,
     }

@@ -24,7 +24,7 @@ def bench(tmp_path, *extra: str) -> subprocess.CompletedProcess:
            "--steps", "1", "--jobs", "2", "--nproc", "1", "--eval-k", "1", "--out", str(tmp_path / "bench"),
            "--summaries", str(tmp_path / "summaries"), *TINY, *sets, *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, timeout=300)
+    return subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, timeout=600)
 
 
 def test_two_variants_run_tabulate_and_are_not_redone(tmp_path):

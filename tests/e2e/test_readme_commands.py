@@ -4,7 +4,8 @@ Every command line of README.md's code blocks (indented by four spaces; `\\` con
 that starts with vapo-train, vapo-convert, vapo-plan, vapo-eval or torchrun is found and each is
 run as written, from a directory that looks like the clone after `make demo`:
 - configs/ is the repository's; runs/demo/data is what `make demo` writes
-  (scripts/make_demo_data.py, seed 0), and runs/demo/config.yaml is the configuration
+  (scripts/make_demo_data.py, seed 0), runs/chain/data what the chain task's command writes
+  (`make_demo_data.py --task chain`, fewer prompts: only the files' presence is checked), and runs/demo/config.yaml is the configuration
   scripts/run_demo.sh starts the demo with (its overrides are read from the script itself);
 - runs/demo/checkpoints/iter_0000210/actor, the demo's last actor, is stood in for by the demo
   model converted with hf-to-mcore (training it takes minutes);
@@ -92,6 +93,9 @@ def clone(tmp_path_factory):
     (work / "configs").symlink_to(ROOT / "configs")
     made = run([str(ROOT / "scripts" / "make_demo_data.py"), "--out", "runs/demo/data", "--seed", "0"], work)
     assert made.returncode == 0, made.stderr[-3000:]
+    chain = run([str(ROOT / "scripts" / "make_demo_data.py"), "--task", "chain", "--out", "runs/chain/data",
+                 "--n-train", "40", "--n-eval", "40", "--n-sft", "20"], work)
+    assert chain.returncode == 0, chain.stderr[-3000:]
     shutil.copytree(work / "runs/demo/data/model", work / DOWNLOADED_MODEL)
     actor = run(["-m", "vapo_megatron.convert", "hf-to-mcore", "--hf", "runs/demo/data/model", "--out", DEMO_ACTOR], work)
     assert actor.returncode == 0, actor.stderr[-3000:]
@@ -140,7 +144,7 @@ def test_training_commands_pass_every_start_up_check(demo_config, monkeypatch):
         except ConfigError as e:
             pytest.fail(f"README command refused: {shlex.join(words)}\n{e}")
         found += 1
-    assert found == 2
+    assert found == 3
 
 
 def test_conversion_and_plan_commands_run_as_written(clone):

@@ -48,11 +48,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench_learning_report import figure, table  # noqa: E402  (scripts/, beside this file)
 
-# The grpo rows use main's algo.estimator / rollout.dynamic_sampling / reward.overlong_buffer.
-CRITIC_ONLY = ["algo.lambda_critic", "algo.value_clip", "algo.value_pretrain_ev_threshold", "algo.decoupled_gae",
-               "algo.length_adaptive", "algo.lambda_policy", "algo.alpha", "algo.gamma", "critic_optim",
-               "model.critic_hf_path"]
-NEEDS_ESTIMATOR = "algo.estimator, rollout.dynamic_sampling, reward.overlong_buffer (main, issue 31's parallel work)"
+from vapo_megatron.config.checks import CRITIC_ONLY as CRITIC_ONLY_SETTINGS  # noqa: E402
+
+# The value-free rows drop every critic-only key of the base config (algo.estimator=grpo refuses them).
+CRITIC_ONLY = list(CRITIC_ONLY_SETTINGS)
 VARIANTS: dict[str, dict] = {
     "vapo": {"set": []},
     "no_value_pretrain": {"set": ["algo.value_pretrain_steps=0"]},
@@ -65,20 +64,11 @@ VARIANTS: dict[str, dict] = {
     "vanilla_ppo": {"set": ["algo.value_pretrain_steps=0", "algo.decoupled_gae=false", "algo.length_adaptive=false",
                             "algo.lambda_policy=0.95", "algo.eps_high=EPS_LOW", "algo.loss_agg=sample",
                             "algo.nll_coef=0", "rollout.n_samples=1", "rollout.prompts_per_step=PROMPTS_X_GROUP"]},
-    "grpo": {"set": ["algo.estimator=grpo", "algo.value_pretrain_steps=0"], "unset": CRITIC_ONLY, "needs": NEEDS_ESTIMATOR},
+    "grpo": {"set": ["algo.estimator=grpo", "algo.value_pretrain_steps=0"], "unset": CRITIC_ONLY},
     "dapo": {"set": ["algo.estimator=grpo", "algo.value_pretrain_steps=0", "rollout.dynamic_sampling=true",
-                     "reward.overlong_buffer=OVERLONG"], "unset": CRITIC_ONLY, "needs": NEEDS_ESTIMATOR},
+                     "reward.overlong_buffer=OVERLONG"], "unset": CRITIC_ONLY},
 }
 BUCKETS = ("short", "long")
-
-
-def trainer_supports(variant: str) -> bool:
-    """False for a row that needs main's grpo estimator on a checkout whose trainer never reads
-    algo.estimator (the config accepts it there, and the run would silently be PPO with a critic)."""
-    if "needs" not in VARIANTS[variant]:
-        return True
-    pkg = ROOT / "vapo_megatron"
-    return any(".estimator" in p.read_text() for d in ("trainer", "mcore", "algorithms") for p in (pkg / d).glob("*.py"))  # the chain task's eval_short.jsonl / eval_long.jsonl
 
 
 def base_settings(config: Path, overrides: list[str]) -> dict:
@@ -242,9 +232,6 @@ class Bench:
         if (run / "summary.json").exists() and self.finished(run):
             return json.loads((run / "summary.json").read_text())
         run.mkdir(parents=True, exist_ok=True)
-        if not trainer_supports(variant):
-            return {"variant": variant, "seed": seed, "status": "failed", "returncode": None,
-                    "needs": VARIANTS[variant]["needs"], "log_tail": ["not run: this trainer never reads algo.estimator"]}
         _, unset = resolve(variant, self.base)
         (run / "bench.yaml").write_text(derived_yaml(self.config, unset))
         times = self.times(run)

@@ -80,7 +80,8 @@ def demo_overrides() -> list[str]:
     """The overrides scripts/run_demo.sh gives vapo-train, with its defaults (runs/demo, seed 0)."""
     script = (ROOT / "scripts" / "run_demo.sh").read_text()
     call = script[script.index("-m vapo_megatron.train"):script.index('"$@"')].replace("\\\n", " ")
-    for name, value in (("RUN", "runs/demo"), ("DATA", "runs/demo/data"), ("SEED", "0")):
+    for name, value in (("CONFIG", "configs/demo_cpu.yaml"), ("RUN", "runs/demo"), ("DATA", "runs/demo/data"),
+                        ("SEED", "0")):
         call = call.replace(f"${name}", value)
     words = shlex.split(call)
     assert words[:4] == ["-m", "vapo_megatron.train", "--config", "configs/demo_cpu.yaml"], words

@@ -31,7 +31,7 @@ import os
 import random
 
 from vapo_megatron.testing.demo_task import (
-    Example, TinyModelSpec, build_tiny_qwen2, build_tokenizer, save_tokenizer, write_jsonl,
+    Example, TinyModelSpec, write_task_files,
 )
 
 MIN_TERMS, MAX_TERMS = 2, 10
@@ -109,19 +109,8 @@ def write_chain_dir(out_dir: str, *, seed: int, n_train: int, n_eval: int, n_sft
                     min_terms: int = MIN_TERMS, max_terms: int = MAX_TERMS) -> dict[str, str]:
     """Like demo_task.write_demo_dir: {train,eval,eval_short,eval_long,sft}.jsonl, tokenizer/,
     model/ (random init, deterministic in ``seed``) and meta.json (with the answers' lengths)."""
-    os.makedirs(out_dir, exist_ok=True)
     splits = make_chain_splits(seed, n_train, n_eval, n_sft, min_terms=min_terms, max_terms=max_terms)
-    paths = {}
-    for name, examples in splits.items():
-        paths[name] = os.path.join(out_dir, f"{name}.jsonl")
-        write_jsonl(paths[name], examples)
-    tok = build_tokenizer()
-    paths["tokenizer"] = os.path.join(out_dir, "tokenizer")
-    save_tokenizer(tok, paths["tokenizer"])
-    model = build_tiny_qwen2(tok, spec, seed)
-    paths["model"] = os.path.join(out_dir, "model")
-    model.save_pretrained(paths["model"])
-    save_tokenizer(tok, paths["model"])
+    paths, tok, model = write_task_files(out_dir, splits, spec, seed)
     lengths = [len(tok(e.answer)["input_ids"]) for e in splits["train"]]
     meta = {
         "seed": seed, "task": "chain", "n_train": n_train, "n_eval": n_eval, "n_sft": n_sft,

@@ -174,6 +174,24 @@ def save_tokenizer(tokenizer, out_dir: str) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
+def write_task_files(out_dir: str, splits: dict, spec: "TinyModelSpec", seed: int):
+    """A synthetic task's files: one {name}.jsonl per split, tokenizer/, and model/ (the tiny
+    random-init Qwen2 with the tokenizer beside it). Returns (paths, tokenizer, model)."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {}
+    for name, examples in splits.items():
+        paths[name] = os.path.join(out_dir, f"{name}.jsonl")
+        write_jsonl(paths[name], examples)
+    tok = build_tokenizer()
+    paths["tokenizer"] = os.path.join(out_dir, "tokenizer")
+    save_tokenizer(tok, paths["tokenizer"])
+    model = build_tiny_qwen2(tok, spec, seed)
+    paths["model"] = os.path.join(out_dir, "model")
+    model.save_pretrained(paths["model"])
+    save_tokenizer(tok, paths["model"])
+    return paths, tok, model
+
+
 def write_demo_dir(
     out_dir: str,
     *,
@@ -192,19 +210,8 @@ def write_demo_dir(
     dir alone is loadable with AutoTokenizer/AutoModelForCausalLM), ``out_dir/meta.json``.
     Deterministic in ``seed``. Returns the paths written.
     """
-    os.makedirs(out_dir, exist_ok=True)
     splits = make_splits(seed, n_train, n_eval, n_sft, task=task, sft_noise=sft_noise)
-    paths = {}
-    for name, examples in splits.items():
-        paths[name] = os.path.join(out_dir, f"{name}.jsonl")
-        write_jsonl(paths[name], examples)
-    tok = build_tokenizer()
-    paths["tokenizer"] = os.path.join(out_dir, "tokenizer")
-    save_tokenizer(tok, paths["tokenizer"])
-    model = build_tiny_qwen2(tok, spec, seed)
-    paths["model"] = os.path.join(out_dir, "model")
-    model.save_pretrained(paths["model"])
-    save_tokenizer(tok, paths["model"])
+    paths, tok, model = write_task_files(out_dir, splits, spec, seed)
     meta = {
         "seed": seed, "task": task, "n_train": n_train, "n_eval": n_eval, "n_sft": n_sft, "sft_noise": sft_noise,
         "model": spec.__dict__, "num_parameters": sum(p.numel() for p in model.parameters()),

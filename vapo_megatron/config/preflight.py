@@ -25,10 +25,12 @@ from vapo_megatron.config.schema import Config
 PROMPT_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
-def _model(key: str, hf_dir: str, out: list[str]) -> dict | None:
+def _model(key: str, hf_dir: str, out: list[str], *, tokenizer: bool) -> dict | None:
     """config.json of an HF model dir when its family is supported, else None; every problem of
-    the directory appended (an unsupported architecture and missing weights are both said)."""
+    the directory appended (an unsupported architecture, missing or truncated weights, a damaged
+    tokenizer or other JSON file are all said, each naming its file)."""
     from model_providers import HFConfigError, check_supported, read_hf_config
+    from model_providers.files import model_dir_problems
 
     try:
         hf_cfg = read_hf_config(hf_dir)
@@ -40,10 +42,7 @@ def _model(key: str, hf_dir: str, out: list[str]) -> dict | None:
     except HFConfigError as e:
         out.append(f"{key}: {e}")
         hf_cfg = None
-    path = Path(hf_dir)
-    if not ((path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()):
-        out.append(f"{key}: {hf_dir} has no model.safetensors or model.safetensors.index.json "
-                   "(weights are read from safetensors only)")
+    out += [f"{key}: {p}" for p in model_dir_problems(hf_dir, tokenizer=tokenizer)]
     return hf_cfg
 
 
@@ -167,10 +166,10 @@ def startup_problems(cfg: Config, world_size: int) -> list[str]:
     """Every problem of `cfg` for a launch of `world_size` ranks (see the module docstring)."""
     out = config_problems(cfg)
     m = cfg.model
-    actor_cfg = _model("model.hf_path", m.hf_path, out) if m.hf_path and os.path.exists(m.hf_path) else None
+    actor_cfg = _model("model.hf_path", m.hf_path, out, tokenizer=True) if m.hf_path and os.path.exists(m.hf_path) else None
     critic_cfg = None
     if m.critic_hf_path and os.path.exists(m.critic_hf_path):
-        critic_cfg = _model("model.critic_hf_path", m.critic_hf_path, out)
+        critic_cfg = _model("model.critic_hf_path", m.critic_hf_path, out, tokenizer=False)
     p = cfg.parallel
     out += layout_problems(world_size, p.tp, p.pp, p.vpp, model=actor_cfg, ep=p.ep)
     if critic_cfg is not None:
@@ -181,8 +180,6 @@ def startup_problems(cfg: Config, world_size: int) -> list[str]:
         out += batch_problems(cfg, world_size // (p.tp * p.pp))
     if actor_cfg is not None:
         _context("model.hf_path", actor_cfg, cfg, out)
-        if not any((Path(m.hf_path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-            out.append(f"model.hf_path: {m.hf_path} has no tokenizer (tokenizer.json or tokenizer_config.json)")
     if actor_cfg is not None and critic_cfg is not None and critic_cfg["vocab_size"] < actor_cfg["vocab_size"]:
         out.append(f"model.critic_hf_path has vocab_size={critic_cfg['vocab_size']} < vocab_size={actor_cfg['vocab_size']} "
                    "of model.hf_path: the critic reads the policy's token ids")

@@ -24,12 +24,18 @@ import warnings
 
 from vapo_megatron.config.cli import verbose
 
-# warnings.warn texts (the start of the message), all UserWarnings of megatron-core.
+# warnings.warn texts (the start of the message) of megatron-core, and of torch's distributed
+# checkpointing as megatron-core calls it (every resume, mcore-to-hf and eval from a checkpoint).
 QUIET_WARNINGS = (
     "Transformer Engine and Apex are not installed",  # optimizers, clip_grads, megatron-fsdp: said once below
     "Apex is not installed. Falling back to Torch Norm",  # the local layer spec: said once below
     "full scope is deprecated",  # megatron's own TransformerConfig default, not a setting of ours
     "MimoModelConfig is experimental",  # an import side effect; this project does not use MIMO
+    # megatron's dist_checkpointing reads a checkpoint's common part on each rank alone (no_dist);
+    # torch says so on every load, though that is megatron's design, not a missing process group.
+    "torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to load in a single process",
+    "The argument order of load has been changed",  # megatron's call into torch.distributed.checkpoint.load
+    "Please use DTensor instead and we are deprecating ShardedTensor",  # FutureWarning: megatron's storage format
 )
 # logging records, by the logger that emits them: (message start, why it is noise).
 QUIET_LOGS = {
@@ -60,7 +66,7 @@ class _DropMessages(logging.Filter):
 
 def _install(texts: tuple[str, ...], logs: dict[str, tuple[str, ...]]) -> None:
     for text in texts:
-        warnings.filterwarnings("ignore", message=text, category=UserWarning)
+        warnings.filterwarnings("ignore", message=text, category=Warning)  # by its text: User- or FutureWarning
     for name, starts in logs.items():
         logger = logging.getLogger(name)  # the same object the library gets when it imports
         if not any(isinstance(f, _DropMessages) and f.starts == starts for f in logger.filters):

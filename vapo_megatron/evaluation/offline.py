@@ -42,7 +42,7 @@ def resolve_model(path: str) -> ModelSource:
     if (p / "actor").is_dir() and not (p / "config.json").exists():
         p = p / "actor"  # run_dir/checkpoints/iter_N
     if (p / "config.json").is_file() and any(p.glob("*.safetensors")):
-        return ModelSource(hf_dir=p, checkpoint=None)
+        return ModelSource(hf_dir=_checked(p, weights=True, arg=path), checkpoint=None)
     if (p / "metadata.json").exists() or (p / "vapo.json").exists():
         for need in ("metadata.json", "vapo.json", "hf/config.json"):
             if not (p / need).is_file():
@@ -61,9 +61,25 @@ def resolve_model(path: str) -> ModelSource:
             raise EvalInputError(f"--model {p}: unreadable checkpoint: {p / 'vapo.json'} ({type(e).__name__}: {e})") from None
         if critic:
             raise EvalInputError(f"--model {p}: a critic checkpoint; give the actor's (iter_N/actor)")
-        return ModelSource(hf_dir=p / "hf", checkpoint=p)
+        return ModelSource(hf_dir=_checked(p / "hf", weights=False, arg=path), checkpoint=p)
     raise EvalInputError(f"--model {path}: neither a Hugging Face model directory (config.json and *.safetensors) "
                          "nor a trainer checkpoint (iter_N or iter_N/actor: metadata.json, vapo.json, hf/)")
+
+
+def _checked(hf_dir: Path, *, weights: bool, arg: str) -> Path:
+    """The checks every command makes of a model directory before work starts: a family the
+    trainer supports (the same check as vapo-train's and vapo-convert's), and whole files."""
+    from model_providers import HFConfigError, check_supported, read_hf_config
+    from model_providers.files import model_dir_problems
+
+    try:
+        check_supported(read_hf_config(hf_dir))
+    except HFConfigError as e:
+        raise EvalInputError(f"--model {arg}: {e}") from None
+    problems = model_dir_problems(hf_dir, weights=weights)
+    if problems:
+        raise EvalInputError(f"--model {arg}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+    return hf_dir
 
 
 def build_config(a: argparse.Namespace, model: ModelSource):

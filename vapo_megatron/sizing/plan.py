@@ -100,7 +100,7 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     dtype_bytes = params_dtype.itemsize
     has_critic = cfg.algo.estimator == "gae"
     shards = shard_sizes(actor_hf, critic_hf if has_critic else None, world_size=world_size, tp=tp, pp=pp, vpp=vpp,
-                         params_dtype=params_dtype, ep=ep)
+                         params_dtype=params_dtype, ep=ep, sequence_parallel=cfg.parallel.sequence_parallel and tp > 1)
     models = (("actor", actor_hf, cfg.actor_optim),) + ((("critic", critic_hf, cfg.critic_optim),) if has_critic else ())
     names = tuple(name for name, _, _ in models)
     gpu = int(gpu_memory_gib * GIB)

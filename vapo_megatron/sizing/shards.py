@@ -70,11 +70,12 @@ def is_expert(name: str) -> bool:
 
 
 def shard_sizes(actor_hf: dict, critic_hf: dict | None, *, world_size: int, tp: int, pp: int, vpp: int | None,
-                params_dtype: torch.dtype, ep: int = 1) -> list[ShardSize]:
+                params_dtype: torch.dtype, ep: int = 1, sequence_parallel: bool = False) -> list[ShardSize]:
     """Build actor and critic shards of every distinct (tp_rank, pp_rank) on the meta device, at
     dp_rank 0 (hence ep_rank 0; every EP rank holds as many experts). critic_hf None: no critic,
-    the actor's shards alone (its counts 0)."""
-    layout = (world_size, tp, pp, vpp, params_dtype, ep)
+    the actor's shards alone (its counts 0). sequence_parallel: the run's, so megatron builds the
+    models as the run will (it does not change a parameter's size)."""
+    layout = (world_size, tp, pp, vpp, params_dtype, ep, sequence_parallel)
     actor = _model_counts(actor_hf, False, *layout)
     critic = _model_counts(critic_hf, True, *layout) if critic_hf is not None else [Counts(0, 0, 0, 0, 0, 0)] * len(actor)
     return [ShardSize(a.tp_rank, a.pp_rank, a.params, c.params, a.unique, c.unique, a.inflight, a.expert, c.expert)
@@ -98,9 +99,10 @@ _COUNTS: dict[tuple, list[Counts]] = {}
 
 
 def _model_counts(hf_cfg: dict, critic: bool, world_size: int, tp: int, pp: int, vpp: int | None,
-                  params_dtype: torch.dtype, ep: int) -> list[Counts]:
+                  params_dtype: torch.dtype, ep: int, sequence_parallel: bool) -> list[Counts]:
     """One model's counts at every distinct (tp_rank, pp_rank), built on the meta device."""
-    key = (json.dumps(hf_cfg, sort_keys=True, default=str), critic, world_size, tp, pp, vpp, str(params_dtype), ep)
+    key = (json.dumps(hf_cfg, sort_keys=True, default=str), critic, world_size, tp, pp, vpp, str(params_dtype), ep,
+           sequence_parallel)
     if key in _COUNTS:
         return _COUNTS[key]
     from vapo_megatron.mcore import parallel
@@ -119,7 +121,8 @@ def _model_counts(hf_cfg: dict, critic: bool, world_size: int, tp: int, pp: int,
                                        f"expected {(tp_rank, pp_rank, 0, 0)}")
                 inflight = peak_inflight_microbatches(pp, vpp)
                 with torch.device("meta"):
-                    chunks = build_chunks(hf_cfg, params_dtype=params_dtype, critic=critic, on_gpu=False)
+                    chunks = build_chunks(hf_cfg, params_dtype=params_dtype, critic=critic, on_gpu=False,
+                                          sequence_parallel=sequence_parallel)
                 params = [(n, p) for c in chunks for n, p in c.named_parameters()]
                 unique = sum(p.numel() * (ep if is_expert(n) else 1) for n, p in params
                              if tp_rank == 0 or getattr(p, "tensor_model_parallel", False))

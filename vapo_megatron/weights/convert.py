@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from model_providers import family_for, read_hf_config
+from model_providers import check_supported, read_hf_config
+from model_providers.files import model_dir_problems
 from vapo_megatron.checkpoint import dist_io
 from vapo_megatron.checkpoint.atomic import (CONVERT_HF_TO_MCORE, CONVERT_MCORE_TO_HF, TRAINER_EXPORT,
                                              check_replaceable)
@@ -42,7 +43,16 @@ from vapo_megatron.mcore.dtypes import dtype_name, torch_dtype
 from vapo_megatron.mcore.models import build_chunks, fresh_value_head
 from vapo_megatron.weights.hf_write import (DEFAULT_SHARD_BYTES, META, bounded_groups, write_hf_dir,
                                              write_source_files)
+from vapo_megatron.weights.hf_read import HFCheckpointError
 from vapo_megatron.weights.params import iter_hf_tensors, unwrap
+
+
+def _require_whole(hf_dir: Path, *, weights: bool) -> None:
+    """Damaged model files (a truncated shard, a corrupt tokenizer.json, which would be copied
+    into the output as it is) are refused before the layout starts, naming the file."""
+    problems = model_dir_problems(hf_dir, weights=weights, tokenizer=False)
+    if problems:
+        raise HFCheckpointError("; ".join(problems))
 
 
 def _start(tp: int, pp: int, hf_cfg: dict, model_key: str) -> None:
@@ -61,7 +71,8 @@ def hf_to_mcore(hf_dir: Path, out: Path, *, critic: bool, tp: int, pp: int, dtyp
 
     check_replaceable(out, CONVERT_HF_TO_MCORE, overwrite=overwrite, sources={"--hf": hf_dir})
     hf_cfg = read_hf_config(hf_dir)
-    family = family_for(hf_cfg)
+    family = check_supported(hf_cfg)
+    _require_whole(hf_dir, weights=True)
     dtype = dtype or dtype_name(hf_cfg)
     _start(tp, pp, hf_cfg, f"--hf {hf_dir}")
     with torch.device("meta"):
@@ -124,7 +135,8 @@ def mcore_to_hf(ckpt: Path, out: Path, *, tp: int, pp: int, max_shard_bytes: int
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise dist_io.CheckpointError(f"{ckpt / META} is unreadable ({type(e).__name__}: {e})") from None
     hf_cfg = read_hf_config(ckpt / "hf")
-    family = family_for(hf_cfg)
+    family = check_supported(hf_cfg)
+    _require_whole(ckpt / "hf", weights=False)
 
     _start(tp, pp, hf_cfg, f"--ckpt {ckpt}")
     with torch.device("meta"):

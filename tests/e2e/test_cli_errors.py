@@ -83,3 +83,19 @@ def test_eval_never_writes_into_a_directory_it_did_not_write(model, capsys):
         assert message.startswith(f"vapo-eval: error: --out {out} ") and why in message, message
     assert (project / "summary.json").read_text() == "my notes\n"
     assert sorted(p.name for p in project.iterdir()) == ["summary.json"]
+
+
+@pytest.mark.parametrize("text,says", [(None, "config file not found: "), ("model: [unclosed\n", "invalid YAML at line 2, column 1: "),
+                                       ("- a list\n", "expected a mapping of sections, got list")])
+def test_train_names_an_unreadable_config_file_alone(tmp_path, capsys, text, says):
+    """A missing or unparsable --config is the one error: the schema's defaults once stood in for
+    it and added three follow-on errors (issue 33 item 8)."""
+    from vapo_megatron import train
+
+    path = tmp_path / "c.yaml"
+    if text is not None:
+        path.write_text(text)
+    code, message, err = answer(capsys, train.main, ["--config", path, "trainer.total_steps=3"], "vapo-train")
+    assert code == 2 and "Traceback" not in err
+    assert message.startswith(f"vapo-train: configuration error: {path}") or message == f"vapo-train: configuration error: {says}{path}"
+    assert says in message and "\n" not in message, message

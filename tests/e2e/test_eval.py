@@ -139,7 +139,7 @@ def test_bad_input_is_one_line_naming_it(trained, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "eval.jsonl").write_text("")
-    assert f"{empty / 'eval.jsonl'}: no usable prompt in 0 rows" in _bad(capsys, eval_args(trained / "hf", empty, out))
+    assert f"{empty / 'eval.jsonl'}: the file has no rows" in _bad(capsys, eval_args(trained / "hf", empty, out))
     damaged = tmp_path / "damaged"
     (damaged / "hf").mkdir(parents=True)
     for name in ("vapo.json", "hf/config.json"):

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vapo_megatron.data.prompts import PromptDataError, PromptSampler, load_prompts
+from vapo_megatron.data.prompts import PromptDataError, PromptRecord, PromptSampler, load_prompts
 from vapo_megatron.testing.demo_task import build_tokenizer, make_splits, save_tokenizer
 
 
@@ -215,3 +215,18 @@ def test_noisy_teacher_answers():
             assert int(e.answer) == (x % 10 + y % 10) % 10 + 10 * ((x // 10 + y // 10) % 10)
     # ~70% of problems carry somewhere (units or tens); half of those get the wrong teacher.
     assert 100 < wrong < 180
+
+
+def test_a_batch_larger_than_its_data_is_said_once():
+    """prompts_per_step above the prompts there are once repeated prompts within a step without a
+    word (issue 33 item 8); now one line at the start, for the RL and the warm-start batches."""
+    from vapo_megatron.config import parse_config
+    from vapo_megatron.data.datasets import Datasets, repeat_warnings
+
+    cfg, problems = parse_config(None, ["rollout.prompts_per_step=8", "sft.batch_size=4"])
+    assert problems == []
+    recs = [PromptRecord(prompt_ids=[i], answer="1", source=f"f.jsonl:{i}", prompt_text=f"p{i}") for i in range(5)]
+    assert repeat_warnings(cfg, Datasets(None, recs, [], recs[:3])) == [
+        "[vapo] warning: data.train_files hold 5 usable prompts, fewer than rollout.prompts_per_step=8: every batch repeats prompts",
+        "[vapo] warning: sft.files hold 3 usable prompts, fewer than sft.batch_size=4: every batch repeats prompts"]
+    assert repeat_warnings(cfg, Datasets(None, recs * 2, [], [])) == []

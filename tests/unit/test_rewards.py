@@ -208,3 +208,18 @@ def test_bad_user_specs_are_named():
         build_reward_fn("tests.helpers.reward_fns:nope", correct_score=1.0, incorrect_score=0.0, timeout_s=1.0)
     with pytest.raises(ValueError, match="must look like"):
         build_reward_fn("just_a_name", correct_score=1.0, incorrect_score=0.0, timeout_s=1.0)
+
+
+def test_a_reward_module_in_the_working_directory_imports_from_a_console_script(tmp_path):
+    """A console script (vapo-train, vapo-eval) has no working directory on sys.path, unlike
+    `python -m`; a user's my_reward.py beside the config once failed to import there without
+    PYTHONPATH (issue 33 item 8). `python -P` starts as a console script does."""
+    import subprocess
+    import sys
+
+    (tmp_path / "my_reward.py").write_text("def score(prompt, response, ground_truth):\n    return response == ground_truth\n")
+    script = ("from vapo_megatron.rewards import build_reward_fn, score_batch\n"
+              "fn = build_reward_fn('my_reward:score', correct_score=1.0, incorrect_score=0.0, timeout_s=30.0)\n"
+              "print(score_batch(fn, ['p', 'p'], ['7', '8'], ['7', '7'])[0].tolist())\n")
+    proc = subprocess.run([sys.executable, "-P", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[1.0, 0.0]", proc.stderr[-2000:]

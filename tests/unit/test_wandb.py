@@ -114,9 +114,26 @@ def test_an_unreachable_server_falls_back_to_offline_with_one_warning(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run")], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # Said at once, before W&B waits for the server (it once sat silent for WANDB_INIT_TIMEOUT=90 s).
+    assert proc.stdout.splitlines()[0] == f"[vapo] W&B: connecting to http://127.0.0.1:{port} (an unreachable " \
+        "server: offline after WANDB_INIT_TIMEOUT=5 s)", proc.stdout
     warnings = [ln for ln in proc.stderr.splitlines() if "[vapo] warning" in ln]
     assert len(warnings) == 1 and "could not start the online run" in warnings[0] and "wandb sync" in warnings[0], proc.stderr
     rid = (tmp_path / "run" / ID_FILE).read_text().strip()
     rows = wandb_records.history(tmp_path / "run" / "wandb", rid)
     assert [(r["_step"], r["reward/mean"]) for r in rows] == [(1, 0.5), (2, 0.7)]
     assert wandb_records.config(tmp_path / "run" / "wandb", rid)["a"] == 1
+
+
+def test_the_progress_bar_labels_its_figures_and_the_warm_start(tmp_path):
+    """It once read 0/N through the whole warm start and showed reward/mean as an unlabeled
+    `mean=` (issue 33 item 8)."""
+    logger = MetricsLogger(str(tmp_path), total_steps=3, start_step=0, sft_start=0, finished=False, enabled=True,
+                           tensorboard=False, sft_steps=40)
+    logger.log(0, "sft", {"sft/nll_loss": 0.5, "sft/train_accuracy": 0.25}, tb_step=7)
+    assert logger.bar.desc.startswith("warm start 7/40, then RL") and logger.bar.n == 0
+    assert logger.bar.postfix == "nll=0.500, train_accuracy=0.250"
+    logger.log(1, "vapo", {"reward/mean": -0.5, "critic/explained_variance": 0.125, "actor/lr": 1.0})
+    assert logger.bar.desc.startswith("vapo") and logger.bar.n == 1
+    assert logger.bar.postfix == "reward=-0.500, explained_variance=0.125"
+    logger.close()

@@ -100,19 +100,22 @@ def problems_error(problems: list[str]) -> ConfigError:
     return ConfigError(f"{len(problems)} invalid settings:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def _read_yaml(path: str, problems: list[str]) -> dict:
+def _read_yaml(path: str) -> dict:
+    """The file's sections. A file that cannot be read is the one error (ConfigError, one line):
+    the schema's defaults checked in its place would only add follow-on errors."""
     if not os.path.isfile(path):
-        problems.append(f"config file not found: {path}")
-        return {}
-    with open(path) as f:
-        try:
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        with open(path) as f:
             data = yaml.safe_load(f) or {}
-        except yaml.YAMLError as e:
-            problems.append(f"{path}: invalid YAML: {e}")
-            return {}
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise ConfigError(f"{path}: invalid YAML at {where}{getattr(e, 'problem', None) or e}") from None
     if not isinstance(data, dict):
-        problems.append(f"{path}: expected a mapping of sections, got {type(data).__name__}")
-        return {}
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
     return data
 
 
@@ -136,7 +139,7 @@ def parse_config(path: str | None, overrides: list[str] = (), *,
     only where neither the file nor an override sets the key (the Slurm job's run dir: the user's
     choice wins). Fields with a problem keep their defaults."""
     problems: list[str] = []
-    data = _read_yaml(path, problems) if path is not None else {}
+    data = _read_yaml(path) if path is not None else {}
     merged = OmegaConf.create(data)
     for item in _dotlist(list(overrides), problems):
         try:

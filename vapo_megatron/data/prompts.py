@@ -316,7 +316,9 @@ def load_prompts(
                 f"(keys of the first object: {first_keys}); fix the field names or set data.schema"
             )
         if n_loaded == 0:
-            detail = ", ".join(f"{r}={n}" for r, n in sorted(file_skips.items())) or "the file has no rows"
+            if n_rows == 0:
+                raise PromptDataError(f"{path}: the file has no rows")
+            detail = ", ".join(f"{r}={n}" for r, n in sorted(file_skips.items()))
             raise PromptDataError(f"{path}: no usable prompt in {n_rows} rows ({detail}); the first of each kind are logged above")
         stats.skipped.update(file_skips)
         stats.per_file[path] = n_loaded

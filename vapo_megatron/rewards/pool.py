@@ -18,6 +18,8 @@ import importlib
 import logging
 import multiprocessing as mp
 import multiprocessing.connection as mpc
+import os
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -28,13 +30,27 @@ logger = logging.getLogger(__name__)
 _STARTUP_TIMEOUT_S = 120.0  # importing sympy on a loaded 2-core machine can take a while
 
 
+def _import(mod_name: str):
+    """The module, found as `python -m` finds one: installed, on PYTHONPATH, or in the working
+    directory. A console script (vapo-train, vapo-eval) lacks the working directory on sys.path
+    that `python -m` and `torchrun -m` put first; it is added last, so it never shadows a package."""
+    try:
+        return importlib.import_module(mod_name)
+    except ModuleNotFoundError as e:
+        cwd = os.getcwd()
+        if e.name != mod_name.split(".")[0] or cwd in sys.path or "" in sys.path:
+            raise
+        sys.path.append(cwd)
+        return importlib.import_module(mod_name)
+
+
 def resolve_function(spec: str) -> Callable[..., Any]:
     """``"package.module:function"`` -> the function (clear errors for each way it can be wrong)."""
     if spec.count(":") != 1:
         raise ValueError(f"reward function spec {spec!r} must look like 'package.module:function'")
     mod_name, fn_name = spec.split(":")
     try:
-        module = importlib.import_module(mod_name)
+        module = _import(mod_name)
     except ImportError as e:
         raise ValueError(f"reward function spec {spec!r}: cannot import module {mod_name!r}: {e}") from e
     fn = getattr(module, fn_name, None)

@@ -15,14 +15,20 @@ from vapo_megatron.checkpoint.atomic import write_atomic
 from vapo_megatron.trainer import timing
 
 
+# The progress bar's figures: metric -> its label there (every label says what it is).
+SFT_SHOWN = {"sft/nll_loss": "nll", "sft/train_accuracy": "train_accuracy"}
+RL_SHOWN = {"reward/mean": "reward", "critic/explained_variance": "explained_variance", "eval/accuracy": "eval_accuracy"}
+
+
 class MetricsLogger:
     """`start_step`/`sft_start`: the RL iteration and SFT step the run resumes after (0 on a fresh
     start). What a previous attempt logged beyond them is dropped from metrics.jsonl and hidden
     in TensorBoard, so that every step appears once however often the run was resumed."""
 
     def __init__(self, run_dir: str, *, total_steps: int, start_step: int, sft_start: int, finished: bool,
-                 enabled: bool, tensorboard: bool, wandb=None):
+                 enabled: bool, tensorboard: bool, wandb=None, sft_steps: int = 0):
         self.enabled = enabled
+        self.sft_steps = sft_steps  # the warm start's most steps (sft.steps), shown while it runs
         self.wandb = wandb  # a WandbTracker (started by the trainer on rank 0) or None
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self.tb = self.tb_sft = None
@@ -82,14 +88,13 @@ class MetricsLogger:
             tb.flush()
         if self.wandb is not None:
             self.wandb.log(step, metrics)
-        if self.bar is not None and phase == "sft":  # the bar counts RL iterations only
-            self.bar.set_description(f"sft step {tb_step}", refresh=False)
-            self.bar.set_postfix({k.split("/")[-1]: f"{v:.3f}" for k, v in metrics.items() if k in ("sft/nll_loss", "sft/train_accuracy")})
+        if self.bar is not None and phase == "sft":  # the bar counts RL iterations; its label, the warm start's steps
+            self.bar.set_description(f"warm start {tb_step}/{self.sft_steps}, then RL", refresh=False)
+            self.bar.set_postfix({label: f"{metrics[k]:.3f}" for k, label in SFT_SHOWN.items() if k in metrics})
         elif self.bar is not None and phase not in ("eval", "data"):
             self.bar.set_description("vapo", refresh=False)
             self.bar.update(1)
-            shown = {k: metrics[k] for k in ("reward/mean", "critic/explained_variance", "eval/accuracy") if k in metrics}
-            postfix = {k.split("/")[-1]: f"{v:.3f}" for k, v in shown.items()}
+            postfix = {label: f"{metrics[k]:.3f}" for k, label in RL_SHOWN.items() if k in metrics}
             if "perf/step_s" in metrics:  # the step time and its largest phases (timing.py)
                 postfix["time"] = timing.summary(metrics)
             self.bar.set_postfix(postfix, refresh=False)

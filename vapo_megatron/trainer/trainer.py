@@ -23,7 +23,7 @@ from vapo_megatron.algorithms.advantages import ESTIMATORS
 from vapo_megatron.checkpoint.manager import CheckpointManager
 from vapo_megatron.config import Config, resume, to_dict
 from vapo_megatron.config.determinism import determinism_env
-from vapo_megatron.data.datasets import Datasets, stop_token_ids
+from vapo_megatron.data.datasets import Datasets, repeat_warnings, stop_token_ids
 from vapo_megatron.data.prompts import PromptSampler
 from vapo_megatron.evaluation.sampled import greedy_accuracy, sample_eval
 from vapo_megatron.mcore import parallel
@@ -101,12 +101,14 @@ class Trainer:
         self.logger = MetricsLogger(t.run_dir, total_steps=self.total_iterations, start_step=self.state.iteration,
                                     sft_start=self.state.sft_steps_done, finished=self.state.finished,
                                     enabled=parallel.is_rank0(),
-                                    tensorboard=t.tensorboard, wandb=self._start_wandb())
+                                    tensorboard=t.tensorboard, wandb=self._start_wandb(), sft_steps=cfg.sft.steps)
         self.timer = PhaseTimer()  # perf/<phase>_s of every step (timing.py)
         if self.state.iteration == 0 and self.state.sft_steps_done == 0:  # a fresh run: once
             self.logger.log(0, "data", self.data.stats)
         if parallel.is_rank0():
             print("[vapo] data: " + ", ".join(f"{k.removeprefix('data/')}={v:g}" for k, v in self.data.stats.items()), flush=True)
+            for line in repeat_warnings(cfg, self.data):
+                print(line, flush=True)
 
     @property
     def total_iterations(self) -> int:

@@ -29,6 +29,7 @@ the run goes on (online falls back to offline first, so nothing is lost).
 from __future__ import annotations
 
 import math
+import os
 import re
 import secrets
 import sys
@@ -85,6 +86,11 @@ class WandbTracker:
         root.mkdir(parents=True, exist_ok=True)
         rid = run_id(root)
         mode = settings.mode
+        if mode == "online":  # said before W&B's start, which waits for an unreachable server
+            timeout = os.environ.get("WANDB_INIT_TIMEOUT", "90")
+            base = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+            print(f"[vapo] W&B: connecting to {base} (an unreachable server: offline after WANDB_INIT_TIMEOUT={timeout} s)",
+                  flush=True)
         try:
             run = _init(wandb, settings, mode, rid, root, config)
         except Exception as e:  # noqa: BLE001 - W&B must never stop a training run

@@ -3,8 +3,10 @@ TP=2, an actor in bf16 (fp32 main parameters in the optimizer) and a critic in f
 by the project's builders, wrapped in megatron DDP, with megatron's optimizer and real backward
 passes. While offloaded every storage of the state is released (untyped storage of size 0:
 parameters, DDP gradient buffers and main_grad, fp32 main parameters, Adam's moments); after the
-onload the state is bitwise what left, and training goes on bitwise like a twin that never moved
-(DDP's gradient hooks and the optimizer still write into the restored storages)."""
+onload the state is bitwise what left but the gradient buffers, which come back zeroed (freed
+without a copy: every backward zeroes them first, issue 32 defect 5), and training goes on
+bitwise like a twin that never moved (DDP's gradient hooks and the optimizer still write into the
+restored storages)."""
 
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ def _snapshot(models) -> list[torch.Tensor]:
 
 def _round_trip() -> dict:
     from vapo_megatron.mcore import parallel
-    from vapo_megatron.mcore.offload import Offloader, host_bytes, state_tensors, unique_storages
+    from vapo_megatron.mcore.offload import Offloader, grad_buffer_storages, host_bytes, state_tensors, unique_storages
 
     parallel.init_distributed(2, 1, seed=5)
     hf_cfg = preset("tiny-qwen2")
@@ -71,7 +73,8 @@ def _round_trip() -> dict:
     _step(models, hf_cfg, 1)
     _step(twins, hf_cfg, 1)
     device = torch.device("cpu")
-    out = {"foreseen": foreseen, "after_step": sum(st.nbytes() for st in unique_storages(models, device))}
+    grads = grad_buffer_storages(models)
+    out = {"foreseen": foreseen, "after_step": sum(st.nbytes() for st in unique_storages(models, device) if st.data_ptr() not in grads)}
 
     kinds = {"param": [], "main_grad": [], "grad_data": [], "main_param": [], "exp_avg": [], "exp_avg_sq": []}
     for m in models:
@@ -88,6 +91,10 @@ def _round_trip() -> dict:
     # Under bf16 the optimizer steps fp32 copies, storages of their own.
     out["fp32_main_params"] = sum(p.dtype == torch.float32 for p in kinds["main_param"][:len(list(models[0].chunks[0].parameters()))])
 
+    # The gradient buffers, found independently of grad_buffer_storages: the storages of main_grad.
+    is_grad = [t.untyped_storage().data_ptr() in {g.untyped_storage().data_ptr() for g in kinds["main_grad"]}
+               for m in models for t in state_tensors(m)]
+    out["grad_views"], out["grads_live"] = sum(is_grad), any(bool(g.any()) for g in kinds["grad_data"])
     before = _snapshot(models)
     state = Offloader(models)
     for rnd in range(2):  # twice: the host buffer is reused, and the second trip restores the first's bytes
@@ -100,7 +107,8 @@ def _round_trip() -> dict:
         after = _snapshot(models)
         out[f"bitwise_{rnd}"] = len(before) == len(after) and all(
             a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8))
-            for a, b in zip(before, after))
+            for a, b, g in zip(before, after, is_grad) if not g)
+        out[f"grads_zero_{rnd}"] = all(not bool(b.any()) for b, g in zip(after, is_grad) if g)
     out["line"] = state.bandwidth_line()
 
     # Training goes on: an offloaded-and-restored pair and its twin take two more steps alike.
@@ -125,6 +133,8 @@ def test_offload_releases_every_storage_and_restores_it_bitwise():
             assert all(n > 0 for n in r[f"counts_{rnd}"].values())
             assert r[f"all_released_{rnd}"]
             assert r[f"bitwise_{rnd}"], f"round {rnd}: restored state differs from what left"
+            assert r[f"grads_zero_{rnd}"], f"round {rnd}: the gradient buffers did not come back zeroed"
+        assert r["grad_views"] > 0 and r["grads_live"]  # live gradients went out; zeros came back
         assert r["twin_equal"], "training after an offload round trip differs from a twin that never moved"
         assert r["moved_something"]
         assert r["line"].startswith("offload ") and "; onload " in r["line"]

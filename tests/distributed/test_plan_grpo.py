@@ -78,7 +78,9 @@ def test_grpo_plan_has_no_critic_and_more_kv_cache():
     assert "trainer state offloaded:  60.4 GiB = 87 full sequences /  60.4 GiB = 87: +0.0 GiB, +0 sequences" in out
     assert "trainer state resident:   48.4 GiB = 70 full sequences /  36.4 GiB = 52: +12.0 GiB, +18 sequences" in out
     assert "12.0 GiB less trainer state per GPU" in out
-    assert "up to 95.9 GiB per node of 8 GPUs" in out  # the actor's state alone in pinned host memory
+    # The actor's state alone: 12 GiB per GPU freed, its weights and Adam (8 GiB) in pinned host memory.
+    assert "frees 12.0 GiB per GPU (worst rank), of which 8.0 GiB in pinned host memory" in out
+    assert "up to 64.0 GiB per node of 8 GPUs" in out
 
     # No critic anywhere in the plan: shards, parts, the rollout phase, the offload.
     assert plan.models == ("actor",) and plan.with_critic.models == ("actor", "critic")

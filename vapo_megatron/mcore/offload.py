@@ -1,8 +1,8 @@
 """The trainer's state in host memory while the rollout engine generates (trainer.offload_during_rollout).
 
     state = Offloader([actor.model, critic.model])
-    state.offload()        parameters, DDP gradient buffers, optimizer state -> host; device memory released
-    state.onload()         back to the device, bitwise what left
+    state.offload()        parameters and optimizer state -> host; DDP gradient buffers freed; device memory released
+    state.onload()         back to the device, bitwise what left; the gradient buffers back as zeros
     host_bytes(models)     bytes a full offload needs on the host (Adam's moments counted before they exist)
     check_host_memory(models)  collective: every node has that much available (the smaller of
                            MemAvailable and the job's cgroup limit), else a ConfigError
@@ -17,6 +17,12 @@ shape, stride and offset (they share the StorageImpl); onload resizes it back an
 in. Nothing is re-created, so hooks, optimizer references and DDP buckets stay valid, and the
 restored state is the same bytes. Dropping references instead would free nothing: every view
 keeps its storage alive.
+
+The DDP gradient buffers (buffer.grad_data, behind every param.main_grad) are freed without a
+copy: they hold nothing worth keeping between steps (every training forward_backward zeroes them
+first, mcore/schedule.py; checkpoints do not store them), and at the 32B layout they are a third
+of the state, so copying them would cost a third of the pinned host memory and of the PCIe
+traffic each way. onload gives them back zeroed, as megatron's own buffer offload does.
 
 While offloaded the tensors have no memory behind them: reading one is undefined (a CPU read
 segfaults). The trainer onloads before anything reads the models (trainer/trainer.py: scoring,
@@ -85,17 +91,28 @@ def unique_storages(models, device: torch.device) -> list[torch.UntypedStorage]:
     return list(seen.values())
 
 
+def grad_buffer_storages(models) -> set[int]:
+    """data_ptr of every DDP gradient buffer's storage (param.main_grad and the buckets are views
+    of these): freed, not copied, by the offload."""
+    return {buf.grad_data.untyped_storage().data_ptr()
+            for model in models for chunk in model.chunks
+            for buf in list(getattr(chunk, "buffers", [])) + list(getattr(chunk, "expert_parallel_buffers", []))
+            if buf.grad_data is not None and buf.grad_data.untyped_storage().nbytes()}
+
+
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
     """A uint8 view of the whole storage: [nbytes]."""
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (storage.nbytes(),), (1,))
 
 
 def host_bytes(models) -> int:
-    """Host bytes a full offload of `models` needs: their device storages now, plus Adam's two
+    """Host bytes a full offload of `models` needs: their device storages now but the gradient
+    buffers (freed, not copied), plus Adam's two
     moments (each the size of its fp32 main parameter) for parameters that have none yet (torch
     creates them at the first step; right after the models are built there are none)."""
     device = _device(models)
-    total = sum(st.nbytes() for st in unique_storages(models, device))
+    grads = grad_buffer_storages(models)
+    total = sum(st.nbytes() for st in unique_storages(models, device) if st.data_ptr() not in grads)
     for model in models:
         for opt in _inner_optimizers(model.optimizer):
             if "betas" not in opt.defaults:  # not Adam: no moments to foresee
@@ -147,23 +164,28 @@ class Offloader:
         self.pinned = self.device.type == "cuda"
         self.host: torch.Tensor | None = None   # uint8 [capacity]
         self.moved: list[tuple[torch.UntypedStorage, int, int]] = []  # (storage, host offset, nbytes)
+        self.freed: list[tuple[torch.UntypedStorage, int]] = []  # gradient buffers: (storage, nbytes), no copy
         self.last: dict[str, tuple[int, float]] = {}  # direction -> (bytes, seconds) of the latest move
 
     @property
     def offloaded(self) -> bool:
-        return bool(self.moved)
+        return bool(self.moved or self.freed)
 
     def offload(self) -> None:
-        """Every unique device storage to the host, then released on the device."""
-        if self.moved:
+        """Every unique device storage to the host but the gradient buffers, then all released on
+        the device."""
+        if self.offloaded:
             raise RuntimeError("offload(): the state is already in host memory")
         t0 = time.perf_counter()
-        storages = unique_storages(self.models, self.device)
+        grads = grad_buffer_storages(self.models)
+        every = unique_storages(self.models, self.device)
+        storages = [st for st in every if st.data_ptr() not in grads]
         total = sum(st.nbytes() for st in storages)
         if self.host is None or self.host.numel() < total:
             self.close()  # the old buffer goes first: host memory holds one copy at a time
             # Sized for the moments Adam creates at its first step too: allocated (and pinned) once.
             self.host = _host_buffer(max(total, host_bytes(self.models)), self.pinned)
+        self.freed = [(st, st.nbytes()) for st in every if st.data_ptr() in grads]
         offset = 0
         for st in storages:
             n = st.nbytes()
@@ -172,27 +194,30 @@ class Offloader:
             self.moved.append((st, offset, n))
             offset += n
         _sync(self.device)
-        for st, _, _ in self.moved:
+        for st in [st for st, _, _ in self.moved] + [st for st, _ in self.freed]:
             st.resize_(0)  # the block goes back to the caching allocator; every view keeps its shape
         free_cached_memory()  # ... and from there to the driver, where the engine can take it
         self.last["offload"] = (total, time.perf_counter() - t0)
 
     def onload(self) -> None:
         """The storages back on the device, the same bytes."""
-        if not self.moved:
+        if not self.offloaded:
             raise RuntimeError("onload(): the state is not in host memory")
         t0 = time.perf_counter()
         for st, offset, n in self.moved:
             st.resize_(n)
             _bytes_of(st).copy_(self.host[offset:offset + n], non_blocking=self.pinned)
+        for st, n in self.freed:  # what the next backward would find after zero_grad_buffer
+            st.resize_(n)
+            _bytes_of(st).zero_()
         _sync(self.device)
         total = sum(n for _, _, n in self.moved)
-        self.moved = []
+        self.moved, self.freed = [], []
         self.last["onload"] = (total, time.perf_counter() - t0)
 
     def close(self) -> None:
         """Unpin and drop the host buffer (the state must be on the device)."""
-        if self.moved:
+        if self.offloaded:
             raise RuntimeError("close(): the state is still in host memory")
         _release_host_buffer(self.host, self.pinned)
         self.host = None
@@ -334,5 +359,5 @@ def check_engine_share(cfg, models) -> None:
         raise ConfigError(problem)
 
 
-__all__ = ["HOST_HEADROOM_FRACTION", "check_engine_share", "Offloader", "available_host_bytes", "cgroup_available_bytes", "check_host_memory",
+__all__ = ["HOST_HEADROOM_FRACTION", "check_engine_share", "Offloader", "grad_buffer_storages", "available_host_bytes", "cgroup_available_bytes", "check_host_memory",
            "host_bytes", "host_memory_problem", "node_available_bytes", "state_tensors", "unique_storages"]

@@ -72,7 +72,10 @@ class Plan:
     # share and KV cache per GPU with and without the offload at the same rollout peak ("peak": this
     # config's, or the GPU's memory when it does not fit); colocated only.
     kv_compare: dict = field(default_factory=dict)
-    state_per_gpu: int = 0  # the trainer's state on the worst rank: what the offload moves to the host
+    state_per_gpu: int = 0  # the trainer's state on the worst rank: what the offload frees on the GPU
+    # ... of which the offload copies to pinned host memory (parameters and optimizer state; the
+    # gradient buffers are freed without a copy and come back zeroed, mcore/offload.py)
+    host_per_gpu: int = 0
     ep: int = 1  # parallel.ep: the routed experts split over EP ranks of DP (expert-DP = DP / EP)
     models: tuple[str, ...] = ("actor", "critic")  # ("actor",) with algo.estimator=grpo: no critic
     # algo.estimator=grpo: the same config with algo.estimator=gae (a critic), its kv_compare at this
@@ -86,7 +89,8 @@ def _padded_vocab(hf_cfg: dict, tp: int) -> int:
     return padded_vocab_size(hf_cfg, tp)
 
 
-STATE = ("parameters", "gradients", "optimizer state")  # per model: what the offload moves, training keeps
+STATE = ("parameters", "gradients", "optimizer state")  # per model: what the offload frees, training keeps
+HOST_STATE = ("parameters", "optimizer state")  # per model: what the offload copies to the host
 
 
 def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, gpu_memory_gib: float,
@@ -173,6 +177,7 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
              "gathered embedding/output layer (the sync's largest full tensor)": largest,
              "all_gather_object receive buffers (group size x largest object)": None}
     state = [sum(m.parts[f"{a} {k}"] for a in names for k in STATE) for m in ranks]
+    host = max(sum(m.parts[f"{a} {k}"] for a in names for k in HOST_STATE) for m in ranks)
     compare = _kv_compare(ranks, state, offload=offload, engine_share=engine_share, engine_weights=engine_weights, gpu=gpu,
                           per_token=kv_bytes_per_token(actor_hf, sglang_tp=r.sglang_tp), sequence=sequence,
                           peak=peak) if colocated else {}
@@ -186,7 +191,8 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
         with_critic = make_plan(gae, actor_hf, actor_hf, world_size=world_size, gpu_memory_gib=gpu_memory_gib,
                                 reserve_gib=reserve_gib, peak=compare.get("peak"))
     return Plan(world_size, gpu, flat, (tp, pp, dp, vpp), shards, ranks, engine_weights, engine_share,
-                kv_cache, kv_tokens, sequence, ckpt, freed, problems, offload, compare, max(state), ep, names, with_critic)
+                kv_cache, kv_tokens, sequence, ckpt, freed, problems, offload, compare, max(state), host, ep, names,
+                with_critic)
 
 
 def _kv_compare(ranks: list[RankMemory], state: list[int], *, offload: bool, engine_share: int, engine_weights: int,

@@ -26,8 +26,9 @@ def _kv_resume_lines(plan: Plan, cfg: Config) -> list[str]:
     lines += [f"    {k:<48}{_g(v):>8}" for k, v in m.kv_resume.items()]
     lines.append(f"  {'what remains':<50}{_g(sum(m.kv_resume.values())):>8}")
     if m.offloaded:
-        lines.append("  moved to pinned host memory before the resume (trainer.offload_during_rollout), not counted:")
-        lines += [f"    {k:<48}{_g(v):>8}" for k, v in m.offloaded.items()]
+        lines.append("  off the GPU before the resume (trainer.offload_during_rollout; to pinned host memory, but the "
+                     "gradient buffers: freed, zeroed on return), not counted:")
+        lines += [f"    {k + (', freed' if 'gradient' in k else ', to host'):<48}{_g(v):>8}" for k, v in m.offloaded.items()]
     if cfg.rollout.engine == "sglang":
         lines.append(f"  {'+ SGLang static share (weights + KV cache)':<50}{_g(plan.engine_share):>8}")
         lines.append(f"  {'+ SGLang buffers outside its static share':<50}{_g(runtime):>8}")
@@ -51,8 +52,9 @@ def _offload_lines(plan: Plan, cfg: Config, gpus_per_node: int) -> list[str]:
                      f"{c['sequences']} full sequences of {plan.sequence_tokens:,} tokens at once"
                      + ("  <- rollout.sglang_mem_fraction" if this and c["configured"] else ""))
     ratio = on["kv_cache"] / off["kv_cache"] if off["kv_cache"] > 0 else float("inf")
-    lines.append(f"  offload: {ratio:.2f}x the KV cache; {plan.state_per_gpu / GIB:.1f} GiB per GPU (worst rank) in pinned "
-                 f"host memory, up to {gpus_per_node * plan.state_per_gpu / GIB:.1f} GiB per node of {gpus_per_node} GPUs "
+    lines.append(f"  offload: {ratio:.2f}x the KV cache; frees {plan.state_per_gpu / GIB:.1f} GiB per GPU (worst rank), of "
+                 f"which {plan.host_per_gpu / GIB:.1f} GiB in pinned host memory (the gradient buffers are dropped, not "
+                 f"copied), up to {gpus_per_node * plan.host_per_gpu / GIB:.1f} GiB per node of {gpus_per_node} GPUs "
                  "(checked against MemAvailable and the job's cgroup limit at start-up)")
     return lines
 
@@ -175,7 +177,8 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
         *offload_lines,
         *(_no_critic_lines(plan) if plan.with_critic is not None else []),
         (f"assumptions: {' and '.join(models)} parameters, gradients and optimizer state stay on every GPU during training "
-         "and go to host memory during rollout (trainer.offload_during_rollout)" if plan.offload else
+         "and leave it during rollout, parameters and optimizer state to host memory, the gradient buffers freed "
+         "(trainer.offload_during_rollout)" if plan.offload else
          f"assumptions: {' and '.join(models)} parameters, gradients and optimizer state stay on every GPU in both phases "
          "(trainer.offload_during_rollout=false)") + "; during training the engine has released weights, KV cache and CUDA graphs; "
         "during rollout no activations are held (the trainer empties its allocator cache at each switch); one engine TP rank per GPU; flash attention.",

@@ -195,6 +195,9 @@ def transformer_config(hf_cfg: dict, *, params_dtype: torch.dtype, recompute: bo
         bf16=params_dtype == torch.bfloat16,
         fp16=params_dtype == torch.float16,
         use_cpu_initialization=not on_gpu,
+        # Under torch.device("meta") (vapo-plan, vapo-convert) there are no values to initialize:
+        # megatron's init would still run every normal_ through torch's Python decompositions.
+        perform_initialization=torch.get_default_device().type != "meta",
         # CPU: every fused kernel off (they are CUDA-only). GPU: megatron's fused bias-SwiGLU and
         # bias-dropout-add when torch.compile has a C compiler (compiled_fusions); the masked softmax
         # with Apex's extensions (softmax_fusion); RoPE fusion needs Transformer Engine, wgrad

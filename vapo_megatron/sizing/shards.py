@@ -100,7 +100,11 @@ _COUNTS: dict[tuple, list[Counts]] = {}
 
 def _model_counts(hf_cfg: dict, critic: bool, world_size: int, tp: int, pp: int, vpp: int | None,
                   params_dtype: torch.dtype, ep: int, sequence_parallel: bool) -> list[Counts]:
-    """One model's counts at every distinct (tp_rank, pp_rank), built on the meta device."""
+    """One model's counts at every distinct (tp_rank, pp_rank), built on the meta device at
+    tp_rank 0 of each pipeline stage: megatron gives every TP rank of a stage the same shapes
+    (vocabulary padded to a multiple of TP, heads and FFN divided evenly), so the other TP ranks
+    differ only in what they count as distinct, their TP-sharded parameters
+    (tests/distributed/test_plan.py checks every rank against a real TP=2 model)."""
     key = (json.dumps(hf_cfg, sort_keys=True, default=str), critic, world_size, tp, pp, vpp, str(params_dtype), ep,
            sequence_parallel)
     if key in _COUNTS:
@@ -111,26 +115,25 @@ def _model_counts(hf_cfg: dict, critic: bool, world_size: int, tp: int, pp: int,
     dp = world_size // (tp * pp)
     out = []
     for pp_rank in range(pp):
-        for tp_rank in range(tp):
-            rank = global_rank(tp_rank, pp_rank, tp=tp, dp=dp)
-            parallel.init_fake(world_size, rank, tp, pp, vpp, ep=ep)
-            try:
-                where = (parallel.tp_rank(), parallel.pp_rank(), parallel.dp_rank(), parallel.ep_rank())
-                if where != (tp_rank, pp_rank, 0, 0):
-                    raise RuntimeError(f"megatron placed rank {rank} at (tp, pp, dp, ep)={where}, "
-                                       f"expected {(tp_rank, pp_rank, 0, 0)}")
-                inflight = peak_inflight_microbatches(pp, vpp)
-                with torch.device("meta"):
-                    chunks = build_chunks(hf_cfg, params_dtype=params_dtype, critic=critic, on_gpu=False,
-                                          sequence_parallel=sequence_parallel)
-                params = [(n, p) for c in chunks for n, p in c.named_parameters()]
+        rank = global_rank(0, pp_rank, tp=tp, dp=dp)
+        parallel.init_fake(world_size, rank, tp, pp, vpp, ep=ep)
+        try:
+            where = (parallel.tp_rank(), parallel.pp_rank(), parallel.dp_rank(), parallel.ep_rank())
+            if where != (0, pp_rank, 0, 0):
+                raise RuntimeError(f"megatron placed rank {rank} at (tp, pp, dp, ep)={where}, expected {(0, pp_rank, 0, 0)}")
+            inflight = peak_inflight_microbatches(pp, vpp)
+            with torch.device("meta"):
+                chunks = build_chunks(hf_cfg, params_dtype=params_dtype, critic=critic, on_gpu=False,
+                                      sequence_parallel=sequence_parallel)
+            params = [(n, p) for c in chunks for n, p in c.named_parameters()]
+            total, expert = sum(p.numel() for _, p in params), sum(p.numel() for n, p in params if is_expert(n))
+            for tp_rank in range(tp):
                 unique = sum(p.numel() * (ep if is_expert(n) else 1) for n, p in params
                              if tp_rank == 0 or getattr(p, "tensor_model_parallel", False))
-                out.append(Counts(tp_rank, pp_rank, inflight, sum(p.numel() for _, p in params), unique,
-                                  sum(p.numel() for n, p in params if is_expert(n))))
-                del chunks, params
-            finally:
-                parallel.destroy()
+                out.append(Counts(tp_rank, pp_rank, inflight, total, unique, expert))
+            del chunks, params
+        finally:
+            parallel.destroy()
     _COUNTS[key] = out
     return out
 

@@ -1,4 +1,10 @@
-"""Run a function on N real ranks (gloo on the CPU) and collect each rank's return value."""
+"""Run a function on N real ranks (gloo on the CPU) and collect each rank's return value.
+
+The ranks are forked from a forkserver that imported torch, megatron-core and transformers once
+(PRELOAD): a freshly spawned interpreter spends ~10 s of CPU importing them, the most of what a
+tiny-model test costs on the 2-core CI machine. The server is single-threaded (it only imports;
+no tensor op has started a thread pool), so forking it is safe, and each rank gets the caller's
+environment as spawn would give it."""
 
 from __future__ import annotations
 
@@ -11,7 +17,14 @@ import torch.multiprocessing as mp
 from tests.helpers.ports import free_port
 
 
-def _worker(rank, world_size, port, fn, args, queue):
+# Imported once by the forkserver; every rank forked from it starts with them loaded.
+PRELOAD = ["torch", "torch.distributed", "megatron.core", "megatron.core.models.gpt", "transformers",
+           "vapo_megatron.mcore.models", "vapo_megatron.mcore.parallel", "vapo_megatron.mcore.schedule"]
+
+
+def _worker(rank, world_size, port, fn, args, queue, env):
+    os.environ.clear()
+    os.environ.update(env)  # the caller's, as a spawned process would inherit it
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
@@ -31,10 +44,12 @@ def _worker(rank, world_size, port, fn, args, queue):
 
 def run_ranks(world_size: int, fn, *args, timeout: float = 600.0) -> list:
     """fn(*args) on `world_size` spawned processes; returns [result of rank 0, rank 1, ...]."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # takes effect when the server starts (the first call)
     queue = ctx.SimpleQueue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)]
+    env = dict(os.environ)
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, env)) for r in range(world_size)]
     for p in procs:
         p.start()
     results, errors = {}, []

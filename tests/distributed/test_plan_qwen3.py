@@ -1,5 +1,5 @@
 """vapo-plan sizes the Qwen3 configs: configs/qwen3_32b_vapo.yaml (dense) and
-configs/qwen3_30b_a3b_vapo.yaml (mixture of experts at EP=8) fit on 8 nodes x 8 H100 80 GB; an
+configs/qwen3_30b_a3b_vapo.yaml (mixture of experts at EP=2, each EP group in one node) fit on 8 nodes x 8 H100 80 GB; an
 invalid parallel.ep is refused in one line naming it; expert parallelism divides the routed
 experts' parameters per GPU by EP, against an independent count from the published config.json
 values (Qwen/Qwen3-30B-A3B: 48 layers, 128 experts of width 768, hidden 2048, 32 query / 4 KV
@@ -15,6 +15,7 @@ import math
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.helpers.dist_utils import run_ranks
@@ -68,8 +69,9 @@ def test_vapo_plan_accepts_the_qwen3_configs_and_names_a_bad_ep():
     assert "model: preset qwen3-32b" in ok_dense[1] and "TP=8 PP=4 VPP=- DP=2;" in ok_dense[1]
     assert "MoE" not in ok_dense[1] and "EP=" not in ok_dense[1]
     out = ok_moe[1]
-    assert "model: preset qwen3-30b-a3b" in out and "TP=4 PP=1 VPP=- DP=16 EP=8 (expert-DP=2);" in out
-    assert "optimizer state (Adam, / DP=16, experts / 2)" in out
+    assert "model: preset qwen3-30b-a3b" in out
+    assert "TP=4 PP=1 VPP=- DP=16 EP=2 (expert-DP=8; each EP group within one node);" in out
+    assert "optimizer state (Adam, / DP=16, experts / 8)" in out
     for item in ("MoE router logits + probs [T/s, E] fp32", "MoE all-to-all dispatch [T*k, h]",
                  "MoE expert MLP [T*k, 3f_e/t]", "MoE all-to-all combine [T*k, h], transient"):
         assert out.count(f"    {item}") == 2, item  # under both activation rows
@@ -141,3 +143,20 @@ def test_moe_activation_items_follow_the_routed_tokens():
     kept = parts[MOE_ROUTER] + parts[MOE_DISPATCH] + parts[MOE_EXPERT_MLP]
     assert layer_activation_bytes(hf, tokens=T, tp=t, dtype_bytes=b, sequence_parallel=True) == attention + kept
     assert moe_layer_parts(preset("qwen3-32b"), tokens=T, tp=t, dtype_bytes=b) == {}
+
+
+@pytest.mark.parametrize("tp,pp,dp,ep,gpn", [(4, 1, 16, 8, 8), (4, 1, 16, 2, 8), (2, 2, 16, 4, 8), (1, 1, 64, 16, 8),
+                                             (8, 1, 8, 8, 8), (4, 2, 8, 4, 4), (2, 1, 32, 8, 16)])
+def test_ep_group_span_follows_megatrons_rank_order(tp, pp, dp, ep, gpn):
+    """vapo-plan's EP-group span against megatron's own expert rank generator (order tp-ep-dp-pp,
+    parallel_state.initialize_model_parallel): the configs' EP=8 at TP=4 spanned 4 nodes (issue 32
+    defect 9)."""
+    from megatron.core.parallel_state import RankGenerator
+
+    from vapo_megatron.sizing.report import ep_group_nodes
+
+    groups = RankGenerator(tp=tp, ep=ep, dp=dp // ep, pp=pp, cp=1, order="tp-ep-dp-pp").get_ranks("ep")
+    want = max(len({r // gpn for r in g}) for g in groups)
+    assert ep_group_nodes(tp=tp, pp=pp, dp=dp, ep=ep, gpus_per_node=gpn) == want
+    if (tp, ep, gpn) == (4, 8, 8):
+        assert want == 4

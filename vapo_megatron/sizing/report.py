@@ -89,13 +89,24 @@ def _no_critic_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def ep_group_nodes(*, tp: int, pp: int, dp: int, ep: int, gpus_per_node: int) -> int:
+    """The most nodes one expert-parallel group spans. Megatron orders ranks tp-cp-ep-dp-pp (TP
+    fastest): an EP group is the ranks r + tp*k, k < ep, of one TP rank r, expert-DP rank and
+    pipeline stage, so it stays in a node only when tp * ep fits in one."""
+    return max(len({(stage * tp * dp + r + tp * (k + ep * e)) // gpus_per_node for k in range(ep)})
+               for stage in range(pp) for e in range(dp // ep) for r in range(tp))
+
+
 def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_per_node: int) -> str:
     tp, pp, dp, vpp = plan.layout
     r = cfg.rollout
     models, critic = plan.models, "critic" in plan.models
     optim = {"actor": cfg.actor_optim, "critic": cfg.critic_optim}
     moe = any(s.actor_expert or s.critic_expert for s in plan.shards)
-    ep = f" EP={plan.ep} (expert-DP={dp // plan.ep})" if moe or plan.ep > 1 else ""
+    span = ep_group_nodes(tp=tp, pp=pp, dp=dp, ep=plan.ep, gpus_per_node=gpus_per_node)
+    where = "each EP group within one node" if span == 1 else \
+        f"an EP group spans {span} nodes: every MoE all-to-all crosses the network"
+    ep = f" EP={plan.ep} (expert-DP={dp // plan.ep}; {where})" if moe or plan.ep > 1 else ""
     counted = "TP-replicated ones once" + (", the experts of every EP rank" if moe else "")
     lines = [
         f"vapo-plan: {nodes} node(s) x {gpus_per_node} GPUs = {plan.world_size} GPUs of {plan.gpu_bytes / GIB:.1f} GiB",

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from model_providers.files import model_dir_problems, safetensors_problem
 from tests.e2e.test_cli_errors import answer, eval_args
-from tests.e2e.test_startup_checks import _problems
+from tests.e2e.test_startup_checks import startup_report
 
 
 def _opens(path: Path) -> bool:
@@ -91,7 +91,7 @@ def test_vapo_train_refuses_a_truncated_model_and_tokenizer_at_start_up(demo, tm
     d = _copy(demo / "model", tmp_path)
     _truncate(d / "model.safetensors")
     (d / "tokenizer.json").write_text((d / "tokenizer.json").read_text()[:-50])
-    problems = _problems(demo, tmp_path, f"model.hf_path={d}")
+    problems = startup_report(demo, tmp_path, f"model.hf_path={d}")
     assert any(p.startswith(f"model.hf_path: {d / 'model.safetensors'} is truncated") for p in problems), problems
     assert any(p.startswith(f"model.hf_path: {d / 'tokenizer.json'} is not readable JSON") for p in problems), problems
 
@@ -133,7 +133,7 @@ def test_vapo_eval_refuses_the_families_vapo_train_refuses(hf, demo, tmp_path, d
     (d / "config.json").write_text(json.dumps({**cfg, **change}))
     code, message, err = _eval(capsys, d, data)
     assert code == 2 and "Traceback" not in err and text in message, err
-    train = [p for p in _problems(demo, tmp_path, f"model.hf_path={d}") if p.startswith("model.hf_path:")]
+    train = [p for p in startup_report(demo, tmp_path, f"model.hf_path={d}") if p.startswith("model.hf_path:")]
     assert train and text in train[0], train
     # the same sentence, from the same check (model_providers.check_supported)
     assert train[0].removeprefix("model.hf_path: ") in message, (train, message)

@@ -23,7 +23,7 @@ from vapo_megatron.config.preflight import hardware_problems, startup_problems
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _base(demo: Path, run_dir: Path) -> list[str]:
+def base_overrides(demo: Path, run_dir: Path) -> list[str]:
     return [
         f"trainer.run_dir={run_dir}", f"model.hf_path={demo}/model", f"data.train_files=[{demo}/train.jsonl]",
         f"data.eval_files=[{demo}/eval.jsonl]", f"sft.files=[{demo}/sft.jsonl]", "sft.steps=0",
@@ -32,14 +32,14 @@ def _base(demo: Path, run_dir: Path) -> list[str]:
     ]
 
 
-def _problems(demo: Path, tmp_path: Path, *overrides: str, world_size: int = 1, cuda: bool = False) -> list[str]:
+def startup_report(demo: Path, tmp_path: Path, *overrides: str, world_size: int = 1, cuda: bool = False) -> list[str]:
     """What vapo-train's start-up reports (vapo_megatron/train.py's checked_config, both passes)."""
-    cfg, problems = parse_config(str(ROOT / "configs" / "demo_cpu.yaml"), [*_base(demo, tmp_path / "run"), *overrides])
+    cfg, problems = parse_config(str(ROOT / "configs" / "demo_cpu.yaml"), [*base_overrides(demo, tmp_path / "run"), *overrides])
     return problems + startup_problems(cfg, world_size) + hardware_problems(cfg, cuda=cuda)
 
 
 def test_the_base_settings_pass(demo, tmp_path):
-    assert _problems(demo, tmp_path) == []
+    assert startup_report(demo, tmp_path) == []
 
 
 # (overrides, world size, text every message for it must hold: the key and what is allowed)
@@ -81,17 +81,17 @@ CASES = [
 
 
 def test_moved_eval_keys_name_their_new_place(demo, tmp_path):
-    assert "config key trainer.eval_every is now eval.every" in _problems(demo, tmp_path, "trainer.eval_every=5")
-    assert "config key data.eval_max_prompts is now eval.max_prompts" in _problems(demo, tmp_path, "data.eval_max_prompts=5")
+    assert "config key trainer.eval_every is now eval.every" in startup_report(demo, tmp_path, "trainer.eval_every=5")
+    assert "config key data.eval_max_prompts is now eval.max_prompts" in startup_report(demo, tmp_path, "data.eval_max_prompts=5")
 
 
 def test_files_the_run_will_not_read_are_not_required(demo, tmp_path):
-    assert _problems(demo, tmp_path, "sft.steps=0", "sft.files=[/nonexistent/sft.jsonl]") == []
+    assert startup_report(demo, tmp_path, "sft.steps=0", "sft.files=[/nonexistent/sft.jsonl]") == []
 
 
 @pytest.mark.parametrize("overrides,world,text", CASES, ids=[" ".join(c[0]) + f" @{c[1]}" for c in CASES])
 def test_each_invalid_setting_is_named(demo, tmp_path, overrides, world, text):
-    problems = _problems(demo, tmp_path, *overrides, world_size=world)
+    problems = startup_report(demo, tmp_path, *overrides, world_size=world)
     assert any(text in p for p in problems), problems
 
 
@@ -108,7 +108,7 @@ def test_files_and_model_dirs_are_checked_for_what_they_hold(demo, tmp_path):
     hf = json.loads((demo / "model" / "config.json").read_text())
     (odd_arch / "config.json").write_text(json.dumps({**hf, "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox"}))
     (tmp_path / "run_is_a_file").write_text("")
-    problems = _problems(
+    problems = startup_report(
         demo, tmp_path, f"data.train_files=[{tmp_path}/data_dir.jsonl]", f"data.eval_files=[{tmp_path}/t.csv]",
         f"model.hf_path={empty_model}", f"model.critic_hf_path={bad_json}", f"trainer.run_dir={tmp_path}/run_is_a_file",
     )
@@ -121,7 +121,7 @@ def test_files_and_model_dirs_are_checked_for_what_they_hold(demo, tmp_path):
     ]
     for w in want:
         assert any(w in p for p in problems), (w, problems)
-    problems = _problems(demo, tmp_path, f"model.critic_hf_path={odd_arch}")
+    problems = startup_report(demo, tmp_path, f"model.critic_hf_path={odd_arch}")
     assert any("model.critic_hf_path: " in p and "unsupported architecture" in p for p in problems), problems
     assert any(f"model.critic_hf_path: {odd_arch} has no model.safetensors" in p for p in problems), problems
 
@@ -149,7 +149,7 @@ def _cli(*args: str, env_extra: dict | None = None, timeout: int = 120) -> subpr
 def test_cli_lists_every_bad_setting_and_exits_before_starting_ranks(demo, tmp_path):
     run_dir = tmp_path / "run"
     proc = _cli(
-        *_base(demo, run_dir), "parallel.tp=3", "rollout.prompts_per_step=6", "rollout.top_k=0",
+        *base_overrides(demo, run_dir), "parallel.tp=3", "rollout.prompts_per_step=6", "rollout.top_k=0",
         "rollout.max_new_tokens=200", "trainer.micro_batch_tokens=4096", f"data.eval_files=[{tmp_path}/missing.jsonl]",
         # Four ranks launched (as torchrun would say); only this one exists, so a rendezvous would hang.
         env_extra={"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0"},
@@ -178,7 +178,7 @@ def test_cli_reports_an_unknown_key_and_a_bad_value_at_once_without_torch(demo, 
             "print('HEAVY', heavy, file=sys.stderr); sys.exit(rc)")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
     proc = subprocess.run(
-        [sys.executable, "-c", code, "--config", str(ROOT / "configs" / "demo_cpu.yaml"), *_base(demo, tmp_path / "run"),
+        [sys.executable, "-c", code, "--config", str(ROOT / "configs" / "demo_cpu.yaml"), *base_overrides(demo, tmp_path / "run"),
          "algo.alpah=0.1", "algo.gamma=1.5", "rollout.n_samples=many", "algo.value_clip"],
         cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -193,7 +193,7 @@ def test_cli_reports_an_unknown_key_and_a_bad_value_at_once_without_torch(demo, 
 
 
 def test_cli_heads_against_tp_with_a_matching_world(demo, tmp_path):
-    proc = _cli(*_base(demo, tmp_path / "run"), "parallel.tp=4", env_extra={"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0"})
+    proc = _cli(*base_overrides(demo, tmp_path / "run"), "parallel.tp=4", env_extra={"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0"})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "parallel.tp=4 does not divide num_key_value_heads=2 of model.hf_path" in proc.stderr
     assert "allowed parallel.tp: 1, 2" in proc.stderr
@@ -202,7 +202,7 @@ def test_cli_heads_against_tp_with_a_matching_world(demo, tmp_path):
 def test_cli_all_bad_training_data_stops_with_the_file_named(demo, tmp_path):
     bad = tmp_path / "all_bad.jsonl"
     bad.write_bytes(b'{"prompt": "1+1=", "answer": null}\n{"prompt": 5, "answer": "2"}\n\xff\xfe\n')
-    proc = _cli(*_base(demo, tmp_path / "run"), f"data.train_files=[{bad}]")
+    proc = _cli(*base_overrides(demo, tmp_path / "run"), f"data.train_files=[{bad}]")
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"vapo-train: data error: {bad}: no usable prompt in 3 rows (non_utf8=1, null_answer=1, wrong_type=1)" in proc.stderr
     for line in (1, 2, 3):
@@ -226,7 +226,7 @@ def test_cli_trains_through_fuzzed_data_and_refuses_a_crafted_checkpoint(demo, t
     fuzzed = tmp_path / "fuzzed.jsonl"
     fuzzed.write_bytes(b"\n".join(lines) + b"\n")
     run_dir = tmp_path / "run"
-    args = [*_base(demo, run_dir), f"data.train_files=[{fuzzed}]", "data.eval_files=[]"]
+    args = [*base_overrides(demo, run_dir), f"data.train_files=[{fuzzed}]", "data.eval_files=[]"]
     proc = _cli(*args, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for k in range(len(SIMPLE_BAD_ROWS)):
@@ -268,7 +268,7 @@ def test_cli_refuses_bad_baseline_settings_at_once_without_torch(demo, tmp_path)
 
     def run(config: str, *overrides: str) -> str:
         proc = subprocess.run(
-            [sys.executable, "-c", code, "--config", str(ROOT / "configs" / config), *_base(demo, tmp_path / "run"),
+            [sys.executable, "-c", code, "--config", str(ROOT / "configs" / config), *base_overrides(demo, tmp_path / "run"),
              *overrides], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr[-3000:]
         assert "HEAVY []" in proc.stderr, proc.stderr[-3000:]

@@ -116,6 +116,9 @@ def plan(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as e:  # ValueError: an unknown preset, an unreadable config.json
         print(f"vapo-plan: invalid configuration for {args.nodes} x {args.gpus_per_node} GPUs: {e}", file=sys.stderr)
         return 2
+    from vapo_megatron.mcore.megatron_import import import_megatron
+
+    import_megatron()  # on a machine without CUDA, no torch.compile at megatron-core's import
     from vapo_megatron.sizing.plan import make_plan
     from vapo_megatron.sizing.report import format_plan
 

@@ -18,7 +18,8 @@ from tests.helpers.ports import free_port
 
 
 # Imported once by the forkserver; every rank forked from it starts with them loaded.
-PRELOAD = ["torch", "torch.distributed", "megatron.core", "megatron.core.models.gpt", "transformers",
+# tests.helpers.preload first: megatron-core imported as the commands import it (import_megatron).
+PRELOAD = ["tests.helpers.preload", "torch", "torch.distributed", "megatron.core", "megatron.core.models.gpt", "transformers",
            "vapo_megatron.mcore.models", "vapo_megatron.mcore.parallel", "vapo_megatron.mcore.schedule"]
 
 

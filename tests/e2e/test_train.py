@@ -1,5 +1,5 @@
 """The trainer end to end through its real entry point: torchrun, 2 ranks, TP=2, the embedded
-engine, a shortened demo config. Also: exact resume, resume at another TP, and the vanilla-PPO config."""
+engine, a shortened demo config. Also: exact resume, resume at another TP and PP, and the vanilla-PPO config."""
 
 from __future__ import annotations
 
@@ -153,19 +153,30 @@ def test_restart_after_checkpoint_reaches_same_weights(full_run, demo_data, tmp_
 TP_CHANGE_RTOL = 1e-4
 
 
-def test_resume_at_another_tp_continues_the_run(full_run, demo_data, tmp_path):
-    """A checkpoint does not depend on the TP it was written at (issue 33): the TP=2 run's
-    iteration-2 checkpoint resumed at TP=1 reaches the TP=2 run's iteration 4, weights and Adam
-    state of actor and critic, to float tolerance. The padded vocabulary differs (256 rows at TP=2,
-    128 at TP=1, the real 64 in both): the padding rows are zero in both. One rank, so DP=1 as in
-    the TP=2 run: the same rollouts (the sampling seeds depend on the DP rank)."""
-    run_dir = tmp_path / "tp1"
+# Every change of TP and PP that two CPU ranks allow while DP stays 1 (a new DP size gives ranks other
+# sampling seeds: the run continues correctly, not with the same numbers; parallel.ep never changes,
+# config/resume.py): TP=2 -> TP=1 on one rank, and TP=2 -> TP=1 x PP=2 (each stage one of the two layers).
+LAYOUT_CHANGES = {
+    "tp1": (["parallel.tp=1"], 1, ["parallel.tp: 2 in the run, 1 now"]),
+    "tp1_pp2": (["parallel.tp=1", "parallel.pp=2"], 2, ["parallel.tp: 2 in the run, 1 now", "parallel.pp: 1 in the run, 2 now"]),
+}
+
+
+@pytest.mark.parametrize("change", LAYOUT_CHANGES)
+def test_resume_at_another_layout_continues_the_run(change, full_run, demo_data, tmp_path):
+    """A checkpoint does not depend on the TP or PP it was written at (issue 33): the TP=2 run's
+    iteration-2 checkpoint resumed at another layout reaches the TP=2 run's iteration 4, weights and
+    Adam state of actor and critic, to float tolerance. The padded vocabulary differs (256 rows at
+    TP=2, 128 at TP=1, the real 64 in both): the padding rows are zero in both. DP=1 as in the TP=2
+    run: the same rollouts (the sampling seeds depend on the DP rank)."""
+    overrides, nproc, said = LAYOUT_CHANGES[change]
+    run_dir = tmp_path / change
     shutil.copytree(full_run, run_dir)
     shutil.rmtree(run_dir / "checkpoints" / "iter_0000004")
     (run_dir / "checkpoints" / "latest").write_text("iter_0000002\n")  # as if stopped after iteration 2
-    proc = train("demo_cpu.yaml", *_short(demo_data, run_dir), "trainer.total_steps=3", "parallel.tp=1",
-                 "trainer.export_hf=false", nproc=1)
-    assert "parallel.tp: 2 in the run, 1 now" in proc.output and "resumed from" in proc.output
+    proc = train("demo_cpu.yaml", *_short(demo_data, run_dir), "trainer.total_steps=3", *overrides,
+                 "trainer.export_hf=false", nproc=nproc)
+    assert all(line in proc.output for line in said) and "resumed from" in proc.output, proc.output[-3000:]
     vocab = json.loads((demo_data / "model" / "config.json").read_text())["vocab_size"]
     for role in ("actor", "critic"):
         want = checkpoint_tensors(full_run / "checkpoints" / "iter_0000004" / role)
@@ -176,7 +187,7 @@ def test_resume_at_another_tp_continues_the_run(full_run, demo_data, tmp_path):
         for k in want:
             rows = min(len(want[k]), len(have[k])) if want[k].dim() else None
             w, h = (want[k][:rows], have[k][:rows]) if rows else (want[k], have[k])
-            assert (w - h).abs().max() <= TP_CHANGE_RTOL * w.abs().max(), f"{role} {k} differs after the TP change"
+            assert (w - h).abs().max() <= TP_CHANGE_RTOL * w.abs().max(), f"{role} {k} differs after the layout change"
             if k in padded:
                 assert want[k].shape[0] == 256 and have[k].shape[0] == 128, k
                 assert not want[k][vocab:].any() and not have[k][vocab:].any(), f"{role} {k}: padding rows are not zero"

@@ -205,3 +205,23 @@ def test_qwen3_moe_weight_sync_and_export(models, runs, tag):
     torch.testing.assert_close(rank0["engine_logits"], megatron_logits, atol=TOL, rtol=0)
     if tag == "ep2":
         torch.testing.assert_close(rank1["megatron_logits"], rank0["megatron_logits"], atol=0, rtol=0)
+
+
+def test_moe_checkpoints_hold_transformer_engines_keys(runs):
+    """Issue 32 defect 3: a checkpoint written here (megatron's local spec, no TE) names each layer's
+    norms as Transformer Engine's spec does, so a GPU run's checkpoint and a CPU tool agree (the
+    loads above then read TE's keys through the CPU path). The reference is TE's spec in
+    megatron-core 0.19.2 (gpt_layer_specs.py): it fuses the input norm into linear_qkv in every
+    layer and the pre-MLP norm into linear_fc1 in a dense layer; an expert layer keeps its
+    pre_mlp_layernorm (TENorm). The tiny model's layer 2 is its dense one (mlp_only_layers=[2])."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    _, work = runs
+    for ckpt in ("untied-tp2", "untied-ep2", "critic-pp2"):
+        keys = set(FileSystemReader(str(work / ckpt)).read_metadata().state_dict_metadata)
+        for layer in range(4):
+            p = f"decoder.layers.{layer}."
+            assert p + "self_attention.linear_qkv.layer_norm_weight" in keys, (ckpt, layer)
+            dense = layer == 2
+            assert (p + "mlp.linear_fc1.layer_norm_weight" in keys) == dense, (ckpt, layer)
+            assert (p + "pre_mlp_layernorm.weight" in keys) == (not dense), (ckpt, layer)

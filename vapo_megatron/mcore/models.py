@@ -7,6 +7,8 @@ schedule is assembled (mcore/model.py, wrap_ddp).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
 import importlib.util
 import os
@@ -233,13 +235,35 @@ def layer_spec(config, vp_stage: int | None = None):
         # Dense and expert layers differ (moe_layer_freq): megatron's per-layer block spec.
         block = specs.get_gpt_decoder_block_spec(config, use_transformer_engine=te, normalization="RMSNorm",
                                                  vp_stage=vp_stage)
-        return local_block_spec_of(block.layer_specs) if config.sequence_parallel and not te else block
+        if te:
+            return block
+        block = dataclasses.replace(block, layer_specs=[te_checkpoint_keys(s) for s in block.layer_specs])
+        return local_block_spec_of(block.layer_specs) if config.sequence_parallel else block
     if te:
         return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.qk_layernorm)
     spec = specs.get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
     if config.sequence_parallel:
         return local_block_spec(spec, get_num_layers_to_build(config, vp_stage=vp_stage))
     return spec
+
+
+def te_checkpoint_keys(layer_spec):
+    """A local-spec layer whose checkpoint keys are the ones Transformer Engine's spec writes
+    (issue 32 defect 3). megatron's local spec renames `pre_mlp_layernorm.*` to
+    `mlp.linear_fc1.layer_norm_*` in every layer's sharded state dict: the name TE gives the norm it
+    fuses into a dense MLP's first linear. An expert layer has no such linear, and TE's spec keeps
+    its norm as `pre_mlp_layernorm` (megatron-core 0.19.2, gpt_layer_specs.py: TE's submodules have
+    `pre_mlp_layernorm=TENorm if num_experts`). Without this, a Qwen3-MoE checkpoint written on a
+    GPU could not be read where TE is absent (vapo-convert, vapo-eval, a resume on the CPU), nor
+    a CPU one on a GPU. Dense layers keep the rename: there both specs agree."""
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    layer = layer_spec.submodules
+    mlp = layer.mlp.func if isinstance(layer.mlp, functools.partial) else getattr(layer.mlp, "module", layer.mlp)
+    if not (isinstance(mlp, type) and issubclass(mlp, MoELayer)):  # megatron 0.19.2: partial(MoELayer, ...)
+        return layer_spec
+    keys = {k: v for k, v in layer.sharded_state_dict_keys_map.items() if k != "pre_mlp_layernorm."}
+    return dataclasses.replace(layer_spec, submodules=dataclasses.replace(layer, sharded_state_dict_keys_map=keys))
 
 
 def _gpt_kwargs(hf_cfg: dict, config, vp_stage: int | None) -> dict:
@@ -311,4 +335,4 @@ def build_chunks(hf_cfg: dict, *, params_dtype: torch.dtype, critic: bool, recom
 
 __all__ = ["apex_softmax_available", "apex_wgrad_available", "broken_te_line", "build_actor", "build_chunks", "build_critic",
            "compiled_fusions", "fresh_value_head", "host_compiler", "layer_spec", "padded_vocab_size", "softmax_fusion",
-           "te_available", "transformer_config", "wgrad_fusion"]
+           "te_available", "te_checkpoint_keys", "transformer_config", "wgrad_fusion"]

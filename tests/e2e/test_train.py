@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.train_runs import ROOT, checkpoint_tensors, exported, hf_weights, make_demo_data, records, train
+from tests.helpers.train_runs import ROOT, checkpoint_tensors, hf_weights, make_demo_data, records, train
 
 REQUIRED_METRICS = [
     "step", "phase", "reward/mean", "reward/accuracy", "response_length/mean", "response_length/max",
@@ -125,25 +125,36 @@ def test_learning_rates_follow_the_schedule_in_metrics_and_tensorboard(full_run)
         assert all(logged[k] == pytest.approx(v, rel=1e-6, abs=1e-12) for k, v in by_step.items()), (key, logged)
 
 
+def _stopped_after_iteration_2(full_run: Path, run_dir: Path) -> None:
+    """A copy of the full run as it was after iteration 2: its last checkpoint gone, `latest` back
+    at iteration 2. Its metrics, eval records and TensorBoard events still hold the later steps,
+    as a run killed after writing them and before its next checkpoint does."""
+    shutil.copytree(full_run, run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / "iter_0000004")
+    (run_dir / "checkpoints" / "latest").write_text("iter_0000002\n")
+
+
 def test_restart_after_checkpoint_reaches_same_weights(full_run, demo_data, tmp_path):
     run_dir = tmp_path / "run"
-    train("demo_cpu.yaml", *_short(demo_data, run_dir), "trainer.total_steps=1")   # stops at iteration 2
-    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_0000002"
+    _stopped_after_iteration_2(full_run, run_dir)
     proc = train("demo_cpu.yaml", *_short(demo_data, run_dir), "trainer.total_steps=3")
     assert "resumed from" in proc.stdout + proc.stderr
+    # Weights and Adam state of actor and critic, bitwise.
     for role in ("actor", "critic"):
-        want = exported(full_run / "checkpoints" / "iter_0000004" / role, tmp_path / f"want_{role}")
-        have = exported(run_dir / "checkpoints" / "iter_0000004" / role, tmp_path / f"have_{role}")
+        want = checkpoint_tensors(full_run / "checkpoints" / "iter_0000004" / role)
+        have = checkpoint_tensors(run_dir / "checkpoints" / "iter_0000004" / role)
         assert want.keys() == have.keys()
         for name in want:
             assert torch.equal(want[name], have[name]), f"{role} {name} differs after resume"
-    # The run's own final HF export is the actor of its last checkpoint.
-    final = hf_weights(run_dir / "hf")
-    actor = exported(run_dir / "checkpoints" / "iter_0000004" / "actor", tmp_path / "have_actor")
-    assert all(torch.equal(final[k], actor[k]) for k in actor) and final.keys() == actor.keys()
-    # The metrics of the redone steps are not duplicated.
-    steps = [r["step"] for r in records(run_dir) if r["phase"] == "vapo"]
-    assert steps == sorted(set(steps))
+    # The resumed run's final HF export is the uninterrupted run's.
+    want, have = hf_weights(full_run / "hf"), hf_weights(run_dir / "hf")
+    assert want.keys() == have.keys() and all(torch.equal(want[k], have[k]) for k in want)
+    # The records of the redone steps replace those the copy held: each step once, with the
+    # uninterrupted run's rewards.
+    redone = [r for r in records(run_dir) if r["phase"] == "vapo"]
+    assert [r["step"] for r in redone] == [2, 3, 4]
+    want = {r["step"]: r["reward/mean"] for r in records(full_run) if r["phase"] == "vapo"}
+    assert {r["step"]: r["reward/mean"] for r in redone} == want
 
 
 # Relative to a tensor's largest magnitude. TP=2 sums partial products across ranks (row-parallel
@@ -171,9 +182,7 @@ def test_resume_at_another_layout_continues_the_run(change, full_run, demo_data,
     run: the same rollouts (the sampling seeds depend on the DP rank)."""
     overrides, nproc, said = LAYOUT_CHANGES[change]
     run_dir = tmp_path / change
-    shutil.copytree(full_run, run_dir)
-    shutil.rmtree(run_dir / "checkpoints" / "iter_0000004")
-    (run_dir / "checkpoints" / "latest").write_text("iter_0000002\n")  # as if stopped after iteration 2
+    _stopped_after_iteration_2(full_run, run_dir)
     proc = train("demo_cpu.yaml", *_short(demo_data, run_dir), "trainer.total_steps=3", *overrides,
                  "trainer.export_hf=false", nproc=nproc)
     assert all(line in proc.output for line in said) and "resumed from" in proc.output, proc.output[-3000:]

@@ -1,6 +1,7 @@
 """megatron-core imported without torch.compile at import on a machine without CUDA
 (vapo_megatron/mcore/megatron_import.py): nothing of torch._inductor is loaded by the trainer's
-modules, torch.compile is torch's own again afterwards, and megatron's kernels compute what their
+modules, torch.compile is torch's own again afterwards, wandb is not imported by megatron's timers
+but importable after, and megatron's kernels compute what their
 formula says. In a fresh interpreter: the property is about what an import does."""
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ assert torch.allclose(bias_swiglu(y, b), torch.nn.functional.silu(a) * g)
 a, g = y.chunk(2, dim=-1)
 assert torch.allclose(swiglu(y), a * torch.sigmoid(a) * g)
 assert import_megatron() is False  # imported already: nothing changes
+# wandb was hidden from megatron's timers (its fallback None) and is importable again, unloaded so far
+import megatron.core.timers
+assert "wandb" not in sys.modules and megatron.core.timers.wandb is None
+import wandb
+assert wandb.__name__ == "wandb" and sys.modules["wandb"] is wandb
 print("ok")
 """
 

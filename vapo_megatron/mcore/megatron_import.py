@@ -13,6 +13,12 @@ itself is restored at once. torch.compile's contract is that it does not change 
 eager kernel computes what the compiled one would.
 
 With CUDA it only imports megatron-core: the GPU path keeps megatron's compiled fusions.
+
+On any machine, megatron/core/timers.py imports wandb at its import when wandb is installed (for
+its timers' wandb writer, which the trainer never uses: its own wandb run is trainer/wandb_run.py,
+imported when trainer.wandb is on). That import is about 1 s of CPU in every process. So wandb
+is hidden while megatron-core loads (timers.py then binds wandb = None, its own fallback) and
+importable again right after; a wandb imported before is left alone.
 Called first by every command that builds a model (config/quiet.py `device_startup`, vapo-plan)
 and by the test suite's forkserver; a module imported before it that imports megatron-core
 gets the compiled decoration, which is only slower to import. scripts/bench_startup.py measures
@@ -22,6 +28,7 @@ the difference.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 import torch
 
@@ -31,17 +38,34 @@ def _identity_compile(model=None, **_options):
     return model if model is not None else (lambda fn: fn)
 
 
-def import_megatron() -> bool:
-    """Import megatron.core; without CUDA, with its jit_fuser the identity. Returns whether the
-    fusions were left eager (False: CUDA is visible, or megatron-core was imported already)."""
-    if "megatron.core" in sys.modules or torch.cuda.is_available():
-        import megatron.core  # noqa: F401
+@contextmanager
+def _hidden(name: str):
+    """`import name` raises ImportError inside the block (None in sys.modules), unless it is imported already."""
+    hide = name not in sys.modules
+    if hide:
+        sys.modules[name] = None
+    try:
+        yield
+    finally:
+        if hide and sys.modules.get(name, 0) is None:
+            del sys.modules[name]
 
+
+def import_megatron() -> bool:
+    """Import megatron.core, wandb hidden meanwhile; without CUDA, with its jit_fuser the identity.
+    Returns whether the fusions were left eager (False: CUDA is visible, or megatron-core was
+    imported already)."""
+    if "megatron.core" in sys.modules:
+        return False
+    if torch.cuda.is_available():
+        with _hidden("wandb"):
+            import megatron.core  # noqa: F401
         return False
     real = torch.compile
     torch.compile = _identity_compile  # what megatron/core/jit.py binds jit_fuser to at its import
     try:
-        import megatron.core  # noqa: F401
+        with _hidden("wandb"):
+            import megatron.core  # noqa: F401
     finally:
         torch.compile = real
     from megatron.core import jit

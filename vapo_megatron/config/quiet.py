@@ -106,11 +106,14 @@ def device_startup() -> None:
     """For the commands that build a model, once torch may be imported: without CUDA, the GPU-only
     advice is filtered too (not with VAPO_VERBOSE=1); then accelerator_line, once, on global rank 0
     (every rank would say the same). It imports megatron-core, without CUDA with no torch.compile
-    at import (mcore/megatron_import.py), before any other module can."""
+    at import (mcore/megatron_import.py), before any other module can, and gives transformers'
+    import a packages_distributions that does not stat every installed file (config/package_index.py)."""
     import torch
 
+    from vapo_megatron.config import package_index
     from vapo_megatron.mcore.megatron_import import import_megatron
 
+    package_index.install()
     import_megatron()
     if not verbose() and not torch.cuda.is_available():
         _install(CPU_ONLY_WARNINGS, CPU_ONLY_LOGS)

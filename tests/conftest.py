@@ -6,6 +6,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 
 from tests.helpers.slurm_cluster import session_lock  # noqa: E402
+# Session fixtures of the two Slurm files: the one-node cluster and its reference job, run once.
+from tests.helpers.slurm_demo import slurm_demo_data, slurm_env, uninterrupted  # noqa: E402,F401
 
 # `make test` runs the suite on two pytest-xdist workers (-n 2 --dist loadfile): about half the
 # suite's time is spent waiting (Slurm scheduling, signals, subprocess start-up) with one core idle.

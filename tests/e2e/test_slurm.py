@@ -15,105 +15,23 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import subprocess
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
-import pytest
 import torch
 
 from tests.helpers.slurm_cluster import wait_for
+from tests.helpers.slurm_demo import (DEMO_CONFIG, FINAL_ITER, REPO, VAPO_STEPS, job_fields, sbatch, short_demo,
+                                      submit_train, wait_done)
 from tests.helpers.train_runs import checkpoint_tensors, hf_weights, records
 
-REPO = Path(__file__).resolve().parents[2]
-SLURM_LOCAL = REPO / "scripts" / "slurm_local.sh"
-TRAIN_SBATCH = REPO / "slurm" / "vapo_train.sbatch"
 CONVERT_SBATCH = REPO / "slurm" / "convert.sbatch"
-DEMO_CONFIG = REPO / "configs" / "demo_cpu.yaml"
-CANNOT_INSTALL = 3  # slurm_local.sh's exit code when Slurm cannot be installed or run here
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
-
-# 1 value-pretraining iteration + VAPO_STEPS VAPO iterations; each takes a fraction of a second
-# here, so a dozen leave a few seconds in which to preempt the second job mid-run.
-VAPO_STEPS = 12
-FINAL_ITER = 1 + VAPO_STEPS
 
 
-@pytest.fixture(scope="session")
-def slurm_env(slurm_lock) -> dict[str, str]:
-    """Environment whose SLURM_CONF points at the local cluster; stops the daemons it started."""
-    conf = subprocess.run(["bash", str(SLURM_LOCAL), "env"], capture_output=True, text=True, check=True).stdout
-    env = dict(os.environ, SLURM_CONF=conf.strip().removeprefix("export SLURM_CONF="))
-    was_running = subprocess.run(["bash", str(SLURM_LOCAL), "status"], capture_output=True, env=env).returncode == 0
-    start = subprocess.run(["bash", str(SLURM_LOCAL), "start"], capture_output=True, text=True, env=env)
-    if start.returncode == CANNOT_INSTALL:
-        pytest.skip(f"no Slurm cluster possible here: {start.stderr.strip()}")
-    assert start.returncode == 0, f"scripts/slurm_local.sh start failed:\n{start.stdout}\n{start.stderr}"
-    yield env
-    if not was_running:  # leave a cluster someone else started alone
-        subprocess.run(["bash", str(SLURM_LOCAL), "stop"], check=True, env=env)
-
-
-def job_fields(job_id: str, env: dict[str, str]) -> dict[str, str]:
-    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, env=env, check=True).stdout
-    return dict(item.split("=", 1) for item in out.split() if "=" in item)
-
-
-def wait_done(job_id: str, env: dict[str, str], timeout: float) -> dict[str, str]:
-    return wait_for(lambda: (f := job_fields(job_id, env))["JobState"] in FINAL_STATES and f, timeout, f"job {job_id} to end")
-
-
-def sbatch(script: Path, args: list[str], env: dict[str, str], log: Path, extra_env: dict[str, str],
-           flags: tuple[str, ...] = ()) -> str:
-    """Submits on 1 CPU node (no GPUs); returns the job id."""
-    job_env = dict(env, VAPO_PYTHON=sys.executable, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **extra_env)
-    cmd = ["sbatch", "--parsable", "--nodes=1", "--gpus-per-node=0", f"--output={log}", *flags, str(script), *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=job_env, cwd=REPO)
-    assert out.returncode == 0, f"sbatch failed: {out.stderr}"
-    return out.stdout.strip().split(";")[0]
-
-
-def submit_train(run_dir: Path, log: Path, env: dict[str, str], args: list[str], flags: tuple[str, ...] = ()) -> str:
-    """The documented command line: the run dir as the last override."""
-    return sbatch(TRAIN_SBATCH, [*args, f"trainer.run_dir={run_dir}"], env, log, {"GPUS_PER_NODE": "2"}, flags)
-
-
-@pytest.fixture(scope="module")
-def demo_data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("demo") / "data"
-    subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "make_demo_data.py"), "--out", str(out),
-         "--n-train", "128", "--n-eval", "8", "--n-sft", "32"],
-        check=True, cwd=REPO, capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
-    return out
-
-
-def short_demo(data: Path) -> list[str]:
-    """Overrides that shrink configs/demo_cpu.yaml to a run of a few seconds."""
-    return [
-        f"model.hf_path={data}/model", f"data.train_files=[{data}/train.jsonl]", f"data.eval_files=[{data}/eval.jsonl]",
-        f"sft.files=[{data}/sft.jsonl]", "sft.steps=2", "sft.batch_size=8", "algo.value_pretrain_steps=1",
-        "rollout.prompts_per_step=8", "rollout.n_samples=4", "eval.max_prompts=4", "trainer.save_every=5",
-        "eval.every=100", "trainer.tensorboard=false", f"trainer.total_steps={VAPO_STEPS}",
-    ]
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(slurm_env, demo_data, tmp_path_factory) -> tuple[Path, Path, dict[str, str]]:
-    """The reference job: the shortened demo from start to end. The run dir has a space in its
-    name, to show that arguments reach the trainer intact."""
-    base = tmp_path_factory.mktemp("uninterrupted")
-    run_dir, log = base / "run A", base / "job.out"
-    job_id = submit_train(run_dir, log, slurm_env, [str(DEMO_CONFIG), *short_demo(demo_data)])
-    return run_dir, log, wait_done(job_id, slurm_env, timeout=240)
-
-
-def test_train_job_runs_the_trainer_to_the_end(uninterrupted, demo_data):
+def test_train_job_runs_the_trainer_to_the_end(uninterrupted, slurm_demo_data):
     run_dir, log, fields = uninterrupted
     text = log.read_text(errors="replace")
     assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "0"), text[-4000:]
@@ -128,7 +46,7 @@ def test_train_job_runs_the_trainer_to_the_end(uninterrupted, demo_data):
     assert state["config"]["trainer"]["run_dir"] == str(run_dir)
     assert not (REPO / "runs" / f"vapo-train-{fields['JobId']}").exists()
     assert state["config"]["trainer"]["total_steps"] == VAPO_STEPS
-    assert state["config"]["data"]["train_files"] == [f"{demo_data}/train.jsonl"]
+    assert state["config"]["data"]["train_files"] == [f"{slurm_demo_data}/train.jsonl"]
     phases = [r["phase"] for r in records(run_dir)]
     assert phases.count("value_pretrain") == 1 and phases.count("vapo") == VAPO_STEPS
     assert (run_dir / "hf" / "model.safetensors.index.json").is_file()
@@ -140,10 +58,10 @@ def first_iteration_done(run_dir: Path) -> bool:  # the trainer's signal handler
     return path.exists() and any(r["phase"] == "value_pretrain" for r in records(run_dir))
 
 
-def test_usr1_mid_run_requeues_and_resumes_to_the_same_weights(uninterrupted, slurm_env, demo_data, tmp_path):
+def test_usr1_mid_run_requeues_and_resumes_to_the_same_weights(uninterrupted, slurm_env, slurm_demo_data, tmp_path):
     ref_dir = uninterrupted[0]
     run_dir, log = tmp_path / "run B", tmp_path / "job.out"
-    job_id = submit_train(run_dir, log, slurm_env, [str(DEMO_CONFIG), *short_demo(demo_data)])
+    job_id = submit_train(run_dir, log, slurm_env, [str(DEMO_CONFIG), *short_demo(slurm_demo_data)])
     wait_for(lambda: first_iteration_done(run_dir), 180, "the first training iteration", poll=0.05)
     # What Slurm does at `--signal=USR1@T` (no B:): SIGUSR1 to every process of the job steps.
     subprocess.run(["scancel", "--signal=USR1", job_id], check=True, env=slurm_env)
@@ -175,12 +93,12 @@ def assert_same_run(ref_dir: Path, run_dir: Path) -> None:
 
 
 def test_deadline_saves_and_requeues_before_the_time_limit_and_a_resubmission_resumes(
-        uninterrupted, slurm_env, demo_data, tmp_path):
+        uninterrupted, slurm_env, slurm_demo_data, tmp_path):
     ref_dir = uninterrupted[0]
     run_dir, log = tmp_path / "run C", tmp_path / "job.out"
     # 30 minutes, the USR1 backstop 5 s before the end (the script's 75-minute lead exceeds the
     # limit); the trainer stops when the next step + a save + 300 s no longer fit.
-    args = [str(DEMO_CONFIG), *short_demo(demo_data), "trainer.deadline_margin_s=300"]
+    args = [str(DEMO_CONFIG), *short_demo(slurm_demo_data), "trainer.deadline_margin_s=300"]
     job_id = submit_train(run_dir, log, slurm_env, args, flags=("--time=30", "--signal=USR1@5"))
     wait_for(lambda: first_iteration_done(run_dir), 180, "the first training iteration", poll=0.05)
     # Cut the time limit to end 2-3 minutes from now (Slurm counts whole minutes from the start).
@@ -203,7 +121,7 @@ def test_deadline_saves_and_requeues_before_the_time_limit_and_a_resubmission_re
     # A new job (new id) with the same command line finds the run's checkpoints and resumes from
     # the last one instead of starting again: no training step is run or logged twice.
     log2 = tmp_path / "job2.out"
-    fields = wait_done(submit_train(run_dir, log2, slurm_env, [str(DEMO_CONFIG), *short_demo(demo_data)]), slurm_env, 240)
+    fields = wait_done(submit_train(run_dir, log2, slurm_env, [str(DEMO_CONFIG), *short_demo(slurm_demo_data)]), slurm_env, 240)
     text = log2.read_text(errors="replace")
     assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), text[-4000:]
     assert f"resumed from {run_dir / 'checkpoints' / f'iter_{FINAL_ITER:07d}'} at iteration {FINAL_ITER}" in text, text[-4000:]

@@ -6,9 +6,10 @@ directory is on the filesystem they share. The job is the same sbatch script use
 unchanged: one srun task per node, torchrun on each with one CPU worker, the trainer with TP=2
 across the two nodes (configs/demo_cpu.yaml, shortened as in tests/test_slurm.py).
 
-The reference is a one-node job of the same layout and seed on the same cluster (two workers on
-one node). Every two-node run must end with bitwise its actor and critic: run to the end; stopped
-by SIGUSR1 mid-run and requeued; and failed by a worker killed with SIGKILL, then resubmitted.
+The reference is a one-node job of the same layout, data and seed: tests/e2e/test_slurm.py's
+uninterrupted job (two workers on the one-node cluster; a session fixture, tests/helpers/slurm_demo.py).
+Every two-node run must end with bitwise its actor and critic: run to the end; stopped by SIGUSR1
+mid-run and requeued; and failed by a worker killed with SIGKILL, then resubmitted.
 """
 
 from __future__ import annotations
@@ -25,14 +26,11 @@ import pytest
 import torch
 
 from tests.helpers.slurm_cluster import REPO, Cluster, start_cluster, stop_cluster, wait_for
-from tests.helpers.train_runs import checkpoint_tensors, hf_weights, make_demo_data, records
+from tests.helpers.slurm_demo import DEMO_CONFIG, FINAL_ITER, SAVE_EVERY, short_demo
+from tests.helpers.train_runs import checkpoint_tensors, hf_weights, records
 
 TRAIN_SBATCH = REPO / "slurm" / "vapo_train.sbatch"
 CONVERT_SBATCH = REPO / "slurm" / "convert.sbatch"
-DEMO_CONFIG = REPO / "configs" / "demo_cpu.yaml"
-VAPO_STEPS = 12  # as tests/test_slurm.py: 1 value-pretraining + 12 VAPO iterations, a few seconds
-FINAL_ITER = 1 + VAPO_STEPS
-SAVE_EVERY = 5
 REQUEUE_EXIT = 75  # vapo_train.sbatch's per-node exit code asking for a requeue
 JOB_TIMEOUT = 600  # seconds, against hangs only: a job takes about 1 minute alone here, 2 to 6 on a loaded machine
 
@@ -48,18 +46,12 @@ def cluster(slurm_lock) -> Cluster:
 
 
 @pytest.fixture(scope="module")
-def demo_data(tmp_path_factory) -> Path:
-    return make_demo_data(tmp_path_factory.mktemp("demo") / "data", n_train=128, n_eval=8, n_sft=32)
+def demo_data(slurm_demo_data) -> Path:
+    return slurm_demo_data  # the reference job's data
 
 
 def demo_args(data: Path) -> list[str]:
-    return [
-        str(DEMO_CONFIG),
-        f"model.hf_path={data}/model", f"data.train_files=[{data}/train.jsonl]", f"data.eval_files=[{data}/eval.jsonl]",
-        f"sft.files=[{data}/sft.jsonl]", "sft.steps=2", "sft.batch_size=8", "algo.value_pretrain_steps=1",
-        "rollout.prompts_per_step=8", "rollout.n_samples=4", "eval.max_prompts=4", f"trainer.save_every={SAVE_EVERY}",
-        "eval.every=100", "trainer.tensorboard=false", f"trainer.total_steps={VAPO_STEPS}",
-    ]
+    return [str(DEMO_CONFIG), *short_demo(data)]
 
 
 def submit(cluster: Cluster, script: Path, args: list[str], log: Path, *, nodes: int, workers: int,
@@ -106,12 +98,11 @@ def completed(fields: dict[str, str], log: Path, restarts: int = 0) -> str:
 
 
 @pytest.fixture(scope="module")
-def one_node(cluster, demo_data, tmp_path_factory) -> Path:
+def one_node(uninterrupted) -> Path:
     """The reference: the same layout (TP=2) and seed as two workers on one node."""
-    base = tmp_path_factory.mktemp("one_node")
-    job = train(cluster, demo_data, base / "run", base / "job.out", nodes=1)
-    completed(cluster.wait_done(job, JOB_TIMEOUT), base / "job.out")
-    return base / "run"
+    run_dir, log, fields = uninterrupted
+    completed(fields, log)
+    return run_dir
 
 
 @pytest.fixture(scope="module")

@@ -15,16 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.slurm_cluster import wait_for
+from tests.helpers.slurm_cluster import CANNOT_RUN, FINAL_STATES, wait_for
 from tests.helpers.train_runs import make_demo_data
 
 REPO = Path(__file__).resolve().parents[2]
 SLURM_LOCAL = REPO / "scripts" / "slurm_local.sh"
 TRAIN_SBATCH = REPO / "slurm" / "vapo_train.sbatch"
 DEMO_CONFIG = REPO / "configs" / "demo_cpu.yaml"
-
-CANNOT_INSTALL = 3  # slurm_local.sh's exit code when Slurm cannot be installed or run here
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 # 1 value-pretraining iteration + VAPO_STEPS VAPO iterations; each takes a fraction of a second
 # here, so a dozen leave a few seconds in which to preempt the second job mid-run.
@@ -40,7 +37,7 @@ def slurm_env(slurm_lock) -> dict[str, str]:
     env = dict(os.environ, SLURM_CONF=conf.strip().removeprefix("export SLURM_CONF="))
     was_running = subprocess.run(["bash", str(SLURM_LOCAL), "status"], capture_output=True, env=env).returncode == 0
     start = subprocess.run(["bash", str(SLURM_LOCAL), "start"], capture_output=True, text=True, env=env)
-    if start.returncode == CANNOT_INSTALL:
+    if start.returncode == CANNOT_RUN:
         pytest.skip(f"no Slurm cluster possible here: {start.stderr.strip()}")
     assert start.returncode == 0, f"scripts/slurm_local.sh start failed:\n{start.stdout}\n{start.stderr}"
     yield env

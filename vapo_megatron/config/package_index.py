@@ -22,9 +22,6 @@ import csv
 import importlib.metadata
 import inspect
 
-_stdlib = importlib.metadata.packages_distributions
-
-
 def _top_level(dist: importlib.metadata.Distribution) -> list[str]:
     declared = (dist.read_text("top_level.txt") or "").split()
     if declared:

@@ -57,17 +57,17 @@ def import_megatron() -> bool:
     imported already)."""
     if "megatron.core" in sys.modules:
         return False
-    if torch.cuda.is_available():
-        with _hidden("wandb"):
-            import megatron.core  # noqa: F401
-        return False
+    eager = not torch.cuda.is_available()
     real = torch.compile
-    torch.compile = _identity_compile  # what megatron/core/jit.py binds jit_fuser to at its import
+    if eager:
+        torch.compile = _identity_compile  # what megatron/core/jit.py binds jit_fuser to at its import
     try:
         with _hidden("wandb"):
             import megatron.core  # noqa: F401
     finally:
         torch.compile = real
+    if not eager:
+        return False
     from megatron.core import jit
 
     jit.disable_jit_fuser()  # its no-op decorator, for megatron modules imported from now on

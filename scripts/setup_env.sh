@@ -27,22 +27,25 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+# --no-compile: pip would byte-compile every module of every wheel (torch, sglang, transformers:
+# tens of thousands of files), half of the install's time on a 2-core machine; Python compiles
+# the few thousand modules a command imports on first use instead.
 # The project with its pinned CPU/CI dependencies, the test extra and the wandb extra (the suite
 # runs W&B offline: tests/unit/test_wandb.py, tests/e2e/test_wandb_resume.py).
-.venv/bin/python -m pip install -q -e ".[test,wandb]"
+.venv/bin/python -m pip install -q --no-compile -e ".[test,wandb]"
 # SGLang's classes (Engine, serializer, FlattenedTensorBucket, request structs) import without
 # its CUDA stack; tests use the real classes. Its full dependency set is that CUDA stack
 # (flashinfer, sglang-kernel, cutlass, ~10 GB), which cannot run here, so sglang goes in with
 # --no-deps. Everything installed beside it is at versions sglang itself accepts: torch,
 # transformers and tokenizers are pinned in pyproject.toml to sglang's exact pins, and
 # tests/unit/test_pins.py fails when any installed package disagrees with sglang's metadata.
-.venv/bin/python -m pip install -q --no-deps "sglang==0.5.23"
+.venv/bin/python -m pip install -q --no-compile --no-deps "sglang==0.5.23"
 # The light packages sglang's modules import on the way to those classes, at the versions the
 # GPU resolution of '.[gpu]' picks (python-dateutil: sglang requires <3; matplotlib alone would
 # bring 4.x).
 # pip's check then lists every CUDA-stack package sglang requires "which is not installed":
 # expected with --no-deps, so only a version disagreement ("but you have") is shown.
-if ! out=$(.venv/bin/python -m pip install -q orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1 msgspec==0.22.0 \
+if ! out=$(.venv/bin/python -m pip install -q --no-compile orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1 msgspec==0.22.0 \
   requests==2.34.2 starlette==1.10.0 pyzmq==27.3.0 ipython==9.18.1 aiohttp==3.14.5 \
   python-dateutil==2.9.0.post0 2>&1); then
   echo "$out" >&2; exit 1

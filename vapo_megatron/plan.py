@@ -151,7 +151,7 @@ def plan(args: argparse.Namespace) -> int:
 
 def gpu_memory_gib(args: argparse.Namespace) -> float:
     """--gpu-memory-gib, else the --gpu's memory, else 80 (an H100 or A100 80GB)."""
-    from vapo_megatron.sizing.step_time import GPUS
+    from vapo_megatron.sizing.hardware import GPUS
 
     if args.gpu_memory_gib is not None:
         return args.gpu_memory_gib
@@ -159,8 +159,8 @@ def gpu_memory_gib(args: argparse.Namespace) -> float:
 
 
 def time_option_problems(args: argparse.Namespace, cfg) -> list[str]:
-    """The step-time options, each bad one named (sizing/step_time.py option_problems)."""
-    from vapo_megatron.sizing.step_time import option_problems
+    """The step-time options, each bad one named (sizing/step_config.py option_problems)."""
+    from vapo_megatron.sizing.step_config import option_problems
 
     problems = option_problems(gpu=args.gpu, response_tokens=args.mean_response_tokens,
                                prompt_tokens=args.mean_prompt_tokens, storage_gb_s=args.storage_gb_per_s,
@@ -175,7 +175,9 @@ def step_time_report(args: argparse.Namespace, cfg, plan, actor_hf: dict, critic
     """The step-time table for --gpu, from the plan's own counts (KV-cache tokens per engine, bytes
     offloaded per GPU, checkpoint bytes)."""
     from vapo_megatron.sizing.report import format_step_time
-    from vapo_megatron.sizing.step_time import GPUS, estimate, setup_from_config, without_critic_delta
+    from vapo_megatron.sizing.hardware import GPUS
+    from vapo_megatron.sizing.step_config import setup_from_config, without_critic_delta
+    from vapo_megatron.sizing.step_time import estimate
 
     if cfg.rollout.engine != "sglang":
         return (f"step time: modelled for colocated SGLang engines (rollout.engine=sglang) only; this config's "

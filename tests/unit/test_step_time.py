@@ -1,4 +1,4 @@
-"""vapo-plan's step-time model (vapo_megatron/sizing/step_time.py) against independent references:
+"""vapo-plan's step-time model (vapo_megatron/sizing/step_time.py and its inputs) against independent references:
 
 - published parameter counts (Llama-3.1-8B's 8,030,261,248; Qwen3-32B's 32.8B and Qwen3-30B-A3B's
   30.5B on their model cards) and a hand count of a toy shape;
@@ -24,9 +24,11 @@ import pytest
 
 from model_providers.presets import preset
 from vapo_megatron.config import parse_config
-from vapo_megatron.sizing.step_time import (GPUS, Shapes, decode_step_s, estimate, forward_flops_per_token,
-                                            gpu_from_device_name, option_problems, predicted_step_and_save, rollout,
-                                            setup_from_config, shapes_from_hf, without_critic_delta)
+from vapo_megatron.sizing.flops import Shapes, forward_flops_per_token, shapes_from_hf
+from vapo_megatron.sizing.hardware import GPUS, gpu_from_device_name
+from vapo_megatron.sizing.step_config import (option_problems, predicted_step_and_save, setup_from_config,
+                                              without_critic_delta)
+from vapo_megatron.sizing.step_time import decode_step_s, estimate, rollout
 
 H100 = GPUS["h100"]
 

@@ -217,7 +217,7 @@ def format_step_time(est, cfg: Config, *, critic_delta_s: float | None = None) -
     then step time, tokens/s/GPU and the run's wall time and GPU-hours."""
     s, gpu = est.setup, est.gpu
     r = cfg.rollout
-    from vapo_megatron.sizing.step_time import default_prompt_tokens, default_response_tokens
+    from vapo_megatron.sizing.step_config import default_prompt_tokens, default_response_tokens
 
     response = ("the default of --mean-response-tokens: rollout.max_new_tokens / 4"
                 if s.response_tokens == default_response_tokens(r.max_new_tokens) else "--mean-response-tokens")

@@ -11,7 +11,7 @@ now and exits for a requeue.
     fits(now, end, step_s, save_s, margin_s)   the decision, pure
     StepClock                                  the longest step and save measured in this process;
                                                until one is measured, the one predicted for this
-                                               config and GPU (sizing/step_time.py)
+                                               config and GPU (sizing/step_config.py)
     Deadline.from_setting(trainer.deadline)    where the end time comes from: the Slurm job
                                                (squeue, the one call to Slurm here), a fixed time, or none
 """
@@ -37,7 +37,7 @@ class StepClock:
     """The longest step and the longest checkpoint save measured in this process, in seconds.
     The longest, not the mean: step times follow the response lengths, which grow during RL.
     Until one is measured the prediction stands in (vapo-plan's step-time model for this config
-    and GPU: sizing/step_time.py predicted_step_and_save; 0 where it has no rates for the GPU,
+    and GPU: sizing/step_config.py predicted_step_and_save; 0 where it has no rates for the GPU,
     and then the first save of a job is covered by the margin alone)."""
 
     step_s: float = 0.0

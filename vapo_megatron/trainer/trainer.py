@@ -112,7 +112,7 @@ class Trainer:
             self._predict_step_times()  # the deadline is rank 0's decision
 
     def _predict_step_times(self) -> None:
-        """vapo-plan's step and save times for this config and GPU (sizing/step_time.py) stand in for
+        """vapo-plan's step and save times for this config and GPU (sizing/step_config.py) stand in for
         the deadline until this process has measured a step and a save (deadline.py StepClock). None
         on a device the model has no rates for (the CPU, an unknown GPU): then only measured times count."""
         if not torch.cuda.is_available():
@@ -121,7 +121,7 @@ class Trainer:
 
         import torch.distributed as dist
 
-        from vapo_megatron.sizing.step_time import predicted_step_and_save
+        from vapo_megatron.sizing.step_config import predicted_step_and_save
 
         cfg = self.cfg
         props = torch.cuda.get_device_properties(torch.cuda.current_device())

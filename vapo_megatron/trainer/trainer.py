@@ -119,8 +119,6 @@ class Trainer:
             return
         import os
 
-        import torch.distributed as dist
-
         from vapo_megatron.sizing.step_config import predicted_step_and_save
 
         cfg = self.cfg
@@ -129,7 +127,8 @@ class Trainer:
             actor_hf = read_hf_config(cfg.model.hf_path)
             critic_hf = read_hf_config(cfg.model.critic_hf_path) if cfg.model.critic_hf_path else actor_hf
             step_s, save_s = predicted_step_and_save(
-                cfg, actor_hf, critic_hf, world=dist.get_world_size(), device_name=props.name,
+                cfg, actor_hf, critic_hf, world=parallel.tp_size() * parallel.pp_size() * parallel.dp_size(),
+                device_name=props.name,
                 gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or torch.cuda.device_count()),
                 gpu_memory_gib=props.total_memory / 2**30)
         except (ValueError, KeyError, OSError) as e:  # a prediction is a convenience: never a reason to stop
@@ -137,8 +136,9 @@ class Trainer:
             return
         if step_s:
             self.clock.predicted_step_s, self.clock.predicted_save_s = step_s, save_s
-            print(f"[vapo] deadline: until measured, a step counts as {step_s:.0f} s and a checkpoint save as "
-                  f"{save_s:.0f} s (predicted for {props.name}: vapo-plan's step-time model, docs/slurm.md)", flush=True)
+            # Not "[vapo] deadline: ...": that prefix announces a stop (tests/e2e/test_slurm.py waits for it).
+            print(f"[vapo] predicted for the deadline until measured: a step {step_s:.0f} s, a checkpoint save "
+                  f"{save_s:.0f} s ({props.name}; vapo-plan's step-time model, docs/slurm.md)", flush=True)
 
     @property
     def total_iterations(self) -> int:

@@ -1,7 +1,8 @@
 """vapo-plan: will a run fit on its GPUs? Per-GPU memory of actor, critic (if any) and the SGLang engine.
 
     vapo-plan --config configs/qwen2.5_32b_vapo.yaml --nodes 8 --gpus-per-node 8 [--gpu-memory-gib 80]
-              [--reserve-gib G] [--preset qwen2.5-32b] [key=value overrides...]
+              [--reserve-gib G] [--preset qwen2.5-32b] [--gpu h100 [--mean-response-tokens N] ...]
+              [key=value overrides...]
 
 Nothing is loaded and no GPU is used. For each DISTINCT rank position (tp_rank, pp_rank; DP
 replicas are identical) the real actor and critic providers build that rank's shard on the meta
@@ -17,6 +18,10 @@ With algo.estimator=grpo (GRPO, DAPO) there is no critic: only the actor is size
 report compares the KV cache and state with the same config with a critic (sizing/plan.py).
 Mixture-of-experts models (Qwen3-MoE) are sized at parallel.ep: each rank holds E/EP of every MoE
 layer's experts, whose optimizer state the distributed optimizer shards over expert-DP = DP/EP.
+With --gpu NAME (h100, h200, a100, b200, gb200) it also prints how long one iteration takes, per
+phase, its tokens/s/GPU and the whole run's GPU-hours (sizing/step_time.py: datasheet rates at
+stated efficiencies, with --mean-response-tokens, --mean-prompt-tokens, --storage-gb-per-s and
+--eval-prompts as the assumptions it cannot read from the config).
 Exit status: 0 fits, 1 does not fit (each failing phase, rank and the amount over are printed),
 2 invalid configuration or layout (one message, never a traceback: config/cli.py). The figures are computed, not measured (docs/slurm.md).
 """
@@ -52,13 +57,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", required=True, help="run config (YAML)")
     ap.add_argument("--nodes", type=int, required=True)
     ap.add_argument("--gpus-per-node", type=int, required=True)
-    ap.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory of one GPU (default 80)")
+    ap.add_argument("--gpu-memory-gib", type=float, default=None,
+                    help="memory of one GPU (default: the --gpu's, else 80)")
     ap.add_argument("--reserve-gib", type=float, default=None,
                     help="one flat figure kept free on every GPU instead of the itemised reserve (CUDA contexts, NCCL "
                          "buffers, allocator cache, SGLang's buffers; printed)")
     ap.add_argument("--preset", default=None,
                     help="model config by name (model_providers/presets.py), for planning without the model files; "
                          "otherwise model.hf_path/config.json is read")
+    timing = ap.add_argument_group("step time and cost (sizing/step_time.py; computed, nothing measured)")
+    timing.add_argument("--gpu", default=None, help="the GPU whose rates time the step: h100, h200, a100, b200, gb200")
+    timing.add_argument("--mean-response-tokens", type=float, default=None,
+                      help="mean response length (default: rollout.max_new_tokens / 4); the longest is max_new_tokens")
+    timing.add_argument("--mean-prompt-tokens", type=float, default=None,
+                      help="mean prompt length (default: 200, at most data.max_prompt_tokens)")
+    timing.add_argument("--storage-gb-per-s", type=float, default=1.0,
+                      help="GB/s the job writes to its file system, all nodes together (checkpoints; default 1)")
+    timing.add_argument("--eval-prompts", type=int, default=None,
+                      help="prompts in the eval set (default: eval.max_prompts; fewer when the set is smaller)")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. parallel.pp=2")
     args = ap.parse_args(argv)
     from vapo_megatron.config.cli import answer
@@ -95,6 +111,7 @@ def plan(args: argparse.Namespace) -> int:
         except HFConfigError as e:
             problems.append(str(e))
         problems += config_problems(cfg, check_paths=False)
+        problems += time_option_problems(args, cfg)
         p, r = cfg.parallel, cfg.rollout
         layout = layout_problems(world, p.tp, p.pp, p.vpp, model=actor_hf, ep=p.ep)
         if critic_hf is not actor_hf:  # a critic of its own: its heads and experts split too
@@ -122,11 +139,57 @@ def plan(args: argparse.Namespace) -> int:
     from vapo_megatron.sizing.plan import make_plan
     from vapo_megatron.sizing.report import format_plan
 
-    plan = make_plan(cfg, actor_hf, critic_hf, world_size=world, gpu_memory_gib=args.gpu_memory_gib,
+    plan = make_plan(cfg, actor_hf, critic_hf, world_size=world, gpu_memory_gib=gpu_memory_gib(args),
                      reserve_gib=args.reserve_gib)
     print(f"config: {args.config}" + (f" with {' '.join(args.overrides)}" if args.overrides else ""))
     print(format_plan(plan, cfg, model_source=source, nodes=args.nodes, gpus_per_node=args.gpus_per_node))
+    if args.gpu is not None:
+        print()
+        print(step_time_report(args, cfg, plan, actor_hf, critic_hf))
     return 1 if plan.problems else 0
+
+
+def gpu_memory_gib(args: argparse.Namespace) -> float:
+    """--gpu-memory-gib, else the --gpu's memory, else 80 (an H100 or A100 80GB)."""
+    from vapo_megatron.sizing.hardware import GPUS
+
+    if args.gpu_memory_gib is not None:
+        return args.gpu_memory_gib
+    return GPUS[args.gpu].memory_gib if args.gpu is not None else 80.0
+
+
+def time_option_problems(args: argparse.Namespace, cfg) -> list[str]:
+    """The step-time options, each bad one named (sizing/step_config.py option_problems)."""
+    from vapo_megatron.sizing.step_config import option_problems
+
+    problems = option_problems(gpu=args.gpu, response_tokens=args.mean_response_tokens,
+                               prompt_tokens=args.mean_prompt_tokens, storage_gb_s=args.storage_gb_per_s,
+                               eval_prompts=args.eval_prompts, max_new_tokens=cfg.rollout.max_new_tokens,
+                               max_prompt_tokens=cfg.data.max_prompt_tokens)
+    if args.gpu_memory_gib is not None and not args.gpu_memory_gib > 0:
+        problems.append(f"--gpu-memory-gib={args.gpu_memory_gib:g} must be > 0")
+    return problems
+
+
+def step_time_report(args: argparse.Namespace, cfg, plan, actor_hf: dict, critic_hf: dict) -> str:
+    """The step-time table for --gpu, from the plan's own counts (KV-cache tokens per engine, bytes
+    offloaded per GPU, checkpoint bytes)."""
+    from vapo_megatron.sizing.report import format_step_time
+    from vapo_megatron.sizing.hardware import GPUS
+    from vapo_megatron.sizing.step_config import setup_from_config, without_critic_delta
+    from vapo_megatron.sizing.step_time import estimate
+
+    if cfg.rollout.engine != "sglang":
+        return (f"step time: modelled for colocated SGLang engines (rollout.engine=sglang) only; this config's "
+                f"rollout.engine={cfg.rollout.engine}")
+    gpu = GPUS[args.gpu]
+    setup = setup_from_config(
+        cfg, actor_hf, critic_hf, world=plan.world_size, gpus_per_node=args.gpus_per_node, gpu=gpu,
+        response_tokens=args.mean_response_tokens, prompt_tokens=args.mean_prompt_tokens, kv_tokens=plan.kv_tokens,
+        offload_bytes_per_gpu=plan.host_per_gpu if plan.offload else 0, checkpoint_bytes=plan.checkpoint,
+        storage_bytes_s=args.storage_gb_per_s * 1e9, eval_prompts=args.eval_prompts)
+    delta = without_critic_delta(gpu, setup) if setup.critic is None else None
+    return format_step_time(estimate(gpu, setup), cfg, critic_delta_s=delta)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ def _shards(hf_cfg: dict, world: int, tp: int, pp: int, vpp):
 def _cli_and_shards(tiny_dir: str):
     base = ["--config", CONFIG_32B, "--preset", "qwen2.5-32b"]
     runs = _run_cli([
-        base + ["--nodes", "8", "--gpus-per-node", "8"],
+        base + ["--nodes", "8", "--gpus-per-node", "8", "--gpu", "h100"],
         base + ["--nodes", "1", "--gpus-per-node", "8"],
         base + ["--nodes", "1", "--gpus-per-node", "8", "parallel.pp=1"],
         ["--config", CONFIG_32B, "--nodes", "8", "--gpus-per-node", "8"],  # no --preset, no model files
@@ -83,6 +83,9 @@ def _cli_and_shards(tiny_dir: str):
         # The CPU demo config, its model read from model.hf_path/config.json (embedded engine).
         ["--config", str(REPO / "configs" / "demo_cpu.yaml"), "--nodes", "1", "--gpus-per-node", "2",
          "--gpu-memory-gib", "8", "--reserve-gib", "1", f"model.hf_path={tiny_dir}"],
+        # Bad step-time options: refused before anything is built, one line each.
+        base + ["--nodes", "8", "--gpus-per-node", "8", "--gpu", "x100"],
+        base + ["--nodes", "8", "--gpus-per-node", "8", "--gpu", "h100", "--mean-response-tokens", "30000"],
     ])
     return runs, _shards(QWEN25_32B, 64, 8, 4, None)
 
@@ -93,7 +96,7 @@ def test_vapo_plan_32b(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(preset("tiny-qwen2")))
     ((runs, shards),) = run_ranks(1, _cli_and_shards, str(tmp_path))
     (rc8, out8, err8), (rc1, out1, err1), (rc_pp1, out_pp1, _), (rc_nomodel, _, err_nomodel), (rc_kv, out_kv, _), \
-        (rc_tiny, out_tiny, err_tiny) = runs
+        (rc_tiny, out_tiny, err_tiny), (rc_gpu, out_gpu, err_gpu), (rc_mean, out_mean, err_mean) = runs
 
     # 8 nodes x 8 GPUs: fits, and says so with both phases' peaks.
     assert rc8 == 0, out8 + err8
@@ -101,6 +104,25 @@ def test_vapo_plan_32b(tmp_path):
     assert "sequence parallel: on" in out8  # the 32B config's default
     assert "fits: training peak" in out8 and "DOES NOT FIT" not in out8
     assert "32 distinct (tp_rank, pp_rank) positions" in out8
+
+    # --gpu h100: the step-time table beside the memory table, every phase of a VAPO step (the model's
+    # figures are checked against published ones in tests/unit/test_step_time.py), step time, tokens/s/GPU
+    # and the run's GPU-hours.
+    table = out8[out8.index("step time on 64 x H100 SXM 80GB (--gpu)"):]
+    assert "nothing here ran on a GPU" in table
+    rows = {line.split()[0]: float(line.split()[1]) for line in table.splitlines()[3:]
+            if line.startswith("  ") and line.split()[0] in ("offload", "rollout", "onload", "score", "critic_update",
+                                                              "actor_update", "sync", "checkpoint", "step")}
+    assert list(rows) == ["offload", "rollout", "onload", "score", "critic_update", "actor_update", "sync", "checkpoint",
+                          "step"], table
+    assert abs(sum(v for k, v in rows.items() if k != "step") - rows["step"]) < 0.5
+    assert "mean 5,120 tokens (the default of --mean-response-tokens: rollout.max_new_tokens / 4)" in table
+    assert "tokens/s/GPU: " in table and "GPU-hours on 64 GPUs" in table and "33 evaluations" in table
+    for rc, out, err, option in ((rc_gpu, out_gpu, err_gpu, "--gpu=x100 is not a GPU this model knows"),
+                                 (rc_mean, out_mean, err_mean, "--mean-response-tokens=30000 is more than "
+                                                                "rollout.max_new_tokens=20480")):
+        assert rc == 2 and out == "" and err.count("\n") == 1, err
+        assert err.startswith("vapo-plan: invalid configuration for 8 x 8 GPUs: " + option), err
 
     # The same config on one node: TP*PP=32 cannot be laid out on 8 GPUs.
     assert rc1 == 2 and out1 == ""

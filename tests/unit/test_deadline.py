@@ -37,6 +37,23 @@ def test_fixed_deadline_decides_from_the_measured_times():
     assert not ok and "longest so far 30 s" in why and "longest so far 20 s" in why and "at least 50 s" in why
 
 
+def test_the_predicted_times_stand_in_until_measured():
+    # vapo-train sets the prediction (sizing/step_time.py) before its first step; a measured time replaces it.
+    clock = StepClock(predicted_step_s=1800.0, predicted_save_s=900.0)
+    assert (clock.next_step_s, clock.next_save_s) == (1800.0, 900.0)
+    soon = (datetime.now(timezone.utc) + timedelta(seconds=2000)).isoformat()
+    ok, why = Deadline.from_setting(soon, margin_s=300.0).next_step_fits(clock)  # 1800 + 900 + 300 > 2000
+    assert not ok and "(predicted 1800 s, none measured yet)" in why and "(predicted 900 s, none measured yet)" in why
+    clock.add_step(600.0)
+    assert (clock.next_step_s, clock.next_save_s) == (600.0, 900.0)
+    ok, why = Deadline.from_setting(soon, margin_s=300.0).next_step_fits(clock)  # 600 + 900 + 300 < 2000
+    assert ok and why == ""
+    clock.add_save(1200.0)
+    ok, why = Deadline.from_setting(soon, margin_s=300.0).next_step_fits(clock)  # 600 + 1200 + 300 > 2000
+    assert not ok and "(longest so far 600 s)" in why and "(longest so far 1200 s)" in why
+    assert StepClock().next_step_s == 0.0  # no prediction (CPU, unknown GPU): the measured times alone
+
+
 def test_deadline_sources():
     assert parse_time("2026-11-23T10:00:00+00:00") == datetime(2026, 11, 23, 10, tzinfo=timezone.utc).timestamp()
     assert parse_time("2026-11-23T10:00:00") == datetime(2026, 11, 23, 10).timestamp()  # squeue's local time

@@ -206,4 +206,48 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
     return "\n".join(lines)
 
 
-__all__ = ["format_plan"]
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.1f} h"
+    return f"{seconds / 60:,.1f} min" if seconds >= 120 else f"{seconds:,.1f} s"
+
+
+def format_step_time(est, cfg: Config, *, critic_delta_s: float | None = None) -> str:
+    """The step-time table (sizing/step_time.py): each phase's seconds, share and what it is made of;
+    then step time, tokens/s/GPU and the run's wall time and GPU-hours."""
+    s, gpu = est.setup, est.gpu
+    r = cfg.rollout
+    from vapo_megatron.sizing.step_config import default_prompt_tokens, default_response_tokens
+
+    response = ("the default of --mean-response-tokens: rollout.max_new_tokens / 4"
+                if s.response_tokens == default_response_tokens(r.max_new_tokens) else "--mean-response-tokens")
+    prompt = ("the default of --mean-prompt-tokens: 200, at most data.max_prompt_tokens"
+              if s.prompt_tokens == default_prompt_tokens(cfg.data.max_prompt_tokens) else "--mean-prompt-tokens")
+    lines = [
+        f"step time on {s.world} x {gpu.name} (--gpu): computed from shapes and datasheet rates at the efficiencies in "
+        "vapo_megatron/sizing/step_time.py; nothing here ran on a GPU (docs/slurm.md, \"Step time and cost\")",
+        f"  responses: mean {s.response_tokens:,.0f} tokens ({response}), longest {s.max_response_tokens:,} "
+        f"(rollout.max_new_tokens); prompts: mean {s.prompt_tokens:,.0f} tokens ({prompt}); "
+        f"{s.samples:,} samples per step",
+        f"  {'phase (perf/<phase>_s)':<22}{'seconds':>9}{'share':>8}  how",
+    ]
+    for name, phase in est.phases.items():
+        lines.append(f"  {name:<22}{phase.seconds:9.1f}{est.share(name):8.1%}  {phase.how}")
+    lines.append(f"  {'step':<22}{est.step_s:9.1f}{1:8.0%}  = {_duration(est.step_s)}")
+    lines.append(f"tokens/s/GPU: {est.tokens_per_s_per_gpu:,.0f} (prompt + response tokens of a step / (step time x "
+                 f"{s.world} GPUs), NeMo-RL's definition)")
+    if r.dynamic_sampling:
+        lines.append("  rollout.dynamic_sampling: each extra generation round adds a rollout phase (one round assumed)")
+    if critic_delta_s is not None:
+        lines.append(f"  no critic (algo.estimator=grpo): a critic would add {critic_delta_s:,.1f} s per step "
+                     "(its forward at scoring and its update)")
+    pretrain = (f"{s.value_pretrain_steps} value-pretraining iterations of {est.pretrain_step_s:,.0f} s (no actor "
+                "update) + ") if s.value_pretrain_steps else ""
+    evals = (f" + {s.evals} evaluations of {est.eval_s:,.0f} s ({s.eval_prompts:,} prompts (--eval-prompts) x "
+             f"{1 + s.eval_samples} responses: 1 greedy + {s.eval_samples} sampled)") if s.evals else ""
+    lines.append(f"run: {pretrain}{s.total_steps} iterations{evals} = {_duration(est.run_s)} wall, "
+                 f"{est.run_gpu_hours:,.0f} GPU-hours on {s.world} GPUs (requeue gaps and engine start-up not counted)")
+    return "\n".join(lines)
+
+
+__all__ = ["format_plan", "format_step_time"]

@@ -1,13 +1,17 @@
 """Stop before the job's time limit, whatever a step costs.
 
 A signal ahead of the time limit (`--signal=USR1@T`) gives a fixed lead, and the trainer can act
-on it only at the end of a step; a 32B step takes 30-60 minutes and a checkpoint of actor and
-critic (bf16 weights, fp32 master copy and Adam state) about 0.9 TB. So the trainer itself knows
-when the job ends and decides, before each step, whether that step and a checkpoint still fit
-(the idea of NeMo-RL's `checkpoint_must_save_by`): if not, it saves now and exits for a requeue.
+on it only at the end of a step; a 32B step takes about half an hour on 8 x 8 H100 (vapo-plan
+--gpu h100 predicts 31 min at a mean response of 5,120 tokens, more as responses grow) and a
+checkpoint of actor and critic (bf16 weights, fp32 master copy and Adam state) is about 0.9 TB.
+So the trainer itself knows when the job ends and decides, before each step, whether that step
+and a checkpoint still fit (the idea of NeMo-RL's `checkpoint_must_save_by`): if not, it saves
+now and exits for a requeue.
 
     fits(now, end, step_s, save_s, margin_s)   the decision, pure
-    StepClock                                  the longest step and save measured in this process
+    StepClock                                  the longest step and save measured in this process;
+                                               until one is measured, the one predicted for this
+                                               config and GPU (sizing/step_config.py)
     Deadline.from_setting(trainer.deadline)    where the end time comes from: the Slurm job
                                                (squeue, the one call to Slurm here), a fixed time, or none
 """
@@ -32,16 +36,36 @@ def fits(*, now: float, end: float, step_s: float, save_s: float, margin_s: floa
 class StepClock:
     """The longest step and the longest checkpoint save measured in this process, in seconds.
     The longest, not the mean: step times follow the response lengths, which grow during RL.
-    0 until measured: the first save of a job is then covered by the margin alone."""
+    Until one is measured the prediction stands in (vapo-plan's step-time model for this config
+    and GPU: sizing/step_config.py predicted_step_and_save; 0 where it has no rates for the GPU,
+    and then the first save of a job is covered by the margin alone)."""
 
     step_s: float = 0.0
     save_s: float = 0.0
+    predicted_step_s: float = 0.0
+    predicted_save_s: float = 0.0
 
     def add_step(self, seconds: float) -> None:
         self.step_s = max(self.step_s, seconds)
 
     def add_save(self, seconds: float) -> None:
         self.save_s = max(self.save_s, seconds)
+
+    @property
+    def next_step_s(self) -> float:
+        """What the deadline counts for the next step: the longest measured, else the prediction."""
+        return self.step_s or self.predicted_step_s
+
+    @property
+    def next_save_s(self) -> float:
+        return self.save_s or self.predicted_save_s
+
+    def said(self, what: str) -> str:
+        """Where the deadline's figure for `what` ("step" or "save") comes from, for its message."""
+        measured, predicted = (self.step_s, self.predicted_step_s) if what == "step" else (self.save_s, self.predicted_save_s)
+        if measured or not predicted:
+            return f"longest so far {measured:.0f} s"
+        return f"predicted {predicted:.0f} s, none measured yet"
 
 
 def parse_time(text: str) -> float | None:
@@ -99,8 +123,9 @@ class Deadline:
         if end is None:
             return True, ""
         now = time.time()
-        ok = fits(now=now, end=end, step_s=clock.step_s, save_s=clock.save_s, margin_s=self.margin_s)
-        why = (f"{end - now:.0f} s left before the job's end; the next step (longest so far {clock.step_s:.0f} s) "
-               f"+ a checkpoint (longest so far {clock.save_s:.0f} s) + trainer.deadline_margin_s={self.margin_s:g} "
-               f"do not fit (a USR1 backstop needs a lead of at least {clock.step_s + clock.save_s:.0f} s)")
+        step_s, save_s = clock.next_step_s, clock.next_save_s
+        ok = fits(now=now, end=end, step_s=step_s, save_s=save_s, margin_s=self.margin_s)
+        why = (f"{end - now:.0f} s left before the job's end; the next step ({clock.said('step')}) "
+               f"+ a checkpoint ({clock.said('save')}) + trainer.deadline_margin_s={self.margin_s:g} "
+               f"do not fit (a USR1 backstop needs a lead of at least {step_s + save_s:.0f} s)")
         return ok, "" if ok else why

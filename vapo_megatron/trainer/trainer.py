@@ -109,6 +109,36 @@ class Trainer:
             print("[vapo] data: " + ", ".join(f"{k.removeprefix('data/')}={v:g}" for k, v in self.data.stats.items()), flush=True)
             for line in repeat_warnings(cfg, self.data):
                 print(line, flush=True)
+            self._predict_step_times()  # the deadline is rank 0's decision
+
+    def _predict_step_times(self) -> None:
+        """vapo-plan's step and save times for this config and GPU (sizing/step_config.py) stand in for
+        the deadline until this process has measured a step and a save (deadline.py StepClock). None
+        on a device the model has no rates for (the CPU, an unknown GPU): then only measured times count."""
+        if not torch.cuda.is_available():
+            return
+        import os
+
+        from vapo_megatron.sizing.step_config import predicted_step_and_save
+
+        cfg = self.cfg
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        try:
+            actor_hf = read_hf_config(cfg.model.hf_path)
+            critic_hf = read_hf_config(cfg.model.critic_hf_path) if cfg.model.critic_hf_path else actor_hf
+            step_s, save_s = predicted_step_and_save(
+                cfg, actor_hf, critic_hf, world=parallel.tp_size() * parallel.pp_size() * parallel.dp_size(),
+                device_name=props.name,
+                gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or torch.cuda.device_count()),
+                gpu_memory_gib=props.total_memory / 2**30)
+        except (ValueError, KeyError, OSError) as e:  # a prediction is a convenience: never a reason to stop
+            print(f"[vapo] warning: deadline: no predicted step time ({e}); only measured times count", flush=True)
+            return
+        if step_s:
+            self.clock.predicted_step_s, self.clock.predicted_save_s = step_s, save_s
+            # Not "[vapo] deadline: ...": that prefix announces a stop (tests/e2e/test_slurm.py waits for it).
+            print(f"[vapo] predicted for the deadline until measured: a step {step_s:.0f} s, a checkpoint save "
+                  f"{save_s:.0f} s ({props.name}; vapo-plan's step-time model, docs/slurm.md)", flush=True)
 
     @property
     def total_iterations(self) -> int:
@@ -137,6 +167,11 @@ class Trainer:
         if self.state.iteration == 0 and self.data.eval:
             self.log_eval("before_vapo")
         self.state.finished = False  # until the final save below
+        if parallel.is_rank0():  # nothing measured yet: the prediction, if any, says whether a step fits
+            fits, why = self.deadline.next_step_fits(self.clock)
+            if not fits:
+                print(f"[vapo] warning: deadline: {why}; the first step of this job starts anyway (it is checked "
+                      "again, with measured times, after it)", flush=True)
         self.timer.start()
         while self.state.iteration < self.total_iterations:
             t0 = time.perf_counter()

@@ -1,0 +1,113 @@
+"""The step-time model's inputs from a run config (vapo-plan's --gpu options, vapo-train's deadline).
+Pure Python: sizing/step_time.py has the model, docs/slurm.md "Step time and cost" its assumptions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from vapo_megatron.sizing.flops import shapes_from_hf
+from vapo_megatron.sizing.hardware import GPU, GPUS, gpu_from_device_name
+from vapo_megatron.sizing.step_time import Setup, checkpoint_save_s, estimate
+
+DEFAULT_PROMPT_TOKENS = 200  # a math prompt with its instruction and chat template, tokens
+
+
+def default_response_tokens(max_new_tokens: int) -> int:
+    """A quarter of rollout.max_new_tokens (5,120 of the 32B configs' 20,480): responses grow
+    during RL; rerun with the run's measured mean (response_length/mean) once it is known."""
+    return max(1, max_new_tokens // 4)
+
+
+def default_prompt_tokens(max_prompt_tokens: int) -> int:
+    return min(DEFAULT_PROMPT_TOKENS, max_prompt_tokens)
+
+
+def setup_from_config(cfg, actor_hf: dict, critic_hf: dict | None, *, world: int, gpus_per_node: int, gpu: GPU,
+                      gpu_memory_gib: float | None = None, response_tokens: float | None = None,
+                      prompt_tokens: float | None = None, kv_tokens: int | None = None,
+                      offload_bytes_per_gpu: int | None = None, checkpoint_bytes: int | None = None,
+                      storage_bytes_s: float = 1e9, eval_prompts: int | None = None) -> Setup:
+    """A Setup from a run config (vapo_megatron/config Config) and the models' HF configs. vapo-plan
+    passes its own kv_tokens, offload and checkpoint bytes (megatron's exact parameter counts);
+    left None they are counted here from the shapes, by the same formulas (sizing/memory.py)."""
+    from vapo_megatron.sizing.memory import GIB, checkpoint_bytes as ckpt_bytes, state_bytes
+
+    p, r, t, a = cfg.parallel, cfg.rollout, cfg.trainer, cfg.algo
+    actor = shapes_from_hf(actor_hf)
+    critic = shapes_from_hf(critic_hf or actor_hf) if a.estimator == "gae" else None
+    dp = world // (p.tp * p.pp)
+    dtype_bytes = 2 if cfg.model.dtype == "bfloat16" else 4
+    if kv_tokens is None:
+        share = r.sglang_mem_fraction * (gpu_memory_gib or gpu.memory_gib) * GIB
+        kv_tokens = max(0, int((share - 2 * actor.params() / r.sglang_tp) // actor.kv_bytes_per_token(r.sglang_tp)))
+    models = [(actor.params(), cfg.actor_optim)] + ([(critic.params(critic=True), cfg.critic_optim)] if critic else [])
+    if offload_bytes_per_gpu is None:  # parameters + optimizer state; the gradient buffers are freed, not copied
+        offload_bytes_per_gpu = 0
+        if t.offload_during_rollout:
+            for n, optim in models:
+                params, _, optimizer = state_bytes(n // (p.tp * p.pp), dtype_bytes=dtype_bytes, dp=dp,
+                                                   distributed_optimizer=optim.distributed_optimizer)
+                offload_bytes_per_gpu += params + optimizer
+    if checkpoint_bytes is None:
+        checkpoint_bytes = ckpt_bytes(sum(n for n, _ in models), dtype_bytes=dtype_bytes)
+    e = cfg.eval
+    evals = (2 + max(0, t.total_steps - 1) // e.every) if cfg.data.eval_files else 0
+    eval_n = min(e.max_prompts, eval_prompts) if eval_prompts is not None else e.max_prompts
+    return Setup(
+        actor=actor, critic=critic, world=world, gpus_per_node=gpus_per_node, tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep,
+        engine_tp=r.sglang_tp, kv_tokens=kv_tokens, prompts=r.prompts_per_step,
+        samples=r.prompts_per_step * r.n_samples,
+        prompt_tokens=prompt_tokens if prompt_tokens is not None else default_prompt_tokens(cfg.data.max_prompt_tokens),
+        response_tokens=response_tokens if response_tokens is not None else default_response_tokens(r.max_new_tokens),
+        max_response_tokens=r.max_new_tokens, micro_batch_tokens=t.micro_batch_tokens, mini_batches=a.mini_batches,
+        ppo_epochs=a.ppo_epochs, recompute=cfg.model.recompute_activations,
+        distributed_optimizer=cfg.actor_optim.distributed_optimizer, offload_bytes_per_gpu=offload_bytes_per_gpu,
+        checkpoint_bytes=checkpoint_bytes, save_every=t.save_every, storage_bytes_s=storage_bytes_s,
+        bucket_bytes=r.weight_sync_bucket_mb << 20, value_pretrain_steps=a.value_pretrain_steps,
+        total_steps=t.total_steps, evals=evals, eval_prompts=eval_n, eval_samples=e.n_samples)
+
+
+def predicted_step_and_save(cfg, actor_hf: dict, critic_hf: dict | None, *, world: int, gpus_per_node: int,
+                            device_name: str, gpu_memory_gib: float | None = None) -> tuple[float, float]:
+    """(one RL iteration, one checkpoint save) in seconds for vapo-train's deadline before it has
+    measured either (trainer/deadline.py StepClock): this config at its defaults for what a
+    config does not say (mean response rollout.max_new_tokens / 4, 1 GB/s to the file system).
+    (0, 0) where the model has no rates: an unknown GPU, or an engine other than colocated SGLang."""
+    gpu = gpu_from_device_name(device_name)
+    if gpu is None or cfg.rollout.engine != "sglang":
+        return 0.0, 0.0
+    setup = setup_from_config(cfg, actor_hf, critic_hf, world=world, gpus_per_node=gpus_per_node, gpu=gpu,
+                              gpu_memory_gib=gpu_memory_gib)
+    return estimate(gpu, setup).step_s, checkpoint_save_s(gpu, setup)
+
+
+def without_critic_delta(gpu: GPU, setup: Setup) -> float:
+    """What a critic adds to a step of `setup` (algo.estimator=grpo): the same setup with one, the
+    actor's trunk as its model, minus this one. Its extra state in offload and checkpoints is left out."""
+    with_critic = replace(setup, critic=setup.actor)
+    return estimate(gpu, with_critic).step_s - estimate(gpu, setup).step_s
+
+
+def option_problems(*, gpu: str | None, response_tokens: float | None, prompt_tokens: float | None,
+                    storage_gb_s: float, eval_prompts: int | None, max_new_tokens: int,
+                    max_prompt_tokens: int) -> list[str]:
+    """vapo-plan's time options against each other and the config: one message per bad value, naming it."""
+    problems = []
+    if gpu is not None and gpu not in GPUS:
+        problems.append(f"--gpu={gpu} is not a GPU this model knows; known: {', '.join(GPUS)}")
+    for option, value in (("--mean-response-tokens", response_tokens), ("--mean-prompt-tokens", prompt_tokens),
+                          ("--storage-gb-per-s", storage_gb_s), ("--eval-prompts", eval_prompts)):
+        if value is not None and not value > 0:  # also NaN
+            problems.append(f"{option}={value:g} must be > 0")
+    if response_tokens is not None and response_tokens > max_new_tokens:
+        problems.append(f"--mean-response-tokens={response_tokens:g} is more than "
+                        f"rollout.max_new_tokens={max_new_tokens}: a mean cannot exceed the longest response")
+    if prompt_tokens is not None and prompt_tokens > max_prompt_tokens:
+        problems.append(f"--mean-prompt-tokens={prompt_tokens:g} is more than "
+                        f"data.max_prompt_tokens={max_prompt_tokens}")
+    return problems
+
+
+__all__ = ["default_prompt_tokens", "default_response_tokens", "option_problems", "predicted_step_and_save",
+           "setup_from_config", "without_critic_delta"]

@@ -82,6 +82,10 @@ def quiet_startup(*, loading_bars: bool = True) -> None:
     if not loading_bars:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when transformers is imported
     _install(QUIET_WARNINGS, QUIET_LOGS)
+    # A library's source with an invalid escape ("\-" in megatron-core's inference code) warns when
+    # Python first compiles it: once per environment (setup_env.sh installs without byte-compiling),
+    # about an installed file. Such a compile-time warning names the file as its module.
+    warnings.filterwarnings("ignore", category=SyntaxWarning, module=r".*[/\\]site-packages[/\\]")
 
 
 def missing_accelerators() -> list[str]:

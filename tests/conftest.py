@@ -16,6 +16,24 @@ from tests.helpers.slurm_demo import slurm_demo_data, slurm_env, uninterrupted  
 # until their worker ends. (xdist's own `xdist_group` marks cannot do this under pytest 9: xdist
 # 3.8 renames node ids through an attribute pytest 9 no longer reads.)
 SLURM_FILES = {"test_slurm.py", "test_slurm_multinode.py"}
+# The order files are handed out in: longest work first, so that the suite's end is short files on
+# both workers, not one worker alone on a 3-minute end-to-end file. xdist's own order (files with
+# the most tests first) ran the one-test end-to-end files last; on the 2-core machine that left a
+# worker idle for minutes. Tiers, not measured seconds: the Slurm files wait on the scheduler for
+# minutes, an e2e file launches whole runs, a distributed file forks ranks, a unit file is quick.
+TIERS = ("slurm", "e2e", "distributed", "unit")
+
+
+def _tier(path: str) -> int:
+    if os.path.basename(path) in SLURM_FILES:
+        return 0
+    parts = path.replace(os.sep, "/").split("/")
+    return next((TIERS.index(p) for p in parts if p in TIERS[1:]), len(TIERS))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest tier first (stable: files keep their order within a tier)."""
+    items.sort(key=lambda item: _tier(item.nodeid.split("::", 1)[0]))
 
 
 @pytest.hookimpl(optionalhook=True)  # a bare `pytest` without xdist installed still runs
@@ -23,6 +41,8 @@ def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None  # xdist's own scheduler
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # the collection's order (TIERS above), not xdist's
 
     class FileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:

@@ -27,9 +27,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-# --no-compile: pip would byte-compile every module of every wheel (torch, sglang, transformers:
-# tens of thousands of files), half of the install's time on a 2-core machine; Python compiles
-# the few thousand modules a command imports on first use instead.
+# --no-compile, then one compileall over all cores at the end: pip byte-compiles each wheel's
+# modules one file at a time (tens of thousands: torch, sglang, transformers), half of the
+# install's time on a 2-core machine. Compiling at install is still needed: with
+# PYTHONDONTWRITEBYTECODE set (as on CI machines) nothing compiled later is ever kept, and every
+# process would compile the ~3,000 modules a command imports again.
 # The project with its pinned CPU/CI dependencies, the test extra and the wandb extra (the suite
 # runs W&B offline: tests/unit/test_wandb.py, tests/e2e/test_wandb_resume.py).
 .venv/bin/python -m pip install -q --no-compile -e ".[test,wandb]"
@@ -51,4 +53,8 @@ if ! out=$(.venv/bin/python -m pip install -q --no-compile orjson==3.13.0 psutil
   echo "$out" >&2; exit 1
 fi
 grep "but you have" <<<"$out" >&2 || true
+# -W ignore: a library's invalid escape sequences are its own, printed by the thousand otherwise;
+# || true: a few packages ship files that are not Python 3 (templates), skipped as pip skips them.
+SITE=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+.venv/bin/python -W ignore -m compileall -q -j 0 "$SITE" >/dev/null || true
 echo "setup: done ($(.venv/bin/python --version))"

@@ -52,8 +52,9 @@ NCCL_COMMUNICATOR_BYTES = int(0.25 * GIB)
 # are allocated once; activations vary in size with every packed micro-batch and fragment the
 # cache: a quarter of the peak activations is kept for that during training. At the switch to
 # rollout the cache is emptied on every rank of an engine before its owner resumes the KV cache
-# (mcore/memory.py, Generator.generate's sync_freed barrier), leaving only blocks pinned by live
-# small tensors.
+# (mcore/memory.py, Generator.generate's sync_freed barrier), after megatron-core's own caches
+# (GlobalMemoryBuffer, the RoPE embeddings) are dropped, leaving only blocks pinned by live small
+# tensors.
 FRAGMENTATION_FRACTION = 0.25
 ROLLOUT_CACHE_BYTES = int(0.5 * GIB)
 ROLLOUT_CACHE_ITEM = "allocator: blocks pinned by live small tensors"

@@ -290,7 +290,7 @@ def check_vapo_steps(env: Env, steps: int) -> dict | None:
         "data.eval_files=[]", "sft.steps=0", "sft.files=[]", "parallel.tp=1", "algo.value_pretrain_steps=1",
         f"trainer.total_steps={steps}", "rollout.prompts_per_step=16", "rollout.n_samples=4",
         "trainer.tensorboard=false", f"trainer.save_every={steps + 1}", "trainer.offload_during_rollout=true",
-        f"model.dtype={'float32' if env.cpu else 'bfloat16'}",
+        f"model.dtype={str(env.dtype).removeprefix('torch.')}",
     ]
     cfg = load_config(str(ROOT / "configs" / "demo_cpu.yaml"), overrides)
     switches: list[tuple[str, int, int]] = []

@@ -71,6 +71,28 @@ def _decisions():
         expected = torch.nn.functional.linear(hidden.float(), head.weight.float(), head.bias.float()).squeeze(-1).T
         bf16 = head(hidden).squeeze(-1).T.float()  # what a bf16 head gives
     out["values"] = (values, expected, bf16, head.weight.dtype)
+    # The first GPU run's bf16 models (no TE): every parameter in params_dtype, and the optimizer's
+    # checkpoint state built against the model's parameters (the save that failed there).
+    from vapo_megatron.config import OptimConfig
+    from vapo_megatron.mcore.model import wrap_ddp
+    from vapo_megatron.mcore.optimizer import build_optimizer, optimizer_step
+
+    for name in ("tiny-qwen2", "tiny-qwen3-moe"):
+        for critic in (False, True):
+            chunks = models.build_chunks(preset(name), params_dtype=torch.bfloat16, critic=critic, on_gpu=False)
+            out[f"dtypes {name} critic={critic}"] = sorted({str(p.dtype) for p in chunks[0].parameters()})
+    chunks = wrap_ddp(models.build_chunks(preset("tiny-qwen2"), params_dtype=torch.bfloat16, critic=False, on_gpu=False),
+                      distributed_optimizer=False)
+    optimizer = build_optimizer(chunks, OptimConfig(lr=1e-3), params_dtype=torch.bfloat16)
+    ids = torch.randint(0, 250, (2, 16), generator=torch.Generator().manual_seed(0))
+    chunks[0].zero_grad_buffer()
+    chunks[0](ids, torch.arange(16).expand(2, 16), None).float().square().mean().backward()
+    optimizer_step(optimizer, chunks, loss_finite=True)
+    try:
+        optimizer.sharded_state_dict(chunks[0].sharded_state_dict())
+        out["bf16 optimizer state"] = "built"
+    except AssertionError as e:
+        out["bf16 optimizer state"] = str(e)
     # 3. te_available is megatron's HAVE_TE.
     import megatron.core.extensions.transformer_engine as mte
 
@@ -90,6 +112,21 @@ def _decisions():
 def decided():
     (res,) = run_ranks(1, _decisions)
     return res
+
+
+# ---- the first GPU run: a bf16 model without TE ------------------------------------------------
+
+def test_bf16_models_have_every_parameter_in_bf16(decided):
+    """The local spec's norms (torch.nn.RMSNorm) were float32 in a bf16 model: on the GPU they were
+    also left on the CPU (DDP's broadcast failed), and Float16OptimizerWithFloat16Params, which
+    numbers only its float16 parameters, then paired Adam's state with the wrong parameters."""
+    dtypes = {k: v for k, v in decided.items() if k.startswith("dtypes ")}
+    assert len(dtypes) == 4
+    assert all(v == ["torch.bfloat16"] for v in dtypes.values()), dtypes
+
+
+def test_bf16_optimizer_checkpoint_state_matches_the_model(decided):
+    assert decided["bf16 optimizer state"] == "built"  # was: "Optimizer shape ((64,) does not match model shape ((128,))"
 
 
 # ---- 1. masked_softmax_fusion needs Apex's softmax extensions ------------------------------------

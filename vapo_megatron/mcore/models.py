@@ -295,7 +295,7 @@ def build_actor(hf_cfg: dict, *, params_dtype: torch.dtype, vp_stage: int | None
                                 sequence_parallel=sequence_parallel, moe_aux_loss_coeff=moe_aux_loss_coeff,
                                 deterministic=deterministic)
     tied = family_for(hf_cfg).architecture(hf_cfg).tied_embeddings
-    return GPTModel(share_embeddings_and_output_weights=tied, **_gpt_kwargs(hf_cfg, config, vp_stage))
+    return _placed(GPTModel(share_embeddings_and_output_weights=tied, **_gpt_kwargs(hf_cfg, config, vp_stage)))
 
 
 def fresh_value_head(config) -> dict[str, torch.Tensor]:
@@ -317,7 +317,25 @@ def build_critic(hf_cfg: dict, *, params_dtype: torch.dtype, vp_stage: int | Non
     config = transformer_config(hf_cfg, params_dtype=params_dtype, recompute=recompute, on_gpu=on_gpu,
                                 sequence_parallel=sequence_parallel, moe_aux_loss_coeff=moe_aux_loss_coeff,
                                 deterministic=deterministic)
-    return CriticModel(**_gpt_kwargs(hf_cfg, config, vp_stage))
+    return _placed(CriticModel(**_gpt_kwargs(hf_cfg, config, vp_stage)))
+
+
+def _placed(model):
+    """Every parameter in params_dtype and, on the GPU, on the current device: what megatron's
+    parallel linears and embeddings do by themselves, and the local spec's norms do not
+    (WrappedTorchNorm builds torch.nn.RMSNorm in float32 on the CPU whatever the config says).
+    Found by the first GPU run (2026-11-26): without TE or Apex, DDP's first broadcast_params failed
+    in NCCL on those CPU norms, and a bf16 model's fp32 norms shifted the optimizer's order-based
+    parameter ids (Float16OptimizerWithFloat16Params counts only its float16 params), so the first
+    checkpoint save failed ("Optimizer shape (64,) does not match model shape (128,)"). Megatron-LM
+    does the same with Float16Module and `.cuda()` in its get_model."""
+    dtype = model.config.params_dtype
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+    if not model.config.use_cpu_initialization:
+        model.cuda(torch.cuda.current_device())
+    return model
 
 
 def build_chunks(hf_cfg: dict, *, params_dtype: torch.dtype, critic: bool, recompute: bool = False,

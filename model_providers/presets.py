@@ -101,6 +101,18 @@ PRESETS = {
                                         expert_ffn=24),
                                "head_dim": 12, "vocab_size": 250, "max_position_embeddings": 128, "rope_theta": 10000.0,
                                "mlp_only_layers": [2]},
+    # One per family for gpu_check's model checks: Qwen3's QK norms with head_dim 16 unlike
+    # hidden/heads = 8; Llama 3.1's llama3 RoPE scaling (theta 500000 and head_dim 16 put the rotary
+    # wavelengths in all three of its bands) with head_dim 16 unlike hidden/heads = 12.
+    "tiny-qwen3": lambda: {**_qwen3(hidden=32, layers=4, heads=4, kv_heads=2, ffn=64),
+                           "head_dim": 16, "vocab_size": 250, "max_position_embeddings": 128, "rope_theta": 10000.0},
+    "tiny-llama3": lambda: {**_llama3_1(hidden=48, layers=4, heads=4, kv_heads=2, ffn=80), "head_dim": 16,
+                            "vocab_size": 250},
+    # gpu_check's offload preset: hidden 1024 puts every weight and buffer in the CUDA allocator's
+    # large pool (their release is then visible in memory_reserved), at ~120M parameters, so an
+    # actor and a critic with fp32 Adam state fit one GPU beside the other checks (~4 GiB).
+    "small-qwen2": lambda: _qwen2(hidden=1024, layers=4, heads=8, kv_heads=2, ffn=2816, vocab=32000, tied=False,
+                                  max_pos=4096, theta=10000.0),
     "qwen2.5-0.5b": lambda: _qwen2(hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, vocab=151936, tied=True),
     "qwen2.5-1.5b": lambda: _qwen2(hidden=1536, layers=28, heads=12, kv_heads=2, ffn=8960, vocab=151936, tied=True),
     "qwen2.5-7b": lambda: _qwen2(hidden=3584, layers=28, heads=28, kv_heads=4, ffn=18944, vocab=152064, tied=False),

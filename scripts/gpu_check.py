@@ -1,6 +1,6 @@
 """The first thing to run on a GPU node: one line per check, PASS / FAIL / SKIP (reason).
 
-    python scripts/gpu_check.py [--model-preset tiny-qwen2] [--steps 2]
+    python scripts/gpu_check.py [--model-preset NAME ...] [--offload-preset NAME] [--steps 2]
     python scripts/gpu_check.py --cpu          # the same checks on the CPU (gloo), GPU-only parts SKIP
 
 Exit status: 0 no FAIL; 1 some FAIL; 2 no GPU visible (without --cpu) or bad arguments.
@@ -8,31 +8,39 @@ Single process (world size 1): the NCCL process group of one GPU still takes CUD
 so every collective of the checks below runs through mcore/parallel.py's device-placing helpers.
 
 Checks (each calls the project's own code; a check is skipped only when its package is absent):
-  model_logits    megatron-core (TE layer spec when TE imports, else the local spec), bf16 on the
-                  GPU: logits of a random `--model-preset` model against transformers' Qwen2
+  model_logits    per `--model-preset` (default one tiny model of each family: Qwen2, Qwen3, Llama 3.1
+                  with its RoPE scaling, Qwen3-MoE at EP=1): megatron-core (TE layer spec when TE
+                  imports, else the local spec), bf16 on the GPU, against transformers' own class
+                  for that family (model_logits:<preset>)
+  recompute       full activation recomputation gives the gradients of the run without it
   vocab_parallel  vocab-parallel log-prob and entropy against torch.log_softmax, with the peak
                   extra memory (torch.cuda.max_memory_allocated)
-  weight_sync     the actor streamed into an embedded engine on the device (and into a real
+  weight_sync     per preset, the actor streamed into an embedded engine on the device (and into a real
                   colocated sglang.Engine when sglang imports, GPU only): engine logits and
                   log-probs equal the trainer's; release/resume memory measured
   vapo_steps      `--steps` VAPO steps of the demo task through the trainer's Trainer, with
                   torch.cuda.memory_reserved before and after every phase switch's cache release
                   (mcore/memory.py's free_cached_memory, where rollout/generator.py calls it)
   plan_memory     vapo-plan's per-GPU training peak for that run's layout against the measured
-                  peak (torch.cuda.max_memory_allocated), ratio printed
+                  peak of the training phases (score, critic_update, actor_update:
+                  torch.cuda.max_memory_allocated less the embedded engine's weights), ratio printed
   wgrad_fusion    gradient_accumulation_fusion on exactly when TE and Apex's fused_weight_gradient_
                   mlp_cuda both import (else megatron's ColumnParallelLinear raises in model_logits)
   wait_groups     every wait group (mcore/parallel.py wait_group): gloo, the wait timeout, a barrier
   sync_memory     after a weight sync into the real engine, no unused PyTorch cache (GPU + sglang)
   engine_signals  after the real Engine's first calls, the SIGTERM handler set before it is in force
                   and reached, and SIGQUIT is EngineDeath (GPU + sglang)
-  offload         scripts/gpu_check_offload.py (offload, offload_memory); vapo_steps runs with it on
+  offload         scripts/gpu_check_offload.py (offload, offload_memory) on `--offload-preset` (GPU
+                  default small-qwen2: hidden 1024, so the state sits in the allocator's large
+                  pool and its release is measurable), the actor with the distributed optimizer;
+                  vapo_steps runs with offload on
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib.util
 import os
 import signal
@@ -42,6 +50,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+FAMILY_PRESETS = ("tiny-qwen2", "tiny-qwen3", "tiny-llama3", "tiny-qwen3-moe")
 sys.path.insert(0, str(ROOT))
 if "--cpu" in sys.argv[1:]:  # before torch looks for GPUs: the CPU path must not use one that is present
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
@@ -50,6 +59,7 @@ import torch  # noqa: E402
 from gpu_check_offload import check_offload  # noqa: E402  (scripts/: the directory of this script)
 
 GIB = 1 << 30
+TRAINING_PHASES = ("score", "critic_update", "actor_update")  # what vapo-plan's `training` peak covers
 results: list[tuple[str, str, str]] = []
 
 
@@ -63,7 +73,7 @@ def has(package: str) -> bool:
 
 
 class Env:
-    """What the checks share: device, dtype, the preset's HF dir and the built actor."""
+    """What the checks share: device, dtype, and the HF dir and built actor of the preset in hand."""
 
     def __init__(self, cpu: bool, preset: str, work: Path):
         self.cpu = cpu
@@ -105,7 +115,7 @@ def _logits(chunks, ids: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def check_model_logits(env: Env) -> None:
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     import model_providers
     from vapo_megatron.mcore.models import build_chunks
@@ -114,9 +124,11 @@ def check_model_logits(env: Env) -> None:
 
     hf = preset(env.preset)
     torch.manual_seed(0)
-    cfg = Qwen2Config(**{k: v for k, v in hf.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    # The family's own transformers class (Qwen2, Qwen3, Llama, Qwen3-MoE), from the preset's config.json.
+    cfg = AutoConfig.for_model(hf["model_type"], **{k: v for k, v in hf.items() if k not in ("model_type", "torch_dtype")})
     ref = AutoModelForCausalLM.from_config(cfg, dtype=env.dtype)
-    env.hf_dir = env.work / "model"
+    ref_class = type(ref).__name__
+    env.hf_dir = env.work / env.preset
     ref.save_pretrained(env.hf_dir)
     hf_cfg = model_providers.read_hf_config(str(env.hf_dir))
     chunks = build_chunks(hf_cfg, params_dtype=env.dtype, critic=False)
@@ -130,9 +142,35 @@ def check_model_logits(env: Env) -> None:
         want = ref.to(env.device)(ids).logits.float()
     del ref
     err = (got - want).abs().max().item()
-    report("model_logits", "PASS" if torch.allclose(got, want, **_tol(env)) else "FAIL",
-           f"{env.preset} {str(env.dtype).removeprefix('torch.')} on {env.device.type}, {spec} layer spec ({qkv.__name__}), "
+    report(f"model_logits:{env.preset}", "PASS" if torch.allclose(got, want, **_tol(env)) else "FAIL",
+           f"{ref_class} {str(env.dtype).removeprefix('torch.')} on {env.device.type}, {spec} layer spec ({qkv.__name__}), "
            f"backend {torch.distributed.get_backend()}: max |megatron - transformers| = {err:.3g} ({_tol(env)})")
+
+
+def check_recompute(env: Env) -> None:
+    """Full activation recomputation (model.recompute_activations) against none: the same weights
+    and batch give the same gradients (megatron re-runs each layer's forward in the backward)."""
+    import model_providers
+    from vapo_megatron.mcore.models import build_chunks
+    from vapo_megatron.weights.hf_read import load_hf_weights
+
+    hf_cfg = model_providers.read_hf_config(str(env.hf_dir))
+    ids = torch.randint(0, hf_cfg["vocab_size"], (2, 64), generator=torch.Generator().manual_seed(3)).to(env.device)
+    pos = torch.arange(ids.shape[1], device=env.device).expand_as(ids)
+    grads = []
+    for recompute in (False, True):
+        (model,) = build_chunks(hf_cfg, params_dtype=env.dtype, critic=False, recompute=recompute)
+        load_hf_weights([model], model_providers.family_for(hf_cfg), hf_cfg, str(env.hf_dir))
+        model.train()(ids, pos, None).float().square().mean().backward()
+        grads.append({n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None})
+        del model
+    worst = max((grads[0][n] - grads[1][n]).abs().max().item() / max(grads[0][n].abs().max().item(), 1e-12)
+                for n in grads[0])
+    same = grads[0].keys() == grads[1].keys() and len(grads[0]) > 0
+    tol = 1e-5 if env.dtype == torch.float32 else 2e-2
+    report("recompute", "PASS" if same and worst <= tol else "FAIL",
+           f"{env.preset}: {len(grads[0])} parameter gradients with and without full recompute, max relative "
+           f"difference {worst:.3g} (tolerance {tol:g})")
 
 
 def check_collectives(env: Env) -> None:
@@ -204,7 +242,7 @@ def check_weight_sync(env: Env) -> None:
     from vapo_megatron.rollout.weight_sync import stream_weights
 
     if env.actor is None:
-        report("weight_sync", "SKIP", "model_logits did not build the actor")
+        report(f"weight_sync:{env.preset}", "SKIP", "model_logits did not build the actor")
         return
     hf_cfg = model_providers.read_hf_config(str(env.hf_dir))
     with torch.no_grad():  # a trained actor differs from its checkpoint: the engine must get these
@@ -220,9 +258,11 @@ def check_weight_sync(env: Env) -> None:
     lp = lambda x: torch.log_softmax(x, -1)[:, :-1].gather(-1, ids[:, 1:, None])  # noqa: E731
     logp_err = (lp(trainer) - lp(served)).abs().max().item()
     ok = torch.allclose(trainer, served, **_tol(env)) and logp_err < 10 * _tol(env)["atol"]
-    report("weight_sync", "PASS" if ok else "FAIL",
+    report(f"weight_sync:{env.preset}", "PASS" if ok else "FAIL",
            f"embedded engine on {env.device.type}, {stats.tensors} tensors streamed: max |logits| "
            f"diff {logit_err:.3g}, max |log-prob| diff {logp_err:.3g} (engine version {engine.weight_version})")
+    if env.preset != env.first_preset:
+        return  # the real engine once, with the first preset
     if env.cpu or not has("sglang"):
         why = "on the GPU only" if env.cpu else "with sglang only (not importable)"
         for name in ("engine_memory", "sync_memory", "engine_signals"):
@@ -297,7 +337,25 @@ def check_vapo_steps(env: Env, steps: int) -> dict | None:
     base = env.peak_reset()
     with contextlib.redirect_stdout(sys.stderr):  # the trainer's own lines: stdout is one line per check
         trainer = Trainer(cfg, StopSignals())
+    training_peak = [0]
     try:
+        if not env.cpu:  # the peak inside the phases vapo-plan's `training` figure is for
+            timer = trainer.timer
+
+            @contextlib.contextmanager
+            def peak_timer(phase: str):
+                if phase not in TRAINING_PHASES:
+                    with timer(phase):
+                        yield
+                    return
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                with timer(phase):
+                    yield
+                torch.cuda.synchronize()
+                training_peak[0] = max(training_peak[0], torch.cuda.max_memory_allocated())
+            trainer.timer = type("PeakTimer", (), {"__call__": lambda self, phase: peak_timer(phase),
+                                                   "__getattr__": lambda self, name: getattr(timer, name)})()
         if not env.cpu:  # torch.cuda.memory_reserved before and after each phase switch's cache release
             from vapo_megatron.rollout import generator
 
@@ -311,6 +369,8 @@ def check_vapo_steps(env: Env, steps: int) -> dict | None:
     finally:
         trainer.close()
     peak = env.peak_extra(base)
+    engine = getattr(trainer.generator, "engine", None)
+    engine_bytes = sum(t.numel() * t.element_size() for t in engine.model.parameters()) if hasattr(engine, "model") else 0
     rewards = [line for line in (env.work / "run" / "metrics.jsonl").read_text().splitlines() if '"vapo"' in line]
     ok = code == 0 and len(rewards) == steps
     report("vapo_steps", "PASS" if ok else "FAIL",
@@ -324,7 +384,9 @@ def check_vapo_steps(env: Env, steps: int) -> dict | None:
         report("phase_memory", "PASS" if ok else "FAIL",
                f"memory_reserved before -> after the cache release at {len(switches)} phase switches "
                f"(first 4): {shown or 'none seen'}")
-    return {"cfg": cfg, "peak": peak, "hf_dir": f"{data}/model"}
+    return {"cfg": cfg, "peak": peak, "hf_dir": f"{data}/model",
+            # The peak above what was allocated before the trainer was built (earlier checks' leftovers).
+            "training_peak": None if env.cpu else training_peak[0] - base - engine_bytes, "engine_bytes": engine_bytes}
 
 
 def check_plan_memory(env: Env, run: dict | None) -> None:
@@ -344,16 +406,21 @@ def check_plan_memory(env: Env, run: dict | None) -> None:
         report("plan_memory", "SKIP", f"no CUDA memory counters on the CPU (vapo-plan predicts {predicted / 2**20:.1f} MiB "
                                       "training peak for this layout, without reserve)")
         return
-    ratio = run["peak"] / predicted
-    report("plan_memory", "PASS" if run["peak"] <= predicted else "FAIL",
-           f"measured peak {run['peak'] / 2**20:.1f} MiB vs vapo-plan {predicted / 2**20:.1f} MiB (no reserve): "
-           f"ratio measured/predicted {ratio:.2f}")
+    measured = run["training_peak"]
+    ratio = measured / predicted
+    report("plan_memory", "PASS" if measured <= predicted else "FAIL",
+           f"measured training-phase peak {measured / 2**20:.1f} MiB (above the start, less the embedded engine's "
+           f"{run['engine_bytes'] / 2**20:.1f} MiB of weights) vs vapo-plan's training {predicted / 2**20:.1f} MiB "
+           f"(no reserve): ratio measured/predicted {ratio:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gpu_check", description=__doc__.split("\n")[0])
     ap.add_argument("--cpu", action="store_true", help="run on the CPU with gloo; GPU-only parts are SKIP")
-    ap.add_argument("--model-preset", default="tiny-qwen2", help="model_providers.presets name for the model checks")
+    ap.add_argument("--model-preset", nargs="+", default=list(FAMILY_PRESETS),
+                    help="model_providers.presets names for the model checks (default: one tiny model per family)")
+    ap.add_argument("--offload-preset", default=None,
+                    help="preset of the offload check (default: small-qwen2 on a GPU, tiny-qwen2 on the CPU)")
     ap.add_argument("--steps", type=int, default=2, help="VAPO steps in vapo_steps")
     args = ap.parse_args(argv)
     if not args.cpu and not torch.cuda.is_available():
@@ -363,32 +430,57 @@ def main(argv: list[str] | None = None) -> int:
     if not has("megatron.core"):
         print("gpu_check: megatron-core is not installed; nothing can be checked", file=sys.stderr)
         return 2
+    from model_providers.presets import preset
     from vapo_megatron.mcore import parallel
 
     parallel.init_distributed(1, 1, seed=0)
     device = "cpu (gloo)" if args.cpu else f"{torch.cuda.get_device_name()} ({torch.distributed.get_backend()})"
-    print(f"gpu_check: {device}; torch {torch.__version__}; preset {args.model_preset}", flush=True)
+    offload_preset = args.offload_preset or ("tiny-qwen2" if args.cpu else "small-qwen2")
+    for name in [*args.model_preset, offload_preset]:
+        try:
+            preset(name)
+        except ValueError as e:
+            print(f"gpu_check: {e}", file=sys.stderr)
+            return 2
+    print(f"gpu_check: {device}; torch {torch.__version__}; presets {' '.join(args.model_preset)}; "
+          f"offload preset {offload_preset}", flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as work:
-        env = Env(args.cpu, args.model_preset, Path(work))
+        env = Env(args.cpu, args.model_preset[0], Path(work))
+        env.first_preset = args.model_preset[0]
         run = None
+
+        def use(name: str) -> None:
+            env.preset, env.actor = name, None
+
+        per_preset = [step for name in args.model_preset for step in (
+            ("use", lambda name=name: use(name)),
+            ("model_logits", lambda: check_model_logits(env)),
+            *([("recompute", lambda: check_recompute(env))] if name == env.first_preset else []),
+            ("weight_sync", lambda: check_weight_sync(env)))]
         for name, check in (("collectives", lambda: check_collectives(env)),
                             ("wait_groups", lambda: check_wait_groups(env)),
                             ("wgrad_fusion", lambda: check_wgrad_fusion(env)),
-                            ("model_logits", lambda: check_model_logits(env)),
+                            *per_preset,
                             ("vocab_parallel", lambda: check_vocab_parallel(env)),
-                            ("weight_sync", lambda: check_weight_sync(env)),
-                            ("offload", lambda: [report(*r) for r in check_offload(env.cpu, env.dtype, env.preset)]),
+                            ("offload", lambda: [report(*r) for r in check_offload(env.cpu, env.dtype, offload_preset)]),
                             ("vapo_steps", lambda: check_vapo_steps(env, args.steps)),
                             ("plan_memory", lambda: check_plan_memory(env, run))):
-            if not has("transformers") and name in ("model_logits", "weight_sync", "vapo_steps"):
+            if not has("transformers") and name in ("model_logits", "recompute", "weight_sync", "vapo_steps"):
                 report(name, "SKIP", "transformers is not installed")
                 continue
             try:
                 out = check()
                 run = out if name == "vapo_steps" else run
             except Exception as e:  # noqa: BLE001 - one failing check must not hide the others
-                report(name, "FAIL", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                shown = f"{name}:{env.preset}" if name in ("model_logits", "weight_sync") else name
+                report(shown, "FAIL", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
                 traceback.print_exc(file=sys.stderr)
+            # Megatron's modules hold reference cycles (DDP's hooks): a failed check's models would
+            # otherwise stay on the GPU through the checks after it (the first GPU run's offload
+            # OOM left 29 GiB allocated under vapo_steps).
+            gc.collect()
+            if not args.cpu:
+                torch.cuda.empty_cache()
     parallel.destroy()
     failed = [n for n, s, _ in results if s == "FAIL"]
     print(f"gpu_check: {len(results) - len(failed)} of {len(results)} without FAIL" + (f"; FAIL: {', '.join(failed)}" if failed else ""))

@@ -1,7 +1,7 @@
 """gpu_check.py's offload checks (trainer.offload_during_rollout, vapo_megatron/mcore/offload.py).
 
-    offload         an actor (model dtype, fp32 main params under bf16) and a critic built by the
-                    project's builders, one real Adam step each, gradients left in DDP's buffers:
+    offload         an actor (model dtype, fp32 main params under bf16; the distributed optimizer) and a
+                    critic (the plain one) built by the project's builders, one real Adam step each, gradients left in DDP's buffers:
                     every storage of their state released while offloaded (untyped storage size 0),
                     and bitwise the same bytes after the onload, but the DDP gradient buffers: zeros
                     (freed without a copy)
@@ -18,15 +18,17 @@ import torch
 MIB = 1 << 20
 
 
-def _model(hf_cfg: dict, *, critic: bool, dtype: torch.dtype):
+def _model(hf_cfg: dict, *, critic: bool, dtype: torch.dtype, distributed_optimizer: bool):
     from model_providers import family_for
     from vapo_megatron.config import OptimConfig
     from vapo_megatron.mcore.model import TrainModel, wrap_ddp
     from vapo_megatron.mcore.models import build_actor, build_critic
     from vapo_megatron.mcore.optimizer import build_optimizer, optimizer_step
 
-    chunks = wrap_ddp([(build_critic if critic else build_actor)(hf_cfg, params_dtype=dtype)], distributed_optimizer=False)
-    optimizer = build_optimizer(chunks, OptimConfig(lr=1e-3), params_dtype=dtype)
+    chunks = wrap_ddp([(build_critic if critic else build_actor)(hf_cfg, params_dtype=dtype)],
+                      distributed_optimizer=distributed_optimizer)
+    optimizer = build_optimizer(chunks, OptimConfig(lr=1e-3, distributed_optimizer=distributed_optimizer),
+                                params_dtype=dtype)
     model = TrainModel(chunks=chunks, optimizer=optimizer, scheduler=None, family=family_for(hf_cfg), hf_cfg=hf_cfg,
                        hf_dir=None, critic=critic, dtype=str(dtype).removeprefix("torch."))
     device = next(chunks[0].parameters()).device
@@ -44,7 +46,10 @@ def check_offload(cpu: bool, dtype: torch.dtype, preset_name: str) -> list[tuple
     from vapo_megatron.mcore.offload import Offloader, grad_buffer_storages, state_tensors
 
     hf_cfg = preset(preset_name)
-    models = [_model(hf_cfg, critic=False, dtype=dtype), _model(hf_cfg, critic=True, dtype=dtype)]
+    # The actor with megatron's distributed optimizer (its parameters are views of DDP's flat param
+    # buffer, its fp32 main shards views of that buffer too), the critic with the plain one.
+    models = [_model(hf_cfg, critic=False, dtype=dtype, distributed_optimizer=True),
+              _model(hf_cfg, critic=True, dtype=dtype, distributed_optimizer=False)]
     tensors = [t for m in models for t in state_tensors(m)]
     device = tensors[0].device
     before = [t.detach().clone() for t in tensors]

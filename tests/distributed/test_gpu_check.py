@@ -11,7 +11,9 @@ import sys
 from tests.helpers.train_runs import ROOT
 
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
-CHECKS = ("collectives", "wait_groups", "wgrad_fusion", "model_logits", "vocab_parallel", "weight_sync",
+FAMILIES = ("tiny-qwen2", "tiny-qwen3", "tiny-llama3", "tiny-qwen3-moe")  # gpu_check's default presets
+CHECKS = ("collectives", "wait_groups", "wgrad_fusion", "recompute", "vocab_parallel",
+          *(f"{check}:{p}" for p in FAMILIES for check in ("model_logits", "weight_sync")),
           "offload", "offload_memory",
           "engine_memory", "sync_memory", "engine_signals", "vapo_steps", "phase_memory", "plan_memory")
 

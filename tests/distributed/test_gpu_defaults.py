@@ -1,4 +1,6 @@
-"""Issue 32: what the start-up decides for a GPU, decided here on the CPU (no GPU has run it).
+"""Issue 32: what the start-up decides for a GPU, decided here on the CPU. One GPU without TE or
+Apex has run the trainer since; most of these decisions need TE, Apex or a missing compiler to be
+seen at all.
 
 Each decision is a function of what imports and what is installed (mcore/models.py,
 config/determinism.py), so it is checked with those inputs faked: the answer megatron's

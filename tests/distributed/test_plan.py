@@ -264,7 +264,7 @@ def test_sequence_parallel_splits_the_replicated_activations_over_tp():
 
 def test_reserve_items_follow_the_phase_and_the_layout():
     from vapo_megatron.config import parse_config
-    from vapo_megatron.sizing.memory import GIB, reserve_parts
+    from vapo_megatron.sizing.memory import GIB, SGLANG_STASH_ITEM, reserve_parts, sglang_stash_bytes
 
     cfg = parse_config(CONFIG_32B, [])[0]
     train = reserve_parts(cfg, world_size=64, dp=2, activations=int(16 * GIB), phase="training")
@@ -272,6 +272,12 @@ def test_reserve_items_follow_the_phase_and_the_layout():
     assert train["allocator cache (0.25 x activations)"] == int(4 * GIB)
     assert "SGLang buffers outside its static share" in roll and "SGLang buffers outside its static share" not in train
     assert train["NCCL buffers (5 communicators)"] == roll["NCCL buffers (5 communicators)"]
+    # SGLang's clones of its model buffers, kept on the GPU while its weights are released: held in
+    # training only (resuming the weights drops them), sized as Qwen2.5-32B's RoPE cache.
+    stash = reserve_parts(cfg, world_size=64, dp=2, activations=0, phase="training",
+                          engine_stash=sglang_stash_bytes(QWEN25_32B))
+    assert stash[SGLANG_STASH_ITEM] == QWEN25_32B["max_position_embeddings"] * 128 * 4  # [positions, head_dim] fp32
+    assert SGLANG_STASH_ITEM not in roll
     # No colocated engine, one GPU: only the trainer's context and the allocator remain.
     solo = reserve_parts(parse_config(CONFIG_32B, ["rollout.engine=embedded", "parallel.tp=1", "parallel.pp=1"])[0],
                          world_size=1, dp=1, activations=0, phase="rollout")

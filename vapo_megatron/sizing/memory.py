@@ -66,9 +66,24 @@ SGLANG_RUNTIME_BYTES = int(1.5 * GIB)
 SGLANG_RUNTIME_ITEM = "SGLang buffers outside its static share"
 
 
-def reserve_parts(cfg: Config, *, world_size: int, dp: int, activations: int, phase: str) -> dict[str, int]:
+# While its weights are released, SGLang keeps a clone of every buffer of its model on the GPU,
+# outside its memory saver (sglang 0.5.23, scheduler_components/weight_updater.py:
+# release_memory_occupation stores _export_static_state's `buffer.detach().clone()` until the
+# weights resume): through the whole training phase. A decoder's buffers are its rotary cos/sin
+# cache, float32 [max_position_embeddings, head_dim].
+SGLANG_STASH_ITEM = "SGLang's stashed model buffers (RoPE cos/sin cache)"
+
+
+def sglang_stash_bytes(hf_cfg: dict) -> int:
+    """The engine's model buffers that SGLang clones at release (float32 [max positions, head_dim])."""
+    return hf_cfg["max_position_embeddings"] * head_dim(hf_cfg) * 4
+
+
+def reserve_parts(cfg: Config, *, world_size: int, dp: int, activations: int, phase: str,
+                  engine_stash: int = 0) -> dict[str, int]:
     """Bytes one GPU needs besides the counted tensors in `phase` ("training" or "rollout");
-    `activations` is the training peak's (the model being trained). With EP > 1 the MoE layers
+    `activations` is the training peak's (the model being trained); `engine_stash` the colocated
+    engine's stashed buffers (sglang_stash_bytes), held while training. With EP > 1 the MoE layers
     add the EP group (the dispatcher's all-to-all), the TP x EP group (its token counts, TP > 1)
     and the expert-DP group (DDP's expert gradients, DP / EP > 1)."""
     tp, pp, ep, colocated = cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.ep, cfg.rollout.engine == "sglang"
@@ -81,6 +96,8 @@ def reserve_parts(cfg: Config, *, world_size: int, dp: int, activations: int, ph
     parts[f"NCCL buffers ({groups} communicators)"] = groups * NCCL_COMMUNICATOR_BYTES
     if phase == "training":
         parts[f"allocator cache ({FRAGMENTATION_FRACTION:g} x activations)"] = int(FRAGMENTATION_FRACTION * activations)
+        if colocated:
+            parts[SGLANG_STASH_ITEM] = engine_stash
     else:
         parts[ROLLOUT_CACHE_ITEM] = ROLLOUT_CACHE_BYTES
         if colocated:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from vapo_megatron.config import Config
 from vapo_megatron.mcore.dtypes import torch_dtype
 from vapo_megatron.sizing.memory import (GIB, SGLANG_RUNTIME_ITEM, activation_parts, checkpoint_bytes, kv_bytes_per_token,
-                                         reserve_parts, state_bytes)
+                                         reserve_parts, sglang_stash_bytes, state_bytes)
 from vapo_megatron.sizing.shards import ShardSize, shard_sizes
 
 
@@ -144,7 +144,8 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
         resident = sum(parts[k] for k in state_names)
         act = max(parts[f"{m} activations"] for m in names)
         reserve = {ph: {"--reserve-gib": flat} if flat is not None else
-                   reserve_parts(cfg, world_size=world_size, dp=dp, activations=act, phase=ph) for ph in ("training", "rollout")}
+                   reserve_parts(cfg, world_size=world_size, dp=dp, activations=act, phase=ph,
+                                 engine_stash=sglang_stash_bytes(actor_hf)) for ph in ("training", "rollout")}
         state = {k.replace("gradients", "gradient buffers (fp32 main_grad)"): parts[k] for k in state_names}
         kv_resume = {} if offload else dict(state)
         kv_resume.update({k: v for k, v in reserve["rollout"].items() if k != SGLANG_RUNTIME_ITEM})

@@ -5,6 +5,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
+from tests.helpers import early_pip  # noqa: E402
 from tests.helpers.slurm_cluster import session_lock  # noqa: E402
 # Session fixtures of the two Slurm files: the one-node cluster and its reference job, run once.
 from tests.helpers.slurm_demo import slurm_demo_data, slurm_env, uninterrupted  # noqa: E402,F401
@@ -29,6 +30,14 @@ def _tier(path: str) -> int:
         return 0
     parts = path.replace(os.sep, "/").split("/")
     return next((TIERS.index(p) for p in parts if p in TIERS[1:]), len(TIERS))
+
+
+def pytest_configure(config):
+    early_pip.start(config)  # the GPU install's pip resolution, waiting on the index from the start
+
+
+def pytest_unconfigure(config):
+    early_pip.stop(config)
 
 
 def pytest_collection_modifyitems(config, items):

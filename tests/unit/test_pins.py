@@ -21,6 +21,8 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
+from tests.helpers import early_pip
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -70,17 +72,14 @@ def test_project_pins_equal_sglangs_exact_pins():
 def test_gpu_extra_resolves_with_the_cpu_pins(tmp_path):
     """`pip install '.[gpu]'` resolves (dry run), to the same torch/transformers as the CPU suite."""
     report = tmp_path / "report.json"
-    # --no-build-isolation: the project's metadata is built with this venv's setuptools (the
-    # build requirement is met), not a fresh one pip would install into a temporary overlay first.
-    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--no-build-isolation",
-           "--report", str(report), f"{REPO}[gpu]"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    out = proc.stdout + proc.stderr
+    # Started when the session started (tests/helpers/early_pip.py): its wait on the index overlaps
+    # the other tests; run alone, the resolution runs here.
+    returncode, out = early_pip.result(report)
     unreachable = ("Could not fetch URL", "NewConnectionError", "Temporary failure in name resolution",
                    "Network is unreachable", "No matching distribution found")
-    if proc.returncode != 0 and any(s in out for s in unreachable) and "ResolutionImpossible" not in out:
+    if returncode != 0 and any(s in out for s in unreachable) and "ResolutionImpossible" not in out:
         raise AssertionError(f"the package index could not be reached, so the GPU install was not verified:\n{out[-3000:]}")
-    assert proc.returncode == 0, f"`pip install '.[gpu]'` does not resolve:\n{out[-5000:]}"
+    assert returncode == 0, f"`pip install '.[gpu]'` does not resolve:\n{out[-5000:]}"
     picked = {_norm(i["metadata"]["name"]): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
     for name in ("sglang", "transformer-engine", "megatron-core"):
         assert name in picked, f"{name} missing from the GPU resolution"

@@ -22,6 +22,7 @@ import logging
 import os
 import warnings
 
+from vapo_megatron.config import transformers_index
 from vapo_megatron.config.cli import verbose
 
 # warnings.warn texts (the start of the message) of megatron-core, and of torch's distributed
@@ -77,6 +78,9 @@ def quiet_startup(*, loading_bars: bool = True) -> None:
     """Install the filters (idempotent); nothing when VAPO_VERBOSE=1. loading_bars=False also hides
     transformers' "Loading weights" bars (vapo-train: its own bar is the one that counts; a user's
     HF_HUB_DISABLE_PROGRESS_BARS wins)."""
+    # Not a filter, but every command calls this first, before transformers is imported:
+    # transformers' import table from a disk cache, not rebuilt in every process (transformers_index.py).
+    transformers_index.install()
     if verbose():
         return
     if not loading_bars:
@@ -118,6 +122,7 @@ def device_startup() -> None:
     from vapo_megatron.mcore.megatron_import import import_megatron
 
     package_index.install()
+    transformers_index.install()  # idempotent; here too for callers that skip quiet_startup
     import_megatron()
     if not verbose() and not torch.cuda.is_available():
         _install(CPU_ONLY_WARNINGS, CPU_ONLY_LOGS)

@@ -1,5 +1,5 @@
-"""Issue 32, item 8: two critic bugs other trainers shipped, where no test guarded them here
-(docs/algorithm.md, "Critic bugs other trainers shipped, and the test that guards each").
+"""Issue 32: critic bugs peers shipped, each guarded here (docs/algorithm.md, "Critic bugs peers
+shipped, and the tests that guard them", says which mutation of the source each check fails on).
 
 - The value mask off by one under dynamic batching: the critic's values (mcore/update.py
   forward_only, micro-batches packed by token budget and trimmed to their own width) sit exactly at
@@ -9,11 +9,17 @@
 - The value head's optimizer ignoring the LR schedule: every optimizer param group that holds a
   value-head parameter has the scheduled rate at every update (the metric critic/lr reads one
   canonical group only), and a warm-up update at rate 0 leaves the head unchanged.
+- Critic gradients not reduced over DP, and a value loss averaged per micro-batch: the trainer's
+  own critic update (Critic.update: mini-batch, global counts, token-budget micro-batches, DDP,
+  optimizer step) at DP=2 with uneven shares and micro-batches of different widths leaves every
+  replica's parameters where one naive step on the whole batch puts them (one plain forward, the
+  clipped value loss written out over the global N, autograd, SGD by hand).
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -62,7 +68,9 @@ def _checks():
     for i in range(batch.size):
         row = batch.select([i])
         alone.append(forward_only(model, row, value_outputs, ("values",), 10**6)["values"][0])
-    out["values"] = (packed, whole, alone, batch.mask.clone())
+    with torch.no_grad():  # an independent reference: one plain forward of the model, no schedule, no packing
+        direct = chunks[0].module(batch.tokens, torch.arange(batch.tokens.shape[1])[None].expand_as(batch.tokens), None)
+    out["values"] = (packed, whole, alone, batch.mask.clone(), direct.float() * batch.mask)
     # ---- the value head's learning rate
     optim = OptimConfig(lr=1e-2, min_lr=1e-3, warmup_steps=2, lr_decay_style="cosine", lr_decay_steps=6, clip_grad=0.0)
     opt = build_optimizer(chunks, optim, params_dtype=torch.float32, kind="sgd")
@@ -106,7 +114,10 @@ def test_critic_guards():
     (res,) = run_ranks(1, _checks)
     # Dynamic batching: several micro-batches of different widths.
     assert len(res["widths"]) > 1 and len(set(res["widths"])) > 1, res["widths"]
-    packed, whole, alone, mask = res["values"]
+    packed, whole, alone, mask, direct = res["values"]
+    # V_t is the model's output at the position that predicts response token t (the state before
+    # it): a shift applied the same way to every packing keeps the support and the agreement below.
+    torch.testing.assert_close(packed, direct, rtol=0, atol=1e-5)
     for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES)):
         support = torch.nonzero(packed[i]).flatten().tolist()
         assert support == list(range(p - 1, p - 1 + r)), (i, support)  # the prediction positions, no more, no less
@@ -120,3 +131,74 @@ def test_critic_guards():
         assert abs(canonical - _scheduled(s)) < 1e-12
     grads, unchanged = res["head_step"]
     assert all(g > 0 for g in grads) and unchanged  # warm-up's first rate is 0: the head does not move
+
+
+# ---- the critic update as the trainer runs it, at DP=2, against one naive step ----------------------------
+
+LR, CLIP, BUDGET = 0.5, 0.2, 16
+SHARES = ([0, 1], [2, 3, 4, 5])  # whole prompt groups per DP rank, as the trainer deals them: 18 and 41 tokens
+
+
+def _update_vs_naive():
+    from model_providers import family_for
+    from model_providers.presets import preset
+    from vapo_megatron.config import OptimConfig
+    from vapo_megatron.mcore import parallel
+    from vapo_megatron.mcore.critic import Critic
+    from vapo_megatron.mcore.model import TrainModel, wrap_ddp
+    from vapo_megatron.mcore.models import build_chunks
+    from vapo_megatron.mcore.optimizer import build_optimizer
+    from vapo_megatron.mcore.update import UpdateSettings, micro_batches
+
+    parallel.init_distributed(1, 1, seed=3)
+    assert parallel.dp_size() == 2
+    hf = preset("tiny-qwen2")
+    chunks = wrap_ddp(build_chunks(hf, params_dtype=torch.float32, critic=True, on_gpu=False), distributed_optimizer=False)
+    module = chunks[0].module
+    initial = {n: p.detach().clone() for n, p in module.named_parameters()}
+    batch = _batch()
+    mask, S = batch.mask, batch.tokens.shape[1]
+    g = torch.Generator().manual_seed(11)
+    returns = torch.randn(batch.size, S, generator=g) * mask
+    noise = 0.3 * torch.randn(batch.size, S, generator=g) * mask
+
+    # The reference: the whole global batch on this rank, written out; no schedule, DDP or optimizer.
+    params = dict(module.named_parameters())
+    values = module(batch.tokens, torch.arange(S)[None].expand_as(batch.tokens), None).float()
+    old = values.detach() + noise
+    clipped = old + (values - old).clamp(-CLIP, CLIP)
+    per_token = 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+    loss = (per_token * mask).sum() / mask.sum()
+    grads = torch.autograd.grad(loss, list(params.values()))
+    want = {n: (p - LR * gr).detach() for (n, p), gr in zip(params.items(), grads)}
+
+    # The trainer's update on this rank's share.
+    batch.values, batch.returns = old * mask, returns
+    mine = batch.select(SHARES[parallel.dp_rank()])
+    model = TrainModel(chunks=chunks, optimizer=build_optimizer(chunks, OptimConfig(lr=LR, clip_grad=0.0),
+                                                                params_dtype=torch.float32, kind="sgd"),
+                       scheduler=None, family=family_for(hf), hf_cfg=hf, hf_dir=Path("."), critic=True, dtype="float32")
+    critic = Critic(model, clip_range=CLIP, update=UpdateSettings(mini_batches=1, epochs=1, max_tokens=BUDGET,
+                                                                  max_consecutive_skips=1))
+    logs = critic.update(mine)
+    have = {n: p.detach().clone() for n, p in module.named_parameters()}
+    widths = [m.tokens.shape[1] for m in micro_batches(mine, BUDGET)[1]]
+    return {"initial": initial, "want": want, "have": have, "loss": loss.item(), "logs": logs, "widths": widths}
+
+
+def test_the_critic_update_at_dp2_equals_one_naive_step():
+    ranks = run_ranks(2, _update_vs_naive)
+    widths = [w for r in ranks for w in r["widths"]]
+    assert len(widths) >= 4 and len(set(widths)) >= 3, widths  # several micro-batches of different widths
+    for rank, res in enumerate(ranks):
+        logs = res["logs"]
+        assert logs["critic/skipped_steps"] == 0.0
+        assert 0.0 < logs["critic/value_clipfrac"] < 1.0, logs  # both branches of the clipped loss
+        assert abs(logs["critic/value_loss"] - res["loss"]) <= 1e-5 * abs(res["loss"]), (rank, logs, res["loss"])
+        for name, want in res["want"].items():
+            have = res["have"][name]
+            torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {rank} {name}: {m}")
+            d_have, d_want = have - res["initial"][name], want - res["initial"][name]
+            assert d_want.norm() > 0, name
+            err = (d_have - d_want).norm() / d_want.norm()
+            assert err < 1e-3, f"rank {rank} {name}: the update differs by {err:.2e} relative"

@@ -65,6 +65,31 @@ def _logits(chunks, ids: torch.Tensor, vocab: int) -> torch.Tensor:
                                  group=parallel.tp_group())
     return torch.cat(shards, dim=-1)[..., :vocab].float()
 
+def approx_params(hf: dict) -> int:
+    """A decoder's parameter count from its config.json (embeddings, attention, MLP or experts)."""
+    h, layers, vocab = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"]
+    hd = hf.get("head_dim") or h // hf["num_attention_heads"]
+    attn = h * hd * (2 * hf["num_attention_heads"] + 2 * hf["num_key_value_heads"])
+    mlp = 3 * h * (hf["num_experts"] * hf["moe_intermediate_size"] if hf.get("num_experts") else hf["intermediate_size"])
+    return vocab * h * (1 if hf.get("tie_word_embeddings") else 2) + layers * (attn + mlp)
+
+
+def too_big(env: Env) -> str | None:
+    """Why the preset's model checks cannot run here, or None: they hold about four copies of the
+    model at once (megatron's, transformers' reference, the engine's, recompute's gradients)."""
+    from model_providers.presets import preset
+
+    need = 4 * approx_params(preset(env.preset)) * env.dtype.itemsize
+    if env.cpu:
+        with open("/proc/meminfo") as f:
+            free = next(int(line.split()[1]) << 10 for line in f if line.startswith("MemAvailable:"))
+    else:
+        free = torch.cuda.mem_get_info()[0]
+    if need <= free:
+        return None
+    return f"{env.preset} needs about {need / GIB:.0f} GiB for these checks, {free / GIB:.0f} GiB available here"
+
+
 def check_model_logits(env: Env) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -73,6 +98,9 @@ def check_model_logits(env: Env) -> None:
     from model_providers.presets import preset
     from vapo_megatron.weights.hf_read import load_hf_weights
 
+    if why := too_big(env):
+        report(f"model_logits:{env.preset}", "SKIP", why)
+        return
     hf = preset(env.preset)
     torch.manual_seed(0)
     # The family's own transformers class (Qwen2, Qwen3, Llama, Qwen3-MoE), from the preset's config.json.
@@ -105,6 +133,9 @@ def check_recompute(env: Env) -> None:
     from vapo_megatron.mcore.models import build_chunks
     from vapo_megatron.weights.hf_read import load_hf_weights
 
+    if env.actor is None:
+        report("recompute", "SKIP", "model_logits did not build the actor")
+        return
     hf_cfg = model_providers.read_hf_config(str(env.hf_dir))
     ids = torch.randint(0, hf_cfg["vocab_size"], (2, 64), generator=torch.Generator().manual_seed(3)).to(env.device)
     pos = torch.arange(ids.shape[1], device=env.device).expand_as(ids)
@@ -205,4 +236,4 @@ def check_sglang_engine(env: Env, hf_cfg: dict) -> None:
             engine.engine.shutdown()
 
 
-__all__ = ["Env", "GIB", "check_model_logits", "check_recompute", "check_weight_sync", "has", "report", "results"]
+__all__ = ["Env", "GIB", "approx_params", "check_model_logits", "check_recompute", "check_weight_sync", "has", "report", "results"]

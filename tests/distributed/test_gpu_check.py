@@ -1,6 +1,7 @@
 """scripts/gpu_check.py stays runnable without a GPU: its --cpu mode runs every check that can run
-on the CPU (gloo) with no FAIL, and without --cpu on a machine with no GPU it says so in one line
-and exits 2, without a traceback. What it checks on a GPU is described in the script."""
+on the CPU (gloo) with no FAIL (assert_cpu_mode_passes, run by tests/e2e/test_gpu_bundle.py in the
+bundle's environment), and without --cpu on a machine with no GPU it says so in one line and exits
+2, without a traceback. What it checks on a GPU is described in the script."""
 
 from __future__ import annotations
 
@@ -25,16 +26,21 @@ def _run(*args: str) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
-def test_cpu_mode_runs_every_check_without_fail():
-    # The four families' tiny presets (the default), and a preset too large for this machine: its
-    # model checks say why they SKIP instead of running it out of memory.
-    run = _run("--cpu", "--model-preset", *FAMILIES, "qwen3-235b-a22b")
+# The four families' tiny presets (the default), and a preset too large for this machine: its
+# model checks say why they SKIP instead of running it out of memory.
+CPU_ARGS = ("--cpu", "--model-preset", *FAMILIES, "qwen3-235b-a22b")
+
+
+def assert_cpu_mode_passes(run: subprocess.CompletedProcess) -> None:
+    """`gpu_check.py *CPU_ARGS`: every check that can run on the CPU passed; only the GPU
+    measurements and the oversized preset's model checks are skipped, each with its reason.
+    Run by tests/e2e/test_gpu_bundle.py, in the environment the air-gapped bundle installs (the
+    same pinned libraries as this one): one gpu_check --cpu run serves both."""
     lines = run.stdout.splitlines()
     status = {line.split()[1]: line.split()[0] for line in lines if line[:4] in ("PASS", "FAIL", "SKIP")}
     assert run.returncode == 0 and "FAIL" not in status.values(), run.stdout + run.stderr[-4000:]
     big = {"model_logits:qwen3-235b-a22b", "weight_sync:qwen3-235b-a22b"}
     assert set(status) == set(CHECKS) | big, status
-    # What can run on the CPU does; only the GPU measurements are skipped, each with its reason.
     assert {c for c, s in status.items() if s == "SKIP"} == {"engine_memory", "sync_memory", "engine_signals",
                                                               "phase_memory", "plan_memory", "offload_memory"} | big
     assert "qwen3-235b-a22b needs about" in run.stdout

@@ -1,7 +1,8 @@
 """gpu_check.py's offload checks (trainer.offload_during_rollout, vapo_megatron/mcore/offload.py).
 
-    offload         an actor (model dtype, fp32 main params under bf16; the distributed optimizer) and a
-                    critic (the plain one) built by the project's builders, one real Adam step each, gradients left in DDP's buffers:
+    offload         an actor (model dtype, fp32 main params under bf16; the distributed optimizer)
+                    and a critic (the plain optimizer) built by the project's builders, one real
+                    Adam step each, gradients left in DDP's buffers:
                     every storage of their state released while offloaded (untyped storage size 0),
                     and bitwise the same bytes after the onload, but the DDP gradient buffers: zeros
                     (freed without a copy)

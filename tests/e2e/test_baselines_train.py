@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.train_runs import checkpoint_tensors, launch, make_demo_data, records, train
+from tests.helpers.train_runs import checkpoint_tensors, launch, make_demo_data, records, train_in_forks
 
 CONFIG = "dapo.yaml"
 STEPS = 3
@@ -39,7 +39,7 @@ def demo_data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def reference(demo_data, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("dapo") / "run"
-    train(CONFIG, *_settings(demo_data, run_dir))
+    train_in_forks(CONFIG, *_settings(demo_data, run_dir))
     return run_dir
 
 
@@ -73,7 +73,7 @@ def test_killed_mid_step_resumes_to_the_same_run(reference, demo_data, tmp_path)
                     torchrun_args=("--monitor-interval", "2"))
     assert killed.returncode != 0 and "VAPO_FAULT: killing rank" in killed.stdout, killed.output[-3000:]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_0000001"
-    train(CONFIG, *_settings(demo_data, run_dir))
+    train_in_forks(CONFIG, *_settings(demo_data, run_dir))
     assert _steps(run_dir) == _steps(reference)
     want = checkpoint_tensors(reference / "checkpoints" / FINAL / "actor")
     have = checkpoint_tensors(run_dir / "checkpoints" / FINAL / "actor")

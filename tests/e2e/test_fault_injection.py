@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers.train_runs import Launch, checkpoint_tensors, launch, make_demo_data, records, train
+from tests.helpers.train_runs import Launch, checkpoint_tensors, launch, make_demo_data, records, train_in_forks
 
 CONFIG = "demo_cpu.yaml"
 VAPO_STEPS = 4
@@ -52,7 +52,7 @@ def demo_data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def reference(demo_data, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("reference") / "run"
-    train(CONFIG, *_settings(demo_data, run_dir))
+    train_in_forks(CONFIG, *_settings(demo_data, run_dir))
     return run_dir
 
 
@@ -175,7 +175,7 @@ def test_killed_at_every_point_and_damaged_checkpoints_resume_to_the_same_run(re
     # 6. The newest checkpoint damaged again: the critic's metadata deleted. A clean restart falls
     #    back to iter_2 and runs to the end.
     (root / "iter_0000003" / "critic" / "metadata.json").unlink()
-    run = train(CONFIG, *_settings(demo_data, run_dir))
+    run = train_in_forks(CONFIG, *_settings(demo_data, run_dir))
     damaged = (f"[vapo] checkpoint {root / 'iter_0000003'} is damaged, falling back to an older one: "
                f"{root / 'iter_0000003' / 'critic'} is not a complete Megatron dist checkpoint")
     assert damaged in run.stdout, run.output[-3000:]

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from tests.helpers.tiny_hf import LLAMA3_ROPE
-from tests.helpers.train_runs import ROOT, make_demo_data, records, small_run_overrides, train
+from tests.helpers.train_runs import ROOT, make_demo_data, records, small_run_overrides, train_in_forks
 
 
 def write_tiny_llama(model_dir: Path, tokenizer_dir: Path, *, seed: int = 0) -> None:
@@ -58,7 +58,7 @@ def _overrides(data: Path, run_dir: Path) -> list[str]:
 
 def test_vapo_train_runs_on_llama_at_tp2_with_the_embedded_engine(llama_demo, tmp_path):
     run_dir = tmp_path / "run"
-    run = train("demo_cpu.yaml", *_overrides(llama_demo, run_dir), "parallel.tp=2")
+    run = train_in_forks("demo_cpu.yaml", *_overrides(llama_demo, run_dir), "parallel.tp=2")
     vapo = [r for r in records(run_dir) if r["phase"] == "vapo"]
     assert len(vapo) == 2, run.stdout[-2000:]
     for r in vapo:

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tests.helpers.train_runs import (checkpoint_tensors, exported, hf_weights, make_demo_data, records,
-                                      small_run_overrides, train)
+                                      small_run_overrides, train_in_forks)
 
 
 def write_tiny_qwen3_moe(model_dir: Path, tokenizer_dir: Path, *, seed: int = 0) -> None:
@@ -60,7 +60,7 @@ LAYOUTS = {"ep2": EP2, "tp2-sp": ["parallel.tp=2", "parallel.sequence_parallel=t
 def ep2_run(moe_demo, tmp_path_factory) -> tuple[Path, str]:
     """Two VAPO steps at EP=2, uninterrupted, with the final checkpoint and HF export."""
     run_dir = tmp_path_factory.mktemp("moe-ep2") / "run"
-    run = train("demo_cpu.yaml", *_overrides(moe_demo, run_dir), *EP2, "trainer.export_hf=true")
+    run = train_in_forks("demo_cpu.yaml", *_overrides(moe_demo, run_dir), *EP2, "trainer.export_hf=true")
     return run_dir, run.stdout
 
 
@@ -70,7 +70,7 @@ def test_vapo_train_runs_on_qwen3_moe_with_the_embedded_engine(moe_demo, ep2_run
         run_dir, stdout = ep2_run
     else:
         run_dir = tmp_path / "run"
-        stdout = train("demo_cpu.yaml", *_overrides(moe_demo, run_dir), *LAYOUTS[layout]).stdout
+        stdout = train_in_forks("demo_cpu.yaml", *_overrides(moe_demo, run_dir), *LAYOUTS[layout]).stdout
     vapo = [r for r in records(run_dir) if r["phase"] == "vapo"]
     assert len(vapo) == 2, stdout[-3000:]
     for r in vapo:
@@ -92,8 +92,8 @@ def test_resume_at_ep2_reaches_the_same_state_and_exports_every_expert(moe_demo,
     the uninterrupted run; its HF export holds every expert of every MoE layer."""
     full_dir, _ = ep2_run
     run_dir = tmp_path / "run"
-    train("demo_cpu.yaml", *_overrides(moe_demo, run_dir), *EP2, "trainer.total_steps=1")
-    proc = train("demo_cpu.yaml", *_overrides(moe_demo, run_dir), *EP2, "trainer.export_hf=true")
+    train_in_forks("demo_cpu.yaml", *_overrides(moe_demo, run_dir), *EP2, "trainer.total_steps=1")
+    proc = train_in_forks("demo_cpu.yaml", *_overrides(moe_demo, run_dir), *EP2, "trainer.export_hf=true")
     assert "resumed from" in proc.stdout + proc.stderr
     last = (full_dir / "checkpoints" / "latest").read_text().strip()
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == last

@@ -1,5 +1,6 @@
 """The trainer end to end through its real entry point: torchrun, 2 ranks, TP=2, the embedded
-engine, a shortened demo config. Also: exact resume, resume at another TP and PP, and the vanilla-PPO config."""
+engine, a shortened demo config; its output as a user sees it, and an exact resume. Also, with the
+ranks forked (train_in_forks): resume at another TP and PP, and the vanilla-PPO config."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.train_runs import ROOT, checkpoint_tensors, hf_weights, make_demo_data, records, train
+from tests.helpers.quiet_check import ACCELERATORS, library_noise
+from tests.helpers.train_runs import ROOT, checkpoint_tensors, hf_weights, make_demo_data, records, train, train_in_forks
 
 REQUIRED_METRICS = [
     "step", "phase", "reward/mean", "reward/accuracy", "response_length/mean", "response_length/max",
@@ -59,10 +61,23 @@ def _short(data: Path, run_dir: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def full_run(demo_data, tmp_path_factory) -> Path:
+def full_run_output(demo_data, tmp_path_factory) -> tuple[Path, str]:
     run_dir = tmp_path_factory.mktemp("full") / "run"
-    train("demo_cpu.yaml", *_short(demo_data, run_dir), "trainer.total_steps=3", "trainer.tensorboard=true")
-    return run_dir
+    run = train("demo_cpu.yaml", *_short(demo_data, run_dir), "trainer.total_steps=3", "trainer.tensorboard=true")
+    return run_dir, run.output
+
+
+@pytest.fixture(scope="module")
+def full_run(full_run_output) -> Path:
+    return full_run_output[0]
+
+
+def test_a_demo_run_prints_no_library_warning(full_run_output):
+    """What the user sees of `make demo`'s run (torchrun, two ranks): what matters, once."""
+    output = full_run_output[1]
+    assert not library_noise(output), "library warnings in the run's output:\n" + library_noise(output)
+    assert output.count(ACCELERATORS) == 1, output[-3000:]  # once, from rank 0
+    assert "[vapo] eval (final)" in output, output[-3000:]
 
 
 def test_demo_config_runs_end_to_end(full_run):
@@ -138,7 +153,8 @@ def test_restart_after_checkpoint_reaches_same_weights(full_run, demo_data, tmp_
     run_dir = tmp_path / "run"
     _stopped_after_iteration_2(full_run, run_dir)
     proc = train("demo_cpu.yaml", *_short(demo_data, run_dir), "trainer.total_steps=3")
-    assert "resumed from" in proc.stdout + proc.stderr
+    assert "resumed from" in proc.output
+    assert not library_noise(proc.output), library_noise(proc.output)  # loading a checkpoint is as quiet
     # Weights and Adam state of actor and critic, bitwise.
     for role in ("actor", "critic"):
         want = checkpoint_tensors(full_run / "checkpoints" / "iter_0000004" / role)
@@ -183,8 +199,8 @@ def test_resume_at_another_layout_continues_the_run(change, full_run, demo_data,
     overrides, nproc, said = LAYOUT_CHANGES[change]
     run_dir = tmp_path / change
     _stopped_after_iteration_2(full_run, run_dir)
-    proc = train("demo_cpu.yaml", *_short(demo_data, run_dir), "trainer.total_steps=3", *overrides,
-                 "trainer.export_hf=false", nproc=nproc)
+    proc = train_in_forks("demo_cpu.yaml", *_short(demo_data, run_dir), "trainer.total_steps=3", *overrides,
+                          "trainer.export_hf=false", nproc=nproc)
     assert all(line in proc.output for line in said) and "resumed from" in proc.output, proc.output[-3000:]
     vocab = json.loads((demo_data / "model" / "config.json").read_text())["vocab_size"]
     for role in ("actor", "critic"):
@@ -204,7 +220,7 @@ def test_resume_at_another_layout_continues_the_run(change, full_run, demo_data,
 
 def test_vanilla_ppo_config_runs(demo_data, tmp_path):
     run_dir = tmp_path / "vanilla"
-    train("vanilla_ppo.yaml", *_short(demo_data, run_dir), "trainer.total_steps=2", "rollout.prompts_per_step=32",
+    train_in_forks("vanilla_ppo.yaml", *_short(demo_data, run_dir), "trainer.total_steps=2", "rollout.prompts_per_step=32",
           "rollout.n_samples=1", "algo.value_pretrain_steps=0")
     vapo = [r for r in records(run_dir) if r["phase"] == "vapo"]
     assert len(vapo) == 2 and all("actor/pg_loss" in r for r in vapo)

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.helpers.ports import free_port
+from tests.helpers.quiet_check import users_env
 
 ROOT = Path(__file__).resolve().parents[2]
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
@@ -77,7 +78,7 @@ def launch(config: str | Path, overrides: list[str], *, env: dict[str, str] | No
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *torchrun_args,
         "-m", module, "--config", str(ROOT / "configs" / config), *overrides,
     ]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
+    full_env = {**users_env(dict(os.environ)), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     reaping = _set_subreaper(True)
     before = _children() if reaping else {}
     # Output goes to files, not pipes: a process the run leaves behind would hold a pipe open and
@@ -119,6 +120,43 @@ def train(config: str | Path, *overrides: str, env: dict[str, str] | None = None
     run = launch(config, list(overrides), env=env, nproc=nproc)
     assert run.returncode == 0, f"vapo-train failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
     assert not run.leftovers, f"processes left running after the run: {run.leftovers}"
+    return run
+
+
+def _rank_main(argv: list[str], out_dir: str, env: dict[str, str], nproc: int) -> int:
+    """One rank of train_in_forks: `vapo-train ARGV` with what torchrun gives a worker besides
+    RANK, WORLD_SIZE and the rendezvous (set by run_ranks), its output in out_dir/rank{R}.{out,err}."""
+    os.chdir(ROOT)
+    os.environ.update(env, LOCAL_WORLD_SIZE=str(nproc))
+    for fd, name in ((1, "out"), (2, "err")):
+        f = os.open(f"{out_dir}/rank{os.environ['RANK']}.{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(f, fd)
+        os.close(f)
+    from vapo_megatron.train import main
+
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def train_in_forks(config: str | Path, *overrides: str, env: dict[str, str] | None = None, nproc: int = 2) -> Launch:
+    """A run that must succeed, as train() but with its ranks forked from the preloaded forkserver of
+    tests/helpers/dist_utils.py instead of started by torchrun: the same `vapo_megatron.train.main`
+    from the command line on, without the ~17 s of CPU that three fresh interpreters spend importing
+    torch, megatron-core and transformers. For the tests whose subject is what a run computes;
+    those about the launch itself (signals, kills, exit codes, output, Slurm) use launch()."""
+    from tests.helpers.dist_utils import run_ranks
+
+    argv = ["--config", str(ROOT / "configs" / config), *overrides]
+    with tempfile.TemporaryDirectory() as out:
+        codes = run_ranks(nproc, _rank_main, argv, out, dict(env or {}), nproc)
+        text = {k: "".join(Path(out, f"rank{r}.{k}").read_text() for r in range(nproc)) for k in ("out", "err")}
+    run = Launch(max(codes, key=abs), text["out"], text["err"], [])
+    assert run.returncode == 0, f"vapo-train failed ({codes}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
     return run
 
 

@@ -82,7 +82,7 @@ def test_the_source_is_never_the_output(made, capsys):
 
 def test_overwrite_replaces_only_the_same_directions_output(made, tmp_path, capsys):
     out = tmp_path / "again"
-    assert convert("hf-to-mcore", "--hf", made / "hf", "--out", out).returncode == 0
+    shutil.copytree(made / "mc", out)  # an earlier output of the same command, as the fixture's command wrote it
     line = refused(capsys, "hf-to-mcore", "--hf", made / "hf", "--out", out)
     assert f"--out {out} holds an earlier output of vapo-convert hf-to-mcore; pass --overwrite" in line
     line = refused(capsys, "mcore-to-hf", "--ckpt", made / "mc", "--out", out, "--overwrite")
@@ -130,10 +130,16 @@ def test_bad_input_is_one_line(made, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_verbose_adds_the_traceback(made, tmp_path):
+def test_verbose_adds_the_traceback(tmp_path, capsys, monkeypatch):
+    from vapo_megatron import convert as cli
+
     (tmp_path / "empty").mkdir()
-    quiet = convert("hf-to-mcore", "--hf", tmp_path / "empty", "--out", tmp_path / "o")
-    loud = convert("hf-to-mcore", "--hf", tmp_path / "empty", "--out", tmp_path / "o", VAPO_VERBOSE="1")
-    assert quiet.returncode == loud.returncode == 2
-    assert "Traceback" not in quiet.stderr and "Traceback" in loud.stderr
-    assert f"vapo-convert: error: {tmp_path / 'empty'} has no config.json" in loud.stderr
+    argv = ["hf-to-mcore", "--hf", str(tmp_path / "empty"), "--out", str(tmp_path / "o")]
+    monkeypatch.delenv("VAPO_VERBOSE", raising=False)
+    assert cli.main(argv) == 2
+    quiet = capsys.readouterr().err
+    monkeypatch.setenv("VAPO_VERBOSE", "1")
+    assert cli.main(argv) == 2
+    loud = capsys.readouterr().err
+    assert "Traceback" not in quiet and "Traceback" in loud
+    assert f"vapo-convert: error: {tmp_path / 'empty'} has no config.json" in loud

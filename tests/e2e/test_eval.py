@@ -89,11 +89,18 @@ def figures_from_samples(rows: list[dict]) -> dict[str, float]:
     return out
 
 
-def test_hf_export_and_checkpoint_agree_with_samples_and_training(trained, tmp_path):
+@pytest.fixture(scope="module")
+def hf_eval(trained, tmp_path_factory) -> tuple[Path, str]:
+    """vapo-eval of the HF export on one process: its output directory and what it printed."""
+    out = tmp_path_factory.mktemp("hf_eval") / "hf"
+    return out, run_eval(eval_args(trained / "hf", trained.parent / "data", out, "--greedy"))
+
+
+def test_hf_export_and_checkpoint_agree_with_samples_and_training(trained, hf_eval, tmp_path):
     data = trained.parent / "data"
-    printed = run_eval(eval_args(trained / "hf", data, tmp_path / "hf", "--greedy"))
-    summary = json.loads((tmp_path / "hf" / "summary.json").read_text())
-    rows = samples(tmp_path / "hf")
+    hf, printed = hf_eval
+    summary = json.loads((hf / "summary.json").read_text())
+    rows = samples(hf)
     assert len(rows) == 8 * K and {"prompt_index", "sample_index", "correct", "reward", "response", "answer", "length"} <= rows[0].keys()
     # The figures are those of the per-sample file, and printed as such.
     for key, value in figures_from_samples(rows).items():
@@ -109,15 +116,17 @@ def test_hf_export_and_checkpoint_agree_with_samples_and_training(trained, tmp_p
     run_eval(eval_args(trained / "checkpoints" / "iter_0000001", data, tmp_path / "ckpt"), quiet=True)
     assert samples(tmp_path / "ckpt") == rows
     assert json.loads((tmp_path / "ckpt" / "summary.json").read_text())[f"avg@{K}"] == summary[f"avg@{K}"]
-    table = (tmp_path / "hf" / "per_prompt.csv").read_text().splitlines()
+    table = (hf / "per_prompt.csv").read_text().splitlines()
     assert table[0].startswith("prompt_index,source,ground_truth") and len(table) == 1 + 8
 
 
-def test_same_seed_same_samples_also_split_over_two_ranks(trained, tmp_path):
+def test_same_seed_same_samples_also_split_over_two_ranks(trained, hf_eval, tmp_path):
+    """A prompt's samples depend on the seed and the prompt, not on how many prompts run or where:
+    the first 5 prompts over two ranks are the one-process run's first 5."""
     data = trained.parent / "data"
-    run_eval(eval_args(trained / "hf", data, tmp_path / "one", "--max-prompts", "5"))
     run_eval(eval_args(trained / "hf", data, tmp_path / "two", "--max-prompts", "5"), nproc=2)
-    one, two = samples(tmp_path / "one"), samples(tmp_path / "two")
+    one = [r for r in samples(hf_eval[0]) if r["prompt_index"] < 5]
+    two = samples(tmp_path / "two")
     assert len(one) == 5 * K and one == two
     other = eval_args(trained / "hf", data, tmp_path / "other", "--max-prompts", "5")
     other[other.index("--seed") + 1] = str(SEED + 1)

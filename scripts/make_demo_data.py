@@ -19,7 +19,7 @@ from vapo_megatron.testing.chain_task import CHAIN_SPEC, MAX_TERMS, MIN_TERMS, w
 from vapo_megatron.testing.demo_task import TASKS, TinyModelSpec, write_demo_dir
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--seed", type=int, default=0)
@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--num-heads", type=int, default=None, help="default: 4")
     ap.add_argument("--num-kv-heads", type=int, default=None, help="default: 2")
     ap.add_argument("--ffn-size", type=int, default=None, help="default: 256")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.n_sft is None:
         args.n_sft = 2000 if args.task == "chain" else 800
     base = CHAIN_SPEC if args.task == "chain" else TinyModelSpec()

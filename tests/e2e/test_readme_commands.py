@@ -24,6 +24,9 @@ A README command of a new kind fails the test until this file learns it.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
 import os
 import shlex
 import shutil
@@ -88,15 +91,27 @@ def demo_overrides() -> list[str]:
     return words[4:]
 
 
+def make_demo_data(work: Path, *argv: str) -> None:
+    """scripts/make_demo_data.py ARGV in `work`, in this process (a subprocess would spend most of
+    its time importing torch and transformers again)."""
+    spec = importlib.util.spec_from_file_location("make_demo_data", ROOT / "scripts" / "make_demo_data.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    here = os.getcwd()
+    os.chdir(work)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            script.main(list(argv))
+    finally:
+        os.chdir(here)
+
+
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory):
     work = tmp_path_factory.mktemp("clone")
     (work / "configs").symlink_to(ROOT / "configs")
-    made = run([str(ROOT / "scripts" / "make_demo_data.py"), "--out", "runs/demo/data", "--seed", "0"], work)
-    assert made.returncode == 0, made.stderr[-3000:]
-    chain = run([str(ROOT / "scripts" / "make_demo_data.py"), "--task", "chain", "--out", "runs/chain/data",
-                 "--n-train", "40", "--n-eval", "40", "--n-sft", "20"], work)
-    assert chain.returncode == 0, chain.stderr[-3000:]
+    make_demo_data(work, "--out", "runs/demo/data", "--seed", "0")
+    make_demo_data(work, "--task", "chain", "--out", "runs/chain/data", "--n-train", "40", "--n-eval", "40", "--n-sft", "20")
     shutil.copytree(work / "runs/demo/data/model", work / DOWNLOADED_MODEL)
     actor = run(["-m", "vapo_megatron.convert", "hf-to-mcore", "--hf", "runs/demo/data/model", "--out", DEMO_ACTOR], work)
     assert actor.returncode == 0, actor.stderr[-3000:]

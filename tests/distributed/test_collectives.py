@@ -18,7 +18,7 @@ import torch
 
 from tests.helpers import collective_audit
 from tests.helpers.dist_utils import run_ranks
-from tests.helpers.train_runs import ROOT, launch, make_demo_data
+from tests.helpers.train_runs import ROOT, make_demo_data, train_in_forks
 
 PROJECT_DIRS = ("vapo_megatron", "model_providers", "scripts")
 HELPERS = ROOT / "vapo_megatron" / "mcore" / "parallel.py"
@@ -78,7 +78,10 @@ def test_training_run_uses_only_the_helpers(tmp_path):
     data = make_demo_data(tmp_path / "data", n_train=64, n_eval=8, n_sft=32)
     audit = tmp_path / "audit"
     audit.mkdir()
-    run = launch("demo_cpu.yaml", [
+    # Ranks forked from the preloaded server: the project's modules are imported before the wrappers
+    # are installed, so a `from torch.distributed import X` binding would escape them; the source
+    # scan above refuses that form, and parallel.py's own calls must still be counted below.
+    train_in_forks("demo_cpu.yaml", *[
         f"trainer.run_dir={tmp_path / 'run'}", f"model.hf_path={data}/model",
         f"data.train_files=[{data}/train.jsonl]", f"data.eval_files=[{data}/eval.jsonl]",
         f"sft.files=[{data}/sft.jsonl]", "sft.steps=1", "sft.batch_size=8", "sft.eval_prompts=8",
@@ -86,8 +89,6 @@ def test_training_run_uses_only_the_helpers(tmp_path):
         "rollout.prompts_per_step=4", "rollout.n_samples=2", "eval.max_prompts=8",
         "trainer.tensorboard=false", "parallel.tp=2", "parallel.sequence_parallel=true",
     ], nproc=4, module="tests.helpers.collective_audit", env={"VAPO_AUDIT_DIR": str(audit)})
-    assert run.returncode == 0, f"vapo-train failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
-    assert not run.leftovers, run.leftovers
     records = [json.loads((audit / f"rank{r}.json").read_text()) for r in range(4)]
     bypasses = sorted({b for rec in records for b in rec["bypasses"]})
     assert not bypasses, "direct torch.distributed calls from project code:\n" + "\n".join(bypasses)

@@ -6,7 +6,8 @@ vapo_megatron/mcore/parallel.py bypasses the device-placing helpers (parallel.al
 from parallel.py are counted as going through them. megatron-core's and torch's own calls are
 not judged: they place their tensors themselves.
 
-    python -m tests.helpers.collective_audit --config FILE [overrides]   (under torchrun)
+    python -m tests.helpers.collective_audit --config FILE [overrides]   (under torchrun, or as the
+    entry point of tests/helpers/train_runs.py train_in_forks)
 runs vapo-train with the wrappers installed; each rank writes {"bypasses": [...], "through":
 {name: count}} to $VAPO_AUDIT_DIR/rank<RANK>.json when the run ends.
 """

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue as queue_module
+import time
 import traceback
 
 import torch.multiprocessing as mp
@@ -44,27 +46,40 @@ def _worker(rank, world_size, port, fn, args, queue, env):
 
 
 def run_ranks(world_size: int, fn, *args, timeout: float = 600.0) -> list:
-    """fn(*args) on `world_size` spawned processes; returns [result of rank 0, rank 1, ...]."""
+    """fn(*args) on `world_size` forked processes; returns [result of rank 0, rank 1, ...]. A rank that
+    raises, or dies without a result (a signal, os._exit), fails the call at once with what it
+    knows; the rest are killed, as torchrun ends a job's other workers."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)  # takes effect when the server starts (the first call)
-    queue = ctx.SimpleQueue()
+    queue = ctx.Queue()
     port = free_port()
     env = dict(os.environ)
     procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, env)) for r in range(world_size)]
     for p in procs:
         p.start()
     results, errors = {}, []
-    for _ in range(world_size):
-        rank, status, value = queue.get()
+    deadline = time.monotonic() + timeout
+    while len(results) < world_size and not errors:
+        try:
+            rank, status, value = queue.get(timeout=2.0)
+        except queue_module.Empty:
+            # A rank's result is in the pipe before its process ends (a Queue's feeder thread is
+            # flushed at exit), so a rank that has ended and sent nothing within 2 s never will.
+            died = [f"rank {r} ended with exit code {p.exitcode} and no result" for r, p in enumerate(procs)
+                    if p.exitcode is not None and r not in results]
+            if died or time.monotonic() > deadline:
+                errors.extend(died or [f"no result within {timeout:.0f} s from ranks "
+                                       f"{sorted(set(range(world_size)) - set(results))}"])
+            continue
         if status == "ok":
             results[rank] = pickle.loads(value)
         else:
             errors.append(f"rank {rank}:\n{value}")
-            break
     for p in procs:
-        p.join(timeout=timeout if not errors else 5)
+        p.join(timeout=max(1.0, deadline - time.monotonic()) if not errors else 5)
         if p.is_alive():
             p.kill()
+            p.join()
     if errors:
         raise AssertionError("\n".join(errors))
     return [results[r] for r in range(world_size)]

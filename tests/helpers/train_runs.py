@@ -5,6 +5,7 @@ processes the run left behind, and readers for what a run writes (metrics, check
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 import signal
@@ -123,8 +124,8 @@ def train(config: str | Path, *overrides: str, env: dict[str, str] | None = None
     return run
 
 
-def _rank_main(argv: list[str], out_dir: str, env: dict[str, str], nproc: int) -> int:
-    """One rank of train_in_forks: `vapo-train ARGV` with what torchrun gives a worker besides
+def _rank_main(argv: list[str], out_dir: str, env: dict[str, str], nproc: int, module: str) -> int:
+    """One rank of train_in_forks: `module`'s main(ARGV) with what torchrun gives a worker besides
     RANK, WORLD_SIZE and the rendezvous (set by run_ranks), its output in out_dir/rank{R}.{out,err}."""
     os.chdir(ROOT)
     os.environ.update(env, LOCAL_WORLD_SIZE=str(nproc))
@@ -132,8 +133,7 @@ def _rank_main(argv: list[str], out_dir: str, env: dict[str, str], nproc: int) -
         f = os.open(f"{out_dir}/rank{os.environ['RANK']}.{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(f, fd)
         os.close(f)
-    from vapo_megatron.train import main
-
+    main = importlib.import_module(module).main
     try:
         return main(argv)
     except SystemExit as e:
@@ -143,17 +143,19 @@ def _rank_main(argv: list[str], out_dir: str, env: dict[str, str], nproc: int) -
         sys.stderr.flush()
 
 
-def train_in_forks(config: str | Path, *overrides: str, env: dict[str, str] | None = None, nproc: int = 2) -> Launch:
+def train_in_forks(config: str | Path, *overrides: str, env: dict[str, str] | None = None, nproc: int = 2,
+                   module: str = "vapo_megatron.train") -> Launch:
     """A run that must succeed, as train() but with its ranks forked from the preloaded forkserver of
     tests/helpers/dist_utils.py instead of started by torchrun: the same `vapo_megatron.train.main`
     from the command line on, without the ~17 s of CPU that three fresh interpreters spend importing
     torch, megatron-core and transformers. For the tests whose subject is what a run computes;
-    those about the launch itself (signals, kills, exit codes, output, Slurm) use launch()."""
+    those about the launch itself (signals, kills, exit codes, output, Slurm) use launch(). `module`:
+    another entry point taking the same arguments (tests/helpers/collective_audit.py)."""
     from tests.helpers.dist_utils import run_ranks
 
     argv = ["--config", str(ROOT / "configs" / config), *overrides]
     with tempfile.TemporaryDirectory() as out:
-        codes = run_ranks(nproc, _rank_main, argv, out, dict(env or {}), nproc)
+        codes = run_ranks(nproc, _rank_main, argv, out, dict(env or {}), nproc, module)
         text = {k: "".join(Path(out, f"rank{r}.{k}").read_text() for r in range(nproc)) for k in ("out", "err")}
     run = Launch(max(codes, key=abs), text["out"], text["err"], [])
     assert run.returncode == 0, f"vapo-train failed ({codes}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"

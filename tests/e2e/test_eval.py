@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -52,7 +51,7 @@ def run_eval(args: list[str], *, nproc: int = 1, quiet: bool = False) -> str:
                     "--master-port", str(free_port())] if nproc > 1 else []
         proc = subprocess.run([sys.executable, *launcher, "-m", "vapo_megatron.eval", *args], cwd=ROOT, capture_output=True,
                               text=True, timeout=600,
-                              env={**users_env(dict(os.environ)), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+                              env={**users_env(), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
         if "EADDRINUSE" not in proc.stderr:
             break
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -91,7 +91,7 @@ def demo_overrides() -> list[str]:
     return words[4:]
 
 
-def make_demo_data(work: Path, *argv: str) -> None:
+def run_make_demo_data(work: Path, *argv: str) -> None:
     """scripts/make_demo_data.py ARGV in `work`, in this process (a subprocess would spend most of
     its time importing torch and transformers again)."""
     spec = importlib.util.spec_from_file_location("make_demo_data", ROOT / "scripts" / "make_demo_data.py")
@@ -110,8 +110,9 @@ def make_demo_data(work: Path, *argv: str) -> None:
 def clone(tmp_path_factory):
     work = tmp_path_factory.mktemp("clone")
     (work / "configs").symlink_to(ROOT / "configs")
-    make_demo_data(work, "--out", "runs/demo/data", "--seed", "0")
-    make_demo_data(work, "--task", "chain", "--out", "runs/chain/data", "--n-train", "40", "--n-eval", "40", "--n-sft", "20")
+    run_make_demo_data(work, "--out", "runs/demo/data", "--seed", "0")
+    run_make_demo_data(work, "--task", "chain", "--out", "runs/chain/data", "--n-train", "40", "--n-eval", "40",
+                       "--n-sft", "20")
     shutil.copytree(work / "runs/demo/data/model", work / DOWNLOADED_MODEL)
     actor = run(["-m", "vapo_megatron.convert", "hf-to-mcore", "--hf", "runs/demo/data/model", "--out", DEMO_ACTOR], work)
     assert actor.returncode == 0, actor.stderr[-3000:]

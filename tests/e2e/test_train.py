@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from tests.helpers.quiet_check import ACCELERATORS, library_noise
-from tests.helpers.train_runs import ROOT, checkpoint_tensors, hf_weights, make_demo_data, records, train, train_in_forks
+from tests.helpers.train_runs import (ROOT, checkpoint_tensors, hf_weights, make_demo_data, records, train,
+                                      train_in_forks)
 
 REQUIRED_METRICS = [
     "step", "phase", "reward/mean", "reward/accuracy", "response_length/mean", "response_length/max",
@@ -220,7 +221,7 @@ def test_resume_at_another_layout_continues_the_run(change, full_run, demo_data,
 
 def test_vanilla_ppo_config_runs(demo_data, tmp_path):
     run_dir = tmp_path / "vanilla"
-    train_in_forks("vanilla_ppo.yaml", *_short(demo_data, run_dir), "trainer.total_steps=2", "rollout.prompts_per_step=32",
-          "rollout.n_samples=1", "algo.value_pretrain_steps=0")
+    train_in_forks("vanilla_ppo.yaml", *_short(demo_data, run_dir), "trainer.total_steps=2",
+                   "rollout.prompts_per_step=32", "rollout.n_samples=1", "algo.value_pretrain_steps=0")
     vapo = [r for r in records(run_dir) if r["phase"] == "vapo"]
     assert len(vapo) == 2 and all("actor/pg_loss" in r for r in vapo)

@@ -6,6 +6,7 @@ back (test_quiet_startup.py)."""
 
 from __future__ import annotations
 
+import os
 import re
 
 LIBRARY_NOISE = re.compile(r"Warning|warnings\.warn|DEPRECATED|deprecated|experimental|No CUDA runtime|"
@@ -22,5 +23,6 @@ def library_noise(text: str) -> str:
     return "\n".join(ln for ln in (raw.split("\r")[-1] for raw in text.splitlines()) if LIBRARY_NOISE.search(ln))
 
 
-def users_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k not in NOT_A_USERS}
+def users_env(*also_drop: str) -> dict[str, str]:
+    """This process's environment as a user's shell has it: without NOT_A_USERS nor `also_drop`."""
+    return {k: v for k, v in os.environ.items() if k not in NOT_A_USERS + also_drop}

@@ -79,7 +79,7 @@ def launch(config: str | Path, overrides: list[str], *, env: dict[str, str] | No
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *torchrun_args,
         "-m", module, "--config", str(ROOT / "configs" / config), *overrides,
     ]
-    full_env = {**users_env(dict(os.environ)), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
+    full_env = {**users_env(), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     reaping = _set_subreaper(True)
     before = _children() if reaping else {}
     # Output goes to files, not pipes: a process the run leaves behind would hold a pipe open and

@@ -1,0 +1,83 @@
+"""Test double of transformer_engine.pytorch.optimizers.FusedAdam (TE 2.20.2,
+transformer_engine/pytorch/optimizers/fused_adam.py), pure torch.
+
+What megatron-core and this project depend on, as TE has it:
+- the step count lives in the param GROUP (`group["step"]`, an int set to 1 at the first step and
+  incremented after; fused_adam.py `step`, "assume same step across group now"); per-parameter
+  state holds only `exp_avg` and `exp_avg_sq` (and `master_param` with master_weights);
+- at a step, a parameter with empty state gets zero moments BEFORE the check for a missing
+  gradient (so every parameter of a stepped group has state), float32 by default;
+- `state_dict()` returns the moments unscaled in float32; `load_state_dict` sets them again
+  (with float32 moments: a plain copy);
+- AMSGrad is refused; capturable mode, FP8 and non-float32 state dtypes are not modelled here and
+  refused, so a path that would need them fails loudly instead of passing untested.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tests.doubles.fused_adam_math import adam_update
+
+
+class FusedAdam(torch.optim.Optimizer):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
+                 bias_correction=True, adam_w_mode=True, capturable=False, master_weights=False,
+                 master_weight_dtype=torch.float32, exp_avg_dtype=torch.float32, exp_avg_sq_dtype=torch.float32,
+                 use_decoupled_grad=False, store_param_remainders=False, set_grad_none=None):
+        if amsgrad:
+            raise RuntimeError("FusedAdam does not support the AMSGrad variant.")
+        unsupported = {"capturable": capturable, "master_weights": master_weights,
+                       "use_decoupled_grad": use_decoupled_grad,
+                       "non-float32 state": (exp_avg_dtype, exp_avg_sq_dtype, master_weight_dtype) != (torch.float32,) * 3}
+        if any(unsupported.values()):
+            raise NotImplementedError(f"test double: {[k for k, v in unsupported.items() if v]} not modelled")
+        defaults = {"lr": lr, "bias_correction": bias_correction, "betas": betas, "eps": eps,
+                    "weight_decay": weight_decay}
+        super().__init__(params, defaults)
+        self.adam_w_mode = 1 if adam_w_mode else 0
+        self.capturable = capturable
+        self.master_weights = master_weights
+        self.store_param_remainders = store_param_remainders and master_weights
+
+    def initialize_state(self, param, store_param_remainders=False):
+        self.state[param]["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
+        self.state[param]["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
+
+    def zero_grad(self, set_to_none=None):
+        super().zero_grad(set_to_none=True if set_to_none is None else set_to_none)
+
+    def state_dict(self):
+        sd = super().state_dict()
+        for v in sd["state"].values():  # float32 already: TE's unscaling is the identity here
+            for name in v:
+                v[name] = v[name].float()
+        return sd
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        # torch's load casts state to the parameter's dtype; TE sets float32 moments again.
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(ids, params):
+            if i in state_dict["state"]:
+                self.state[p] = {k: v.float().clone() for k, v in state_dict["state"][i].items() if v is not None}
+
+    @torch.no_grad()
+    def step(self, closure=None, grad_scaler=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            if len(group["params"]) == 0:
+                continue  # TE does not count steps for an empty group (megatron aligns them)
+            group["step"] = group["step"] + 1 if "step" in group else 1
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                state = self.state[p]
+                if len(state) == 0:
+                    self.initialize_state(p)
+                if p.grad is None:
+                    continue
+                adam_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"], lr=group["lr"], beta1=beta1, beta2=beta2,
+                            eps=group["eps"], step=group["step"], adam_w_mode=self.adam_w_mode,
+                            bias_correction=group["bias_correction"], weight_decay=group["weight_decay"])
+        return loss

@@ -1,6 +1,7 @@
 """Checkpoints: the run's checkpoint manager, megatron dist-checkpoint I/O, and safe loading.
 
     manager.py        run_dir/checkpoints: save, resume, fall back past a damaged checkpoint
+    model_state.py    one model in a checkpoint: weights and optimizer state (either Adam layout)
     dist_io.py        megatron dist checkpoints of model chunks (and vapo-convert's streaming save)
     lazy_save.py      a dist-checkpoint save whose tensors are made one at a time (hf-to-mcore)
     safe_unpickle.py  no checkpoint file can run code when loaded

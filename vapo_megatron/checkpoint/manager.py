@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.api import CheckpointException
 
 from vapo_megatron.checkpoint import dist_io  # also installs safe_unpickle: no checkpoint pickle runs code
+from vapo_megatron.checkpoint.model_state import load_model_state, save_model_state
 from vapo_megatron.checkpoint.atomic import commit_dir, fsync_path, staging_dir, staging_path, write_atomic
 from vapo_megatron.config.resume import ep_change
 from vapo_megatron.mcore import parallel
@@ -39,7 +40,6 @@ from vapo_megatron.mcore.model import TrainModel
 from vapo_megatron.mcore.optimizer import set_lr_steps
 from vapo_megatron.testing import faults
 from vapo_megatron.trainer.state import RunState
-from vapo_megatron.weights.hf_write import write_source_files
 
 KEEP_CHECKPOINTS = 2
 T = TypeVar("T")
@@ -56,69 +56,6 @@ class CheckpointSaveError(RuntimeError):
 
 class CheckpointMismatch(RuntimeError):
     """A healthy checkpoint of another model: the message names the tensors and both shapes."""
-
-
-# ---- one model's state: weights and optimizer (dist checkpoint), LR-schedule position ----------
-
-def _megatron_optimizers(optimizer) -> list:
-    """The per-param-group megatron optimizers (a ChainedOptimizer holds several)."""
-    return [o for o in getattr(optimizer, "chained_optimizers", [optimizer]) if o.optimizer is not None]
-
-
-def _drop_unstepped_state(model: TrainModel) -> None:
-    """Zero moments without a step count (an optimizer saved or loaded before its first step)
-    are dropped, so that Adam's next step initializes them as a fresh optimizer would."""
-    for opt in _megatron_optimizers(model.optimizer):
-        for p_state in opt.optimizer.state.values():
-            if "step" not in p_state:
-                p_state.clear()
-
-
-def _sharded_state(model: TrainModel, *, loading: bool) -> dict:
-    if not loading:
-        # An optimizer that has not stepped yet has no state; save zero moments so that the
-        # checkpoint has the keys a load asks for (megatron creates them when loading).
-        for opt in _megatron_optimizers(model.optimizer):
-            if opt.init_state_fn is not None:
-                opt.init_state_fn(opt.optimizer, opt.config)
-    state = dist_io.model_sharded_state(model.modules)
-    state["optimizer"] = model.optimizer.sharded_state_dict(state, is_loading=loading)
-    return state
-
-
-def _torch_optimizer_states(state) -> list[dict]:
-    """The torch optimizer state dicts ({"state", "param_groups"}) inside a loaded megatron
-    optimizer state: one for a plain optimizer, one per part of a ChainedOptimizer, nested
-    under "optimizer" for the mixed-precision one."""
-    if not isinstance(state, dict):
-        return []
-    if "state" in state and "param_groups" in state:
-        return [state]
-    return [s for v in state.values() for s in _torch_optimizer_states(v)]
-
-
-def _save_model(model: TrainModel, path: Path) -> None:
-    path.mkdir(exist_ok=True)  # every rank, inside the staging directory rank 0 made
-    dist_io.write_dist_checkpoint(_sharded_state(model, loading=False), path)
-    _drop_unstepped_state(model)
-    if parallel.is_rank0():
-        write_source_files(path, model.hf_cfg, model.hf_dir, family_name=model.family.name, critic=model.critic,
-                           dtype=model.dtype)
-
-
-def _load_model(model: TrainModel, path: Path) -> None:
-    """Weights and optimizer state of one model from its dist checkpoint."""
-    loaded = dist_io.load(path, _sharded_state(model, loading=True))  # any failure is a CheckpointError
-    for chunk, key in zip(model.modules, [k for k in loaded if k.startswith("model")]):
-        chunk.load_state_dict(loaded[key], strict=True)
-    for opt_state in _torch_optimizer_states(loaded["optimizer"]):
-        if opt_state["state"] and "common_step" not in opt_state["state"]:
-            # Saved before this optimizer's first step: zero moments and no step count (megatron
-            # stores the step only once it is non-zero), which torch's Adam refuses to load. It
-            # was a fresh optimizer; it loads as one.
-            opt_state["state"] = {}
-    model.optimizer.load_state_dict(loaded["optimizer"])
-    _drop_unstepped_state(model)
 
 
 # ---- collective agreement ------------------------------------------------------------------------
@@ -225,7 +162,7 @@ class CheckpointManager:
         try:
             _agreed(partial(self._begin, target))
             for sub, model in self.models.items():
-                _agreed(partial(_save_model, model, tmp / sub))
+                _agreed(partial(save_model_state, model, tmp / sub))
                 if sub == "actor":
                     faults.fault_point("checkpoint")  # test-only (testing/faults.py): a crash mid-write
             _agreed(partial(self._write_rng, tmp))
@@ -362,7 +299,7 @@ class CheckpointManager:
                     raise CheckpointMismatch(f"{path} was {why}; the checkpoints are intact")
                 self._check_matches(path)  # another model: stop (older checkpoints are no better)
                 for sub, model in self.models.items():
-                    _on_every_rank(partial(_load_model, model, path / sub))
+                    _on_every_rank(partial(load_model_state, model, path / sub))
                 rng = _on_every_rank(partial(self._rng_state, path, meta))
             except CheckpointCorrupt as e:
                 if parallel.is_rank0():

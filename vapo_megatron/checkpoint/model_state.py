@@ -1,0 +1,170 @@
+"""One model's state in a checkpoint: weights and optimizer state as a megatron dist checkpoint, with
+the HF files an export needs (the run's checkpoint manager, manager.py, calls these per model).
+
+    save_model_state(model, path)     collective: path/ (dist checkpoint + hf/ + vapo.json)
+    load_model_state(model, path)     collective: weights and optimizer state back into `model`
+    optimizer_moments(model)          every optimizer state tensor by a stable name (tests, gpu_check)
+
+Adam keeps its step count per parameter (torch's Adam/AdamW) or per param group (TE's and Apex's
+FusedAdam, which megatron-core picks on every GPU node); both layouts go through the same code
+(_stepped), so a resume restores the moments of either bitwise (issue 43).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vapo_megatron.checkpoint import dist_io  # also installs safe_unpickle: no checkpoint pickle runs code
+from vapo_megatron.mcore import parallel
+from vapo_megatron.mcore.model import TrainModel
+from vapo_megatron.weights.hf_write import write_source_files
+
+
+# megatron's distributed optimizer writes its sharded Adam state in one of several formats
+# (distrib_optimizer.py sharded_state_dict). Its default, "fully_sharded_model_space", fails at
+# every save in megatron-core 0.19.2 ("ShardedTensor.flattened_range is not supported": the
+# dist-checkpoint mapping refuses what that format builds). "fully_reshardable" writes each
+# moment in the model's own sharding, so a checkpoint resumes at another TP, PP or DP, as the
+# trainer's resume promises. Ignored by the other optimizers.
+OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+def _megatron_optimizers(optimizer) -> list:
+    """The per-param-group megatron optimizers (a ChainedOptimizer holds several)."""
+    return [o for o in getattr(optimizer, "chained_optimizers", [optimizer]) if o.optimizer is not None]
+
+
+def _stepped(group: dict, param_state: dict) -> bool:
+    """Whether a parameter's optimizer state comes from real steps. Two layouts keep the count:
+    torch's Adam/AdamW per parameter (`state["step"]`, a tensor), TE's and Apex's FusedAdam per
+    param group (`group["step"]`, an int; transformer_engine/pytorch/optimizers/fused_adam.py and
+    apex/optimizers/fused_adam.py `step`). megatron picks the fused ones whenever TE or Apex imports,
+    i.e. on every GPU node (megatron/core/optimizer/__init__.py). A count of 0 is the state a save
+    before the first step writes (_init_unstepped_state)."""
+    return float(param_state.get("step", 0)) > 0 or float(group.get("step", 0) or 0) > 0
+
+
+def _drop_unstepped_state(model: TrainModel) -> None:
+    """Zero moments of an optimizer that has not stepped (saved or loaded before its first step)
+    are dropped, so that Adam's next step initializes them as a fresh optimizer would. Moments of
+    real steps are never touched, whichever layout keeps the step count (_stepped)."""
+    for opt in _megatron_optimizers(model.optimizer):
+        inner = opt.optimizer
+        for group in inner.param_groups:
+            for p in group["params"]:
+                if p in inner.state and not _stepped(group, inner.state[p]):
+                    inner.state[p].clear()
+
+
+def _init_unstepped_state(opt) -> None:
+    """Zero moments for the parameters that have no optimizer state yet, so that a save before the
+    first step holds every key a load asks for (megatron's init_state_fn; it creates them when
+    loading). torch's Adam keeps a step count per parameter and megatron's distributed optimizer
+    reads it from every state when neither TE nor Apex imports (distrib_optimizer.py state_dict),
+    so a never-stepped torch Adam gets the count a fresh one starts from, 0: its next step is then
+    exactly a fresh optimizer's first. TE's and Apex's FusedAdam count per group and need none."""
+    if opt.init_state_fn is None:
+        return
+    inner = opt.optimizer
+    opt.init_state_fn(inner, opt.config)
+    per_param = isinstance(inner, (torch.optim.Adam, torch.optim.AdamW))
+    states = [inner.state[p] for g in inner.param_groups for p in g["params"] if p in inner.state]
+    if per_param and not any("step" in s for s in states):
+        for s in states:
+            s["step"] = torch.zeros((), dtype=torch.float32)
+
+
+def _sharded_state(model: TrainModel, *, loading: bool) -> dict:
+    # An optimizer that has not stepped yet has no state: a save writes zero moments so that the
+    # checkpoint has the keys a load asks for, and a load needs them to load into (megatron's
+    # float16/fp32 optimizers create them themselves when loading; its distributed optimizer
+    # reads every state's step first, distrib_optimizer.py state_dict).
+    for opt in _megatron_optimizers(model.optimizer):
+        _init_unstepped_state(opt)
+    state = dist_io.model_sharded_state(model.modules)
+    state["optimizer"] = model.optimizer.sharded_state_dict(state, is_loading=loading, metadata=OPTIMIZER_FORMAT)
+    return state
+
+
+def _torch_optimizer_states(state) -> list[dict]:
+    """The torch optimizer state dicts ({"state", "param_groups"}) inside a loaded megatron
+    optimizer state: one for a plain optimizer, one per part of a ChainedOptimizer, nested
+    under "optimizer" for the mixed-precision one."""
+    if not isinstance(state, dict):
+        return []
+    if "state" in state and "param_groups" in state:
+        return [state]
+    return [s for v in state.values() for s in _torch_optimizer_states(v)]
+
+
+def _per_param_steps_from_groups(inner) -> None:
+    """torch Adam's per-parameter step count after megatron's distributed optimizer loaded it.
+    That optimizer saves the count in its param groups (distrib_optimizer.py state_dict, "for
+    non-Apex/TE support") and sets it into every state on load, but its dp_reshardable parameter
+    load then copies each state tensor, the step included, from the bucket state it read, where
+    the 0-dim counts come back as the loading template's (0 here): Adam would restart its bias
+    correction. The param group's count is the saved one."""
+    if not isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
+        return
+    for group in inner.param_groups:
+        if "step" in group:
+            for p in group["params"]:
+                if "step" in inner.state.get(p, {}):
+                    inner.state[p]["step"] = torch.tensor(float(group["step"] or 0), dtype=torch.float32)
+
+
+def optimizer_moments(model: TrainModel) -> dict[str, torch.Tensor]:
+    """Every tensor of the model's optimizer state ("o/g/i/exp_avg": optimizer o of a
+    ChainedOptimizer, param group g, parameter i), the step counts as tensors too. For tests and
+    gpu_check: two models built alike name the same moments alike."""
+    out = {}
+    for o, opt in enumerate(_megatron_optimizers(model.optimizer)):
+        inner = opt.optimizer
+        for g, group in enumerate(inner.param_groups):
+            if "step" in group and not isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
+                out[f"{o}/{g}/step"] = torch.tensor(float(group["step"] or 0))  # the fused Adams' count
+            for i, p in enumerate(group["params"]):
+                for key, value in inner.state.get(p, {}).items():
+                    out[f"{o}/{g}/{i}/{key}"] = torch.as_tensor(value).detach().float().clone()
+    return out
+
+
+def _saved_after_a_step(opt_state: dict) -> bool:
+    """Whether a loaded torch optimizer state dict comes from a stepped optimizer: megatron saves
+    torch Adam's per-parameter count as `common_step` (optimizer.py sharded_state_dict), and the
+    fused Adams' per-group count inside the param groups."""
+    return "common_step" in opt_state["state"] or any(float(g.get("step", 0) or 0) > 0
+                                                      for g in opt_state["param_groups"])
+
+
+def save_model_state(model: TrainModel, path: Path) -> None:
+    path.mkdir(exist_ok=True)  # every rank, inside the staging directory rank 0 made
+    dist_io.write_dist_checkpoint(_sharded_state(model, loading=False), path)
+    _drop_unstepped_state(model)
+    if parallel.is_rank0():
+        write_source_files(path, model.hf_cfg, model.hf_dir, family_name=model.family.name, critic=model.critic,
+                           dtype=model.dtype)
+
+
+def load_model_state(model: TrainModel, path: Path) -> None:
+    """Weights and optimizer state of one model from its dist checkpoint."""
+    loaded = dist_io.load(path, _sharded_state(model, loading=True))  # any failure is a CheckpointError
+    for chunk, key in zip(model.modules, [k for k in loaded if k.startswith("model")]):
+        chunk.load_state_dict(loaded[key], strict=True)
+    for opt_state in _torch_optimizer_states(loaded["optimizer"]):
+        if opt_state["state"] and not _saved_after_a_step(opt_state):
+            # Saved before this optimizer's first step: zero moments and no step count (megatron
+            # stores a per-parameter step only once it is non-zero), which torch's Adam refuses to
+            # load. It was a fresh optimizer; it loads as one.
+            opt_state["state"] = {}
+    with torch.no_grad():  # megatron copies into the main params, which may be views of the model's own
+        model.optimizer.load_state_dict(loaded["optimizer"])
+    for opt in _megatron_optimizers(model.optimizer):
+        _per_param_steps_from_groups(opt.optimizer)
+    _drop_unstepped_state(model)
+
+
+
+__all__ = ["load_model_state", "optimizer_moments", "save_model_state"]

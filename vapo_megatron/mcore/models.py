@@ -221,30 +221,33 @@ def transformer_config(hf_cfg: dict, *, params_dtype: torch.dtype, recompute: bo
 
 
 def layer_spec(config, vp_stage: int | None = None):
-    """Transformer Engine's spec on the GPU when it imports, megatron's local spec otherwise (a
-    CPU-initialized model, e.g. tests or vapo-plan's meta-device shards, never gets TE modules).
-    The local spec with sequence parallelism is a block spec with norms that support it
-    (sp_norm.py); TE's norms support it themselves."""
+    """The block spec of one model chunk: Transformer Engine's layers on the GPU when it imports,
+    megatron's local layers otherwise (a CPU-initialized model, e.g. tests or vapo-plan's
+    meta-device shards, never gets TE modules). Every norm, the final one included, is named here
+    rather than left to megatron's import-time defaults (sp_norm.local_block_spec_of): TENorm with
+    TE's layers, torch's RMSNorm (or sp_norm's, under sequence parallelism) with the local ones."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
-    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     from vapo_megatron.mcore.sp_norm import local_block_spec, local_block_spec_of
 
     te = not config.use_cpu_initialization and te_available()
+    sp = config.sequence_parallel
     if config.num_moe_experts:
         # Dense and expert layers differ (moe_layer_freq): megatron's per-layer block spec.
         block = specs.get_gpt_decoder_block_spec(config, use_transformer_engine=te, normalization="RMSNorm",
                                                  vp_stage=vp_stage)
         if te:
-            return block
-        block = dataclasses.replace(block, layer_specs=[te_checkpoint_keys(s) for s in block.layer_specs])
-        return local_block_spec_of(block.layer_specs) if config.sequence_parallel else block
+            return block  # its final norm is TENorm (gpt_layer_specs.py get_gpt_decoder_block_spec)
+        return local_block_spec_of([te_checkpoint_keys(s) for s in block.layer_specs], sequence_parallel=sp)
+    layers = get_num_layers_to_build(config, vp_stage=vp_stage)
     if te:
-        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.qk_layernorm)
+        from megatron.core.extensions.transformer_engine import TENorm
+
+        spec = specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.qk_layernorm)
+        return TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=TENorm)
     spec = specs.get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
-    if config.sequence_parallel:
-        return local_block_spec(spec, get_num_layers_to_build(config, vp_stage=vp_stage))
-    return spec
+    return local_block_spec(spec, layers, sequence_parallel=sp)
 
 
 def te_checkpoint_keys(layer_spec):

@@ -125,9 +125,52 @@ def load(ckpt_dir: str | Path, sharded_state: dict, *, part: bool = False) -> di
     rank reads alone (torch DCP's no_dist load)."""
     path = require_checkpoint(ckpt_dir)
     try:
+        sharded_state = local_extra_state_where_absent(path, sharded_state)
         return dist_checkpointing.load(sharded_state, str(path), validate_access_integrity=not part)
     except (Exception, CheckpointException) as e:
         raise CheckpointError(f"{path}: {_describe_failure(e)}{_short_files(path)}") from e
+
+
+def _saved_keys(path: Path) -> set[str] | None:
+    """The keys a dist checkpoint holds (ShardedObjects as 'key/shard_...'), None when its metadata
+    cannot be read (the load then says so, naming the file)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        return set(FileSystemReader(str(path)).read_metadata().state_dict_metadata)  # restricted unpickling
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def is_extra_state(key: str) -> bool:
+    """A module's `_extra_state` (Transformer Engine's FP8 metadata; GroupedLinear has one per GEMM:
+    `_extra_state1`, ...), as megatron names it in a sharded state dict."""
+    return key.rsplit(".", 1)[-1].startswith("_extra_state")
+
+
+def local_extra_state_where_absent(path: Path, sharded_state: dict) -> dict:
+    """`sharded_state` with each `_extra_state` the checkpoint lacks kept as the module's own.
+
+    Transformer Engine's modules add an `_extra_state` object to their sharded state dict (FP8
+    scaling metadata; empty without FP8), megatron's local modules none. A checkpoint written by
+    the local spec (vapo-convert, any CPU run, a GPU without TE) therefore lacks them, and
+    megatron's strict load refused it in a TE model ("Missing key in checkpoint state_dict:
+    ..._extra_state/...", issue 43 defect 3). FP8 is never on here, so a missing one is the fresh
+    module's own; every other missing key still fails the load. The other direction needs nothing:
+    keys the checkpoint has and the model does not ask for are not read."""
+    from megatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace
+    from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject, ShardedObject
+
+    saved = _saved_keys(path)
+    if saved is None:
+        return sharded_state
+
+    def keep_local(x):
+        if isinstance(x, ShardedObject) and is_extra_state(x.key) and x.unique_key not in saved:
+            return LocalNonpersistentObject(x.data)
+        return x
+
+    return dict_list_map_inplace(keep_local, sharded_state)
 
 
 def shape_mismatches(ckpt_dir: str | Path, sharded_state: dict, *, vocab_size: int | None = None) -> list[str]:

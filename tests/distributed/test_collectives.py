@@ -5,7 +5,8 @@ Three guards: the source has no direct torch.distributed communication call outs
 (covers paths that only run on GPUs: SGLang engines, CUDA transports); a real TP=2 x DP=2 training
 run (sequence parallelism on) with torch.distributed wrapped records no direct call from project
 code at run time; and the wrapper itself notices a direct call. scripts/gpu_check.py runs the same
-helpers on NCCL.
+helpers on NCCL. Both runs also record each rank's NCCL settings when it starts torch.distributed:
+the same on every rank (mcore/nccl_env.py).
 """
 
 from __future__ import annotations
@@ -65,11 +66,21 @@ def _audit_catches_a_direct_call():
     return collective_audit.record()
 
 
+def _nccl_wanted() -> dict[str, str]:
+    """What SGLang's engine start sets in its owner's process unless the job set it (engine.py
+    _set_envs_and_config; tests/unit/test_sglang_api.py reads it there): every rank must have the
+    same before torch.distributed starts, whatever the engine (issue 43)."""
+    import os
+
+    return {k: os.environ.get(k, "0") for k in collective_audit.NCCL_NAMES}
+
+
 def test_audit_notices_a_direct_call():
     (rec,) = run_ranks(1, _audit_catches_a_direct_call)
     # init_distributed's own exchanges (the wait groups' ranks) go through parallel.py as well.
     assert rec["through"]["all_reduce"] == 1 and set(rec["through"]) <= {"all_reduce", "all_gather_object"}
     assert len(rec["bypasses"]) == 1 and "dist.all_reduce called from vapo_megatron/algorithms/normalization.py:2" in rec["bypasses"][0]
+    assert rec["nccl_at_start"] == _nccl_wanted()
 
 
 def test_training_run_uses_only_the_helpers(tmp_path):
@@ -94,3 +105,4 @@ def test_training_run_uses_only_the_helpers(tmp_path):
     assert not bypasses, "direct torch.distributed calls from project code:\n" + "\n".join(bypasses)
     for rec in records:  # the run did communicate through the helpers (DP counts, engine flags, ...)
         assert rec["through"].get("all_reduce", 0) > 10 and rec["through"].get("all_gather_object", 0) > 0, rec
+    assert [rec["nccl_at_start"] for rec in records] == [_nccl_wanted()] * 4  # every rank, before any communicator

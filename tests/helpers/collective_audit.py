@@ -9,7 +9,7 @@ not judged: they place their tensors themselves.
     python -m tests.helpers.collective_audit --config FILE [overrides]   (under torchrun, or as the
     entry point of tests/helpers/train_runs.py train_in_forks)
 runs vapo-train with the wrappers installed; each rank writes {"bypasses": [...], "through":
-{name: count}} to $VAPO_AUDIT_DIR/rank<RANK>.json when the run ends.
+{name: count}, "nccl_at_start": {NCCL_...: value}} to $VAPO_AUDIT_DIR/rank<RANK>.json when the run ends.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ COMMUNICATION = (
 
 bypasses: list[str] = []
 through: dict[str, int] = {}
+# NCCL's settings as this process had them when it started torch.distributed (mcore/nccl_env.py).
+NCCL_NAMES = ("NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE")
+nccl_at_start: dict[str, str | None] = {}
 
 
 def _audited(name: str, fn):
@@ -53,18 +56,28 @@ def _audited(name: str, fn):
 _installed = False
 
 
+def _init_recorded(fn):
+    def init_process_group(*args, **kwargs):
+        nccl_at_start.update({k: os.environ.get(k) for k in NCCL_NAMES})
+        return fn(*args, **kwargs)
+
+    return init_process_group
+
+
 def install() -> None:
     """Wrap torch.distributed's communication calls (module attributes, looked up at call time by
-    `dist.X(...)` in project code and megatron-core); once per process."""
+    `dist.X(...)` in project code and megatron-core), and its init_process_group to record the
+    NCCL settings before any communicator exists; once per process."""
     global _installed
     if not _installed:
         for name in COMMUNICATION:
             setattr(dist, name, _audited(name, getattr(dist, name)))
+        dist.init_process_group = _init_recorded(dist.init_process_group)
         _installed = True
 
 
 def record() -> dict:
-    return {"bypasses": list(bypasses), "through": dict(through)}
+    return {"bypasses": list(bypasses), "through": dict(through), "nccl_at_start": dict(nccl_at_start)}
 
 
 def main(argv: list[str]) -> int:

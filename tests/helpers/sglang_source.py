@@ -374,3 +374,18 @@ def fused_moe_local_expert(expert_id: int, *, ep_rank: int, ep_size: int, num_ex
     layer = type("FusedMoEFields", (), dict(_expert_storage_rank=ep_rank, _num_local_routed=local,
                                             _has_fused_shared=False, _num_global_routed=num_experts))()
     return fn(layer, expert_id)
+
+
+def engine_start_nccl_env(server_args, environ: dict, **names) -> None:
+    """What sglang.Engine's start does to the NCCL_* variables of `environ` for `server_args`:
+    the statements of engine.py's _set_envs_and_config that name an NCCL_ variable, and the plain
+    assignments before them (`cfg = ...`, the conditions), run from SGLang's source with `os.environ`
+    = `environ`. `names`: what they call besides (resolving_view, envs, ...; a missing one is a NameError)."""
+    fn = next(n for n in _tree(ENGINE_PY).body if isinstance(n, ast.FunctionDef) and n.name == "_set_envs_and_config")
+    nccl = [i for i, s in enumerate(fn.body) if "NCCL_" in ast.unparse(s)]
+    if not nccl:
+        raise LookupError(f"_set_envs_and_config ({ENGINE_PY}) no longer sets an NCCL_ variable")
+    body = [s for s in fn.body[: nccl[-1] + 1] if "NCCL_" in ast.unparse(s)
+            or (isinstance(s, ast.Assign) and all(isinstance(t, ast.Name) for t in s.targets))]
+    code = compile(ast.fix_missing_locations(ast.Module(body=body, type_ignores=[])), str(ENGINE_PY), "exec")
+    exec(code, {"os": type("os", (), {"environ": environ}), "server_args": server_args, **names})

@@ -1,8 +1,10 @@
 """SGLang payloads through SGLang's own classes (CPU tensors), the engine wrapper's call order,
-and the HTTP client against a real loopback server that records requests."""
+and the HTTP client, built as the trainer builds it, against a real loopback server that records
+requests and loads every update as each of its TP ranks does (TP 1 and 2)."""
 
 import base64
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -84,7 +86,33 @@ REQUEST_STRUCTS = {
 }
 
 
+def _server_info(tp: int, dp: int = 1) -> dict:
+    """What GET /server_info answers (http_server.py server_info), built by SGLang's own code."""
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.utils.common import build_server_info
+    from sglang.srt.utils.msgspec_utils import msgspec_to_builtins
+
+    return msgspec_to_builtins(build_server_info(ServerArgs(model_path="/m", tp_size=tp, dp_size=dp), {}))
+
+
 class _Recorder(BaseHTTPRequestHandler):
+    """A loopback stand-in for an SGLang server of `server.tp` TP ranks: it records the requests,
+    checks each body against SGLang's request struct, and loads each weight update during the
+    request as every TP rank does: rank r reads entry r of the payload list (tp_worker.py
+    deserialize_own_rank; a missing entry is an IndexError that kills a real server)."""
+
+    def _answer(self, code: int, out: bytes, ctype: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def do_GET(self):
+        self.server.requests.append((self.path, None))
+        assert self.path == "/server_info", self.path
+        self._answer(200, json.dumps(self.server.info).encode())
+
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.requests.append((self.path, body))
@@ -93,9 +121,16 @@ class _Recorder(BaseHTTPRequestHandler):
         if self.path == "/update_weights_from_tensor" and not self.server.fail_updates:
             # Like a real server, load during the request: the payload points at the client's
             # bucket buffer (shared memory here, CUDA IPC on a GPU), reused for the next bucket.
-            assert body["load_format"] == "flattened_bucket" and len(body["serialized_named_tensors"]) == 1
-            base64.b64decode(body["serialized_named_tensors"][0], validate=True)
-            self.server.loaded.update({n: t.clone() for n, t in sglang_rank_view(body["serialized_named_tensors"], 0)})
+            payloads = body["serialized_named_tensors"]
+            assert body["load_format"] == "flattened_bucket"
+            assert all(base64.b64decode(p, validate=True) for p in payloads)
+            assert len(set(payloads)) == len(payloads)  # each rank deserializes its own copy (IPC refcounts)
+            for r in range(self.server.tp):
+                try:
+                    view = sglang_rank_view(payloads, r)
+                except IndexError as e:
+                    return self._answer(500, f"TP rank {r}: IndexError: {e}".encode(), "text/plain")
+                self.server.loaded[r].update({n: t.clone() for n, t in view})
         if self.path == "/flush_cache":
             out, ctype = b"Cache flushed.\n", "text/plain"
         elif self.path == "/generate":
@@ -104,37 +139,51 @@ class _Recorder(BaseHTTPRequestHandler):
                               for _ in body["input_ids"]]).encode()
             ctype = "application/json"
         elif self.path == "/update_weights_from_tensor" and self.server.fail_updates:
-            self.send_response(400)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(json.dumps({"success": False, "message": "not in a weight-update session"}).encode())
-            return
+            return self._answer(400, json.dumps({"success": False, "message": "not in a weight-update session"}).encode())
         else:
             out, ctype = json.dumps({"success": True, "message": "ok"}).encode(), "application/json"
-        self.send_response(200)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
+        self._answer(200, out, ctype)
 
     def log_message(self, *args):
         pass
 
 
 @pytest.fixture
-def server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    srv.requests, srv.loaded, srv.fail_updates = [], {}, False
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+def serve():
+    """serve(tp, dp=1): a loopback SGLang stand-in of tp TP ranks, stopped after the test."""
+    servers = []
+
+    def start(tp: int, dp: int = 1):
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+        srv.tp, srv.info, srv.requests, srv.fail_updates = tp, _server_info(tp, dp), [], False
+        srv.loaded = [{} for _ in range(tp)]
+        srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(srv)
+        return srv
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
 
 
-def test_http_client_sends_sglang_requests(server):
+def _http_engine(monkeypatch, url: str):
+    """The trainer's engine for rollout.engine=sglang_http, built where the trainer builds it."""
+    from vapo_megatron.config import Config, RolloutConfig
+    from vapo_megatron.mcore import parallel
+    from vapo_megatron.rollout.generator import build_engine
+
+    for name in ("tp_rank", "pp_rank", "dp_rank"):  # the replica's first rank holds the engine
+        monkeypatch.setattr(parallel, name, lambda: 0)
+    return build_engine(Config(rollout=RolloutConfig(engine="sglang_http", sglang_urls=(url,))))
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_http_client_sends_sglang_requests(serve, monkeypatch, tp):
     _, state = hf_state()
-    eng = SGLangEngine(HttpEngine(f"http://127.0.0.1:{server.server_address[1]}"))
+    server = serve(tp)
+    eng = _http_engine(monkeypatch, server.url)
     eng.release_memory()  # as after start-up; the wrapper then resumes only what was released
     eng.resume_memory(("weights",))
     stats = eng.update_weights(state.items(), version=9, bucket_bytes=20000)
@@ -142,11 +191,12 @@ def test_http_client_sends_sglang_requests(server):
     outs = eng.generate([[1, 2, 3]], SamplingParams(n=2, temperature=0.5, max_new_tokens=1, seed=4, stop_token_ids=(2,)))
     eng.release_memory()
     paths = [p for p, _ in server.requests]
-    assert paths == (["/release_memory_occupation", "/resume_memory_occupation", "/begin_weight_update"] + ["/update_weights_from_tensor"] * stats.buckets
+    assert paths == (["/server_info", "/release_memory_occupation", "/resume_memory_occupation", "/begin_weight_update"]
+                     + ["/update_weights_from_tensor"] * stats.buckets
                      + ["/end_weight_update", "/flush_cache", "/resume_memory_occupation",
                         "/generate", "/release_memory_occupation"])
-    got = server.loaded
-    assert list(got) == list(state) and all(torch.equal(got[n], state[n]) for n in state)
+    for got in server.loaded:  # every server TP rank loaded every tensor
+        assert list(got) == list(state) and all(torch.equal(got[n], state[n]) for n in state)
     gen = dict(server.requests)["/generate"]
     assert gen["input_ids"] == [[1, 2, 3]] * 2 and gen["return_logprob"] is True
     assert [s["sampling_seed"] for s in gen["sampling_params"]] == [4, 5]
@@ -156,6 +206,22 @@ def test_http_client_sends_sglang_requests(server):
     eng.begin_weight_update()
     with pytest.raises(RuntimeError, match="not in a weight-update session"):
         eng.load_bucket(list(state.items())[:1])
+
+
+def test_http_engine_refuses_unusable_servers_at_start(serve, monkeypatch):
+    from vapo_megatron.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"rollout.sglang_urls\[0\]: the SGLang server at .* runs dp_size=2"):
+        _http_engine(monkeypatch, serve(2, dp=2).url)
+    other = serve(2)
+    other.info = {"version": "?"}
+    with pytest.raises(ConfigError, match=r"rollout.sglang_urls\[0\]: .*/server_info reports no tp_size"):
+        _http_engine(monkeypatch, other.url)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConfigError, match=r"rollout.sglang_urls\[0\]: .* unreachable.*start the server"):
+        _http_engine(monkeypatch, f"http://127.0.0.1:{port}")
 
 
 def test_http_client_refuses_other_hosts():

@@ -16,8 +16,9 @@ from model_providers import QWEN3_MOE
 from model_providers.qwen2 import MLP_ROWS
 from model_providers.qwen3_moe import EXPERT_ROWS, moe_layer_pattern, num_experts
 from tests.helpers.sglang_source import (
-    engine_method, engine_signature, fused_moe_local_expert, legacy_load_target, qwen3_moe_expert_mapping,
-    qwen3_moe_layer_is_sparse, qwen3_moe_load_target, qwen3_moe_params, sglang_param_names, stacked_params_mapping,
+    engine_method, engine_signature, engine_start_nccl_env, fused_moe_local_expert, legacy_load_target,
+    qwen3_moe_expert_mapping, qwen3_moe_layer_is_sparse, qwen3_moe_load_target, qwen3_moe_params, sglang_param_names,
+    stacked_params_mapping,
 )
 from tests.helpers.sglang_doubles import FakeColocatedSGLangEngineForTests, FakeSGLangEngineForTests, hf_state
 from tests.helpers.tiny_hf import qwen3_moe_config
@@ -46,6 +47,35 @@ def test_engine_kwargs_are_sglang_server_args():
     assert args.enable_memory_saver and args.skip_tokenizer_init and args.enable_deterministic_inference
     with pytest.raises(TypeError, match="bogus"):
         ServerArgs(**kwargs, bogus=1)  # the check above would catch a misspelt name
+
+
+def test_every_rank_has_the_nccl_settings_sglang_gives_its_owner():
+    """sglang.Engine's start sets NCCL variables in its owner's process only (engine.py
+    _set_envs_and_config, run here from its source for our engine's ServerArgs): nccl_env, which
+    init_distributed runs on every rank first, sets exactly those, and the start then changes none."""
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+    from sglang.srt.environ import envs
+    from sglang.srt.server_args import ServerArgs
+
+    from vapo_megatron.mcore.nccl_env import nccl_env
+
+    cfg = SGLangEngineConfig(model_path="/m", tp_size=2, base_gpu_id=0, mem_fraction_static=0.6)
+    args = ServerArgs(**engine_kwargs(cfg))
+    start = lambda env: engine_start_nccl_env(args, env, resolving_view=resolving_view, envs=envs)  # noqa: E731
+    by_sglang, ours = {}, {}
+    start(by_sglang)  # a process without NCCL settings: what an owner had and its peers lacked
+    assert nccl_env(ours) == by_sglang and set(by_sglang) == {"NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"}
+    after = dict(ours)
+    start(after)
+    assert after == ours and nccl_env(ours) == {}  # the start leaves every rank's values; idempotent
+    job = {"NCCL_NVLS_ENABLE": "1"}  # the job's own value: kept by both, so on every rank alike
+    assert nccl_env(job) == {"NCCL_CUMEM_ENABLE": "0"}
+    kept = dict(job)
+    start(job)
+    assert job == kept
+    # Engine TP rank i runs on GPU base_gpu_id + i (engine.py's scheduler launch: gpu_id_step 1,
+    # one pipeline stage), the GPU whose trainer rank's payload order_by_engine_rank puts at i.
+    assert (resolving_view(args).gpu_id_step, args.pp_size, args.dp_size) == (1, 1, 1)
 
 
 @pytest.mark.parametrize("double", [FakeSGLangEngineForTests, FakeColocatedSGLangEngineForTests])

@@ -1,7 +1,8 @@
 """Megatron-Core as this trainer uses it: process groups, models, optimizer, schedule, the two roles.
 
     parallel.py      distributed start-up, every process group and collective (the only user of
-                     megatron's parallel_state); cpu_compat.py lets megatron run on gloo
+                     megatron's parallel_state); cpu_compat.py lets megatron run on gloo;
+                     nccl_env.py: the NCCL settings every rank shares (set before the groups)
     models.py        megatron models from a family's Architecture; every TransformerConfig field
                      (critic_model.py: the value-head model; sp_norm.py: RMSNorm for sequence parallel)
     model.py         TrainModel: chunks + DDP + optimizer + LR schedule; how parallelism is applied

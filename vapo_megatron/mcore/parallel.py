@@ -18,20 +18,13 @@ import torch.distributed as dist
 from vapo_megatron.config.layout import Layout, check_layout, launcher_env
 from vapo_megatron.mcore import cpu_compat
 from vapo_megatron.mcore.memory import free_cached_memory
+from vapo_megatron.mcore.nccl_env import nccl_env
 
 DEFAULT_WAIT_TIMEOUT_S = 4 * 3600.0  # the wait groups' timeout unless given (rollout.wait_timeout_s)
 
 
-def init_distributed(
-    tp: int = 1,
-    pp: int = 1,
-    vpp: int | None = None,
-    *,
-    ep: int = 1,
-    seed: int = 1234,
-    timeout_minutes: int = 30,
-    wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
-) -> Layout:
+def init_distributed(tp: int = 1, pp: int = 1, vpp: int | None = None, *, ep: int = 1, seed: int = 1234,
+                     timeout_minutes: int = 30, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S) -> Layout:
     """Start torch.distributed and Megatron model parallelism; idempotent per process.
 
     timeout_minutes: the NCCL (GPU) or gloo (CPU) groups' timeout, for tensor traffic.
@@ -41,6 +34,7 @@ def init_distributed(
 
     rank, world_size, local_rank = launcher_env()
     layout = check_layout(world_size, tp, pp, vpp, ep=ep)
+    nccl_env()  # every rank's NCCL settings, before any communicator (mcore/nccl_env.py)
     on_gpu = torch.cuda.is_available()
     if on_gpu:
         torch.cuda.set_device(local_rank % torch.cuda.device_count())

@@ -67,7 +67,9 @@ def build_engine(cfg: Config, *, with_weights: bool = True) -> RolloutEngine | N
     from vapo_megatron.rollout.sglang_engine import SGLangEngine
     from vapo_megatron.rollout.sglang_http import HttpEngine
 
-    return SGLangEngine(HttpEngine(r.sglang_urls[parallel.dp_rank() % len(r.sglang_urls)]))
+    i = parallel.dp_rank() % len(r.sglang_urls)
+    http = HttpEngine(r.sglang_urls[i])
+    return SGLangEngine(http, engine_tp=http.server_tp_size(f"rollout.sglang_urls[{i}]"))  # refuses a bad server
 
 
 def generating_ranks(engine: RolloutEngine | None) -> list[int]:

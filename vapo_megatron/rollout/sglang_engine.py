@@ -14,7 +14,8 @@ when it is rank 0 of the group. A weight update is a collective over the engine 
                  Engine.update_weights_from_tensor(payloads, load_format="flattened_bucket");
                  SGLang TP rank i deserializes entry i and its model's weight loaders slice out
                  what that rank needs (plain HF names; separate q/k/v and gate/up, because a
-                 fused qkv_proj name is dropped by SGLang's Qwen2 loader).
+                 fused qkv_proj name is dropped by SGLang's Qwen2 loader). A server over HTTP
+                 (a group of one) gets one serialization of the owner's bucket per server TP rank.
 
 Every SGLang call and the source line it was checked against: docs/weight_sync.md.
 
@@ -184,10 +185,6 @@ def check(result: Any, what: str) -> None:
         raise RuntimeError(f"SGLang {what} failed: {msg}")
 
 
-def _cuda_device() -> int | None:
-    return torch.cuda.current_device() if torch.cuda.is_available() else None
-
-
 # ---- the engine --------------------------------------------------------------------------------
 
 class EngineLike(Protocol):
@@ -254,11 +251,16 @@ class SGLangEngine(RolloutEngine):
     them), so generate refuses to run until a weight update has loaded them again."""
 
     def __init__(self, engine: EngineLike | None, *, group=None, base_gpu_id: int | None = None,
-                 death: EngineDeath | None = None) -> None:
+                 death: EngineDeath | None = None, engine_tp: int | None = None) -> None:
         self.group = group
         self.base_gpu_id = base_gpu_id  # the owner's engine's base GPU (colocated engines)
         self.group_rank = dist.get_rank(group) if group is not None else 0
         self.group_size = dist.get_world_size(group) if group is not None else 1
+        # SGLang TP rank i reads payload i: one per member (colocated), or all from a group of one
+        # (an HTTP server of engine_tp ranks, whose TP size the client read from the server).
+        self.engine_tp = self.group_size if engine_tp is None else engine_tp
+        if self.group_size not in (1, self.engine_tp):
+            raise ValueError(f"an engine group of {self.group_size} ranks cannot feed an engine of TP {self.engine_tp}")
         self.owner = self.group_rank == 0
         if self.owner and engine is None:
             raise ValueError("rank 0 of an engine group must hold the SGLang engine")
@@ -279,7 +281,7 @@ class SGLangEngine(RolloutEngine):
         `start` builds the engine from an SGLangEngineConfig (start_engine; tests pass a double)."""
         group = parallel.init_engine_groups(tp_size)
         engine = None
-        base_gpu_id = _cuda_device()
+        base_gpu_id = torch.cuda.current_device() if torch.cuda.is_available() else None
         base = base_gpu_id if base_gpu_id is not None else 0
         death = EngineDeath(f"SGLang engine of trainer ranks {dist.get_process_group_ranks(group)} "
                             f"(GPUs {base}..{base + tp_size - 1} of host {socket.gethostname()})")
@@ -339,10 +341,11 @@ class SGLangEngine(RolloutEngine):
     def load_bucket(self, named_tensors: FlatBucket | Sequence[tuple[str, torch.Tensor]]) -> None:
         fb = to_flattened_bucket(named_tensors)
         flat = fb.get_flattened_tensor()
-        entry = (flat.device.index if flat.is_cuda else None, serialize_flattened_bucket(fb))
-        if self.group_size == 1:
-            entries = [entry]
+        gpu = flat.device.index if flat.is_cuda else None
+        if self.group_size == 1:  # a serialization per engine rank: each rank's CUDA IPC refcount is its own
+            entries = [(gpu, serialize_flattened_bucket(fb)) for _ in range(self.engine_tp)]
         else:
+            entry = (gpu, serialize_flattened_bucket(fb))
             # Entries in group-rank order = engine TP rank order (rank i sits on GPU base + i).
             entries = [None] * self.group_size if self.owner else None
             parallel.gather_object(entry, entries, dst=dist.get_global_rank(self.group, 0), group=self.group)

@@ -2,6 +2,9 @@
 the same calls as sglang.Engine so SGLangEngine drives either. Standard library only (urllib),
 loopback addresses only: weights travel as CUDA IPC handles, which only mean something on the
 same machine, and the admin endpoints must not be reachable from elsewhere.
+
+At start-up, `server_tp_size` reads the server's TP size from GET /server_info: a weight update
+carries one payload per server TP rank (SGLang TP rank r deserializes entry r).
 """
 
 from __future__ import annotations
@@ -35,9 +38,9 @@ class HttpEngine:
         self.url = _check_loopback(url)
         self.timeout_s = timeout_s
 
-    def _post(self, endpoint: str, payload: dict | None = None) -> Any:
-        body = json.dumps(payload or {}).encode()
-        req = urllib.request.Request(f"{self.url}/{endpoint}", data=body, method="POST",
+    def _request(self, endpoint: str, payload: dict | None = None, *, method: str = "POST") -> Any:
+        body = None if method == "GET" else json.dumps(payload or {}).encode()
+        req = urllib.request.Request(f"{self.url}/{endpoint}", data=body, method=method,
                                      headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
@@ -52,29 +55,51 @@ class HttpEngine:
             return {"success": True, "message": raw.decode(errors="replace")}
         return json.loads(raw) if raw else None
 
+    def server_tp_size(self, key: str) -> int:
+        """The server's TP size, from GET /server_info (SGLang's resolved ServerArgs:
+        entrypoints/http_server.py server_info). Every TP rank of the server deserializes entry
+        tp_rank of an update's payload list (managers/tp_worker.py deserialize_own_rank), so an update
+        needs one payload per rank. Refused at start-up, in one ConfigError naming `key`: a server
+        that does not answer, that reports no TP size, or that runs data-parallel replicas (its
+        update_weights_from_tensor asserts dp_size == 1: managers/tokenizer_control_mixin.py)."""
+        from vapo_megatron.config import ConfigError
+
+        try:
+            info = self._request("server_info", method="GET")
+        except RuntimeError as e:
+            raise ConfigError(f"{key}: {e} (start the server before the trainer)") from None
+        tp, dp = (info.get(k) if isinstance(info, dict) else None for k in ("tp_size", "dp_size"))
+        if not isinstance(tp, int) or tp < 1:
+            raise ConfigError(f"{key}: {self.url}/server_info reports no tp_size (got {tp!r}); "
+                              "an SGLang server reports its ServerArgs there")
+        if dp not in (None, 1):
+            raise ConfigError(f"{key}: the SGLang server at {self.url} runs dp_size={dp}, and SGLang updates "
+                              "weights from tensors only at dp_size=1: start it without --dp-size")
+        return tp
+
     def generate(self, *, input_ids: Sequence[Sequence[int]], sampling_params: Sequence[dict], return_logprob: bool):
-        return self._post("generate", {"input_ids": [list(x) for x in input_ids],
-                                       "sampling_params": list(sampling_params), "return_logprob": return_logprob})
+        return self._request("generate", {"input_ids": [list(x) for x in input_ids],
+                                          "sampling_params": list(sampling_params), "return_logprob": return_logprob})
 
     def begin_weight_update(self):
-        return self._post("begin_weight_update", {"selector": "all"})
+        return self._request("begin_weight_update", {"selector": "all"})
 
     def end_weight_update(self):
-        return self._post("end_weight_update", {})
+        return self._request("end_weight_update", {})
 
     def update_weights_from_tensor(self, named_tensors: Sequence[bytes | str], load_format: str | None = None,
                                    flush_cache: bool = True):
         """`named_tensors`: one serialized payload per engine TP rank (bytes go as base64, the
         JSON form SGLang's HTTP schema decodes)."""
         payloads = [p if isinstance(p, str) else base64.b64encode(p).decode() for p in named_tensors]
-        return self._post("update_weights_from_tensor", {"serialized_named_tensors": payloads,
-                                                         "load_format": load_format, "flush_cache": flush_cache})
+        return self._request("update_weights_from_tensor", {"serialized_named_tensors": payloads,
+                                                            "load_format": load_format, "flush_cache": flush_cache})
 
     def release_memory_occupation(self, tags: list[str] | None = None):
-        return self._post("release_memory_occupation", {"tags": tags})
+        return self._request("release_memory_occupation", {"tags": tags})
 
     def resume_memory_occupation(self, tags: list[str] | None = None):
-        return self._post("resume_memory_occupation", {"tags": tags})
+        return self._request("resume_memory_occupation", {"tags": tags})
 
     def flush_cache(self):
-        return self._post("flush_cache", {})
+        return self._request("flush_cache", {})

@@ -45,8 +45,9 @@ def state_bytes(n_params: int, *, dtype_bytes: int, dp: int, distributed_optimiz
 # engine's stays while it has released its memory.
 CUDA_CONTEXT_BYTES = int(0.75 * GIB)
 # One NCCL communicator on a GPU: NCCL_BUFFSIZE (4 MiB) x send/recv x up to 32 channels over
-# NVLink, about 0.25 GiB (NVLink SHARP, NCCL_NVLS_ENABLE, can add more). Counted for every group
-# of more than one rank that the trainer uses (world, TP, PP, DP) and the engine's TP group.
+# NVLink, about 0.25 GiB (NVLink SHARP adds more; off unless the job sets NCCL_NVLS_ENABLE=1).
+# Counted for every group of more than one rank that the trainer uses (world, TP, PP, DP) and the
+# engine's TP group.
 NCCL_COMMUNICATOR_BYTES = int(0.25 * GIB)
 # PyTorch's caching allocator: the contiguous buffers (parameters, main_grad, optimizer state)
 # are allocated once; activations vary in size with every packed micro-batch and fragment the

@@ -34,6 +34,11 @@ Checks (each calls the project's own code; a check is skipped only when its pack
                   default small-qwen2: hidden 1024, so the state sits in the allocator's large
                   pool and its release is measurable), the actor with the distributed optimizer;
                   vapo_steps runs with offload on
+  adam_resume     scripts/gpu_check_checkpoint.py on the first preset, with the Adam megatron picks here
+                  (TE's or Apex's FusedAdam, else torch's): save after two steps and resume, parameters
+                  and moments bitwise equal to a twin that never saved, one step later too
+  save_before_update  the distributed optimizer saved before its first step and resumed: its next
+                  step equals a fresh optimizer's
 """
 
 from __future__ import annotations
@@ -56,7 +61,8 @@ if "--cpu" in sys.argv[1:]:  # before torch looks for GPUs: the CPU path must no
 import torch  # noqa: E402
 from gpu_check_models import (GIB, Env, check_model_logits, check_recompute, check_weight_sync, has,  # noqa: E402
                               report, results)
-from gpu_check_offload import check_offload  # noqa: E402  (scripts/: the directory of this script)
+from gpu_check_checkpoint import check_checkpoint  # noqa: E402  (scripts/: the directory of this script)
+from gpu_check_offload import check_offload  # noqa: E402
 
 TRAINING_PHASES = ("score", "critic_update", "actor_update")  # what vapo-plan's `training` peak covers
 
@@ -270,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                             *per_preset,
                             ("vocab_parallel", lambda: check_vocab_parallel(env)),
                             ("offload", lambda: [report(*r) for r in check_offload(env.cpu, env.dtype, offload_preset)]),
+                            ("checkpoint", lambda: [report(*r) for r in check_checkpoint(env.dtype, env.first_preset,
+                                                                                         Path(work) / "checkpoint")]),
                             ("vapo_steps", lambda: check_vapo_steps(env, args.steps)),
                             ("plan_memory", lambda: check_plan_memory(env, run))):
             if not has("transformers") and name in ("model_logits", "recompute", "weight_sync", "vapo_steps"):

@@ -15,7 +15,7 @@ SCRIPT = ROOT / "scripts" / "gpu_check.py"
 FAMILIES = ("tiny-qwen2", "tiny-qwen3", "tiny-llama3", "tiny-qwen3-moe")  # gpu_check's default presets
 CHECKS = ("collectives", "wait_groups", "wgrad_fusion", "recompute", "vocab_parallel",
           *(f"{check}:{p}" for p in FAMILIES for check in ("model_logits", "weight_sync")),
-          "offload", "offload_memory",
+          "offload", "offload_memory", "adam_resume", "save_before_update",
           "engine_memory", "sync_memory", "engine_signals", "vapo_steps", "phase_memory", "plan_memory")
 
 

@@ -68,3 +68,32 @@ def test_adam_state_survives_save_and_resume(case, tmp_path):
     found = run_ranks(1, _round_trips, kind, distributed, str(tmp_path))[0]
     assert len(found) == 6, found  # six comparisons (a seventh entry says Adam had no moments to compare)
     assert not {what: bad for what, bad in found.items() if bad}
+
+
+def _layout_problems(kind: str) -> list:
+    from pathlib import Path
+
+    from gpu_check_checkpoint import build
+
+    from model_providers.presets import preset
+    from vapo_megatron.checkpoint.model_state import distributed_optimizer_format, resume_layout_problem
+    from vapo_megatron.mcore import parallel
+
+    _use_adam(kind)
+    parallel.init_distributed(1, 1, seed=3)
+    model = build(preset("tiny-qwen2"), Path("."), distributed=True, dtype=torch.float32)
+    return [distributed_optimizer_format(model), resume_layout_problem(model, {"tp": 2, "pp": 1}, {"tp": 1, "pp": 1}),
+            resume_layout_problem(model, {"tp": 1, "pp": 1}, {"tp": 1, "pp": 1})]
+
+
+@pytest.mark.parametrize("kind", ["torch", "te"])
+def test_a_layout_change_the_optimizer_state_cannot_take_is_refused_before_loading(kind):
+    """The distributed optimizer's state with torch's Adam loads at the saved TP/PP only (megatron
+    0.19.2's fully reshardable load fails on its per-parameter step); with the fused Adams it goes
+    anywhere. The checkpoint manager raises the line as a CheckpointMismatch: a stop, not a fallback."""
+    fmt, moved, same = run_ranks(1, _layout_problems, kind)[0]
+    assert same is None
+    if kind == "torch":
+        assert fmt == "dp_reshardable" and "parallel.tp=2 -> 1" in moved and "resume at the saved layout" in moved
+    else:
+        assert fmt == "fully_reshardable" and moved is None

@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.api import CheckpointException
 
 from vapo_megatron.checkpoint import dist_io  # also installs safe_unpickle: no checkpoint pickle runs code
-from vapo_megatron.checkpoint.model_state import load_model_state, save_model_state
+from vapo_megatron.checkpoint.model_state import load_model_state, resume_layout_problem, save_model_state
 from vapo_megatron.checkpoint.atomic import commit_dir, fsync_path, staging_dir, staging_path, write_atomic
 from vapo_megatron.config.resume import ep_change
 from vapo_megatron.mcore import parallel
@@ -283,6 +283,14 @@ class CheckpointManager:
                     f"Resume with the model the run was started with ({path / sub / 'hf' / 'config.json'}), "
                     "or choose a new trainer.run_dir; the checkpoints are intact")
 
+    def _check_layout(self, path: Path, meta: dict) -> None:
+        """Stop (older checkpoints are no better) when an optimizer's state cannot load at this layout."""
+        saved = (meta.get("config") or {}).get("parallel", {})
+        now = self.config.get("parallel", {})
+        for sub, model in self.models.items():
+            if why := resume_layout_problem(model, saved, now):
+                raise CheckpointMismatch(f"{path / sub}: {why}; the checkpoints are intact")
+
     def load(self, state: RunState) -> bool:
         """Resume from the newest loadable checkpoint into the models and `state`; False when the
         run directory has none.
@@ -298,6 +306,7 @@ class CheckpointManager:
                 if why := ep_change(meta["config"] if "config" in meta else None, self.config):
                     raise CheckpointMismatch(f"{path} was {why}; the checkpoints are intact")
                 self._check_matches(path)  # another model: stop (older checkpoints are no better)
+                self._check_layout(path, meta)
                 for sub, model in self.models.items():
                     _on_every_rank(partial(load_model_state, model, path / sub))
                 rng = _on_every_rank(partial(self._rng_state, path, meta))

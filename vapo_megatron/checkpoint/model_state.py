@@ -25,10 +25,43 @@ from vapo_megatron.weights.hf_write import write_source_files
 # megatron's distributed optimizer writes its sharded Adam state in one of several formats
 # (distrib_optimizer.py sharded_state_dict). Its default, "fully_sharded_model_space", fails at
 # every save in megatron-core 0.19.2 ("ShardedTensor.flattened_range is not supported": the
-# dist-checkpoint mapping refuses what that format builds). "fully_reshardable" writes each
-# moment in the model's own sharding, so a checkpoint resumes at another TP, PP or DP, as the
-# trainer's resume promises. Ignored by the other optimizers.
-OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
+# dist-checkpoint mapping refuses what that format builds). "fully_reshardable" writes each moment
+# in the model's own sharding, so a checkpoint resumes at another TP, PP or DP, as the trainer's
+# resume promises; its load fails on torch Adam's per-parameter step (_set_main_param_and_optimizer_
+# states copies every state tensor, "step" included, from a source that has none), so with torch's
+# Adam (no TE, no Apex: an air-gapped node) the state goes as "dp_reshardable", which resumes at
+# another DP size only (resume_layout_problem). Ignored by the other optimizers.
+FULLY_RESHARDABLE = "fully_reshardable"
+DP_RESHARDABLE = "dp_reshardable"
+
+
+def per_parameter_steps(inner) -> bool:
+    """torch's Adam/AdamW (a step count per parameter), not TE's or Apex's FusedAdam (per group)."""
+    return isinstance(inner, (torch.optim.Adam, torch.optim.AdamW))
+
+
+def distributed_optimizer_format(model: TrainModel) -> str | None:
+    """The format model's distributed optimizer writes its state in; None without one."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    opts = _megatron_optimizers(model.optimizer)
+    if not any(isinstance(o, DistributedOptimizer) for o in opts):
+        return None
+    return DP_RESHARDABLE if any(per_parameter_steps(o.optimizer) for o in opts) else FULLY_RESHARDABLE
+
+
+def resume_layout_problem(model: TrainModel, saved: dict, now: dict) -> str | None:
+    """One line when `model`'s optimizer state cannot load at the new layout (state.json's
+    parallel section `saved`, the run's `now`), else None."""
+    if distributed_optimizer_format(model) != DP_RESHARDABLE:
+        return None
+    moved = [f"parallel.{k}={saved.get(k, 1)} -> {now.get(k, 1)}" for k in ("tp", "pp", "vpp")
+             if saved.get(k, 1) != now.get(k, 1)]
+    if not moved:
+        return None
+    return (f"{', '.join(moved)}: the distributed optimizer with torch's Adam (neither Transformer Engine nor Apex "
+            "imports here) saves its state for the same TP/PP/VPP only; resume at the saved layout, or where "
+            "TE or Apex imports")
 
 
 def _megatron_optimizers(optimizer) -> list:
@@ -69,7 +102,7 @@ def _init_unstepped_state(opt) -> None:
         return
     inner = opt.optimizer
     opt.init_state_fn(inner, opt.config)
-    per_param = isinstance(inner, (torch.optim.Adam, torch.optim.AdamW))
+    per_param = per_parameter_steps(inner)
     states = [inner.state[p] for g in inner.param_groups for p in g["params"] if p in inner.state]
     if per_param and not any("step" in s for s in states):
         for s in states:
@@ -84,7 +117,9 @@ def _sharded_state(model: TrainModel, *, loading: bool) -> dict:
     for opt in _megatron_optimizers(model.optimizer):
         _init_unstepped_state(opt)
     state = dist_io.model_sharded_state(model.modules)
-    state["optimizer"] = model.optimizer.sharded_state_dict(state, is_loading=loading, metadata=OPTIMIZER_FORMAT)
+    fmt = distributed_optimizer_format(model)
+    metadata = {"distrib_optim_sharding_type": fmt} if fmt else None
+    state["optimizer"] = model.optimizer.sharded_state_dict(state, is_loading=loading, metadata=metadata)
     return state
 
 
@@ -106,7 +141,7 @@ def _per_param_steps_from_groups(inner) -> None:
     load then copies each state tensor, the step included, from the bucket state it read, where
     the 0-dim counts come back as the loading template's (0 here): Adam would restart its bias
     correction. The param group's count is the saved one."""
-    if not isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
+    if not per_parameter_steps(inner):
         return
     for group in inner.param_groups:
         if "step" in group:
@@ -123,7 +158,7 @@ def optimizer_moments(model: TrainModel) -> dict[str, torch.Tensor]:
     for o, opt in enumerate(_megatron_optimizers(model.optimizer)):
         inner = opt.optimizer
         for g, group in enumerate(inner.param_groups):
-            if "step" in group and not isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
+            if "step" in group and not per_parameter_steps(inner):
                 out[f"{o}/{g}/step"] = torch.tensor(float(group["step"] or 0))  # the fused Adams' count
             for i, p in enumerate(group["params"]):
                 for key, value in inner.state.get(p, {}).items():
@@ -167,4 +202,5 @@ def load_model_state(model: TrainModel, path: Path) -> None:
 
 
 
-__all__ = ["load_model_state", "optimizer_moments", "save_model_state"]
+__all__ = ["distributed_optimizer_format", "load_model_state", "optimizer_moments", "resume_layout_problem",
+           "save_model_state"]

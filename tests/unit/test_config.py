@@ -87,6 +87,21 @@ def test_grpo_refuses_every_critic_only_setting_by_name():
         assert f"  - {key} (" in msg, (key, msg)
 
 
+def test_settings_that_train_nothing_with_groups_of_one_are_refused():
+    """GRPO's advantage compares a response with its group: at rollout.n_samples=1 every advantage
+    is 0; dynamic sampling drops every group of one (never informative), whatever the estimator."""
+    grpo = str(ROOT / "configs" / "grpo.yaml")
+    with pytest.raises(ConfigError) as e:
+        load_config(grpo, ["rollout.n_samples=1"], check_paths=False)
+    assert "rollout.n_samples=1 with algo.estimator=grpo trains nothing" in str(e.value), str(e.value)
+    assert str(e.value).count("\n") == 0, str(e.value)  # one problem, one line
+    for base in (grpo, DEMO):
+        with pytest.raises(ConfigError, match="rollout.dynamic_sampling=true with rollout.n_samples=1 drops every group"):
+            load_config(base, ["rollout.n_samples=1", "rollout.dynamic_sampling=true"], check_paths=False)
+    load_config(DEMO, ["rollout.n_samples=1"], check_paths=False)  # GAE learns from one response per prompt
+    load_config(grpo, ["rollout.n_samples=2"], check_paths=False)
+
+
 def test_a_resume_never_switches_the_estimator(tmp_path):
     from vapo_megatron.config import resume
 

@@ -167,3 +167,20 @@ def test_committed_files_take_the_umasks_mode(tmp_path):
         assert mode(target / name) == file_mode, name
     assert mode(target / "sub") == mode(target) == dir_mode
     assert mode(target / "run.sh") == dir_mode  # an executable stays executable, as far as the umask allows
+
+
+def test_an_unwritable_run_dir_is_one_problem(tmp_path):
+    """A run_dir where nothing can be created is said once, tried for real (os.access says yes to
+    root on a read-only mount); no second problem about moving away run_dir/hf, which does not exist."""
+    from vapo_megatron.config import Config, TrainerConfig
+    from vapo_megatron.config.preflight import startup_problems
+
+    for run_dir in ("/proc/vapo-run", "/proc/vapo-run/nested"):
+        problems = [p for p in startup_problems(Config(trainer=TrainerConfig(run_dir=run_dir)), 1)
+                    if "trainer.run_dir" in p or "/proc" in p]
+        assert problems == [f"trainer.run_dir: {run_dir} cannot be created or written (/proc is not writable)"], problems
+    file_run_dir = tmp_path / "a_file"
+    file_run_dir.write_text("")
+    problems = [p for p in startup_problems(Config(trainer=TrainerConfig(run_dir=str(file_run_dir / "run"))), 1)
+                if "trainer.run_dir" in p]
+    assert problems == [f"trainer.run_dir: {file_run_dir / 'run'} cannot be created or written ({file_run_dir} is a file, not a directory)"]

@@ -7,6 +7,7 @@
                                     flushed, renamed into place
     fsync_tree(root)                every file and directory below `root` flushed to disk
     check_replaceable(target, W, overwrite=...)   may W put a directory at `target`? (before any work)
+    can_create_in(directory)        whether a file can be created there, tried for real
     writer_of(path)                 who wrote a directory: its marker, or a legacy trainer layout
 
 The rename is the commit: a reader sees the old content or the new, never a part; and because
@@ -207,10 +208,10 @@ def check_replaceable(target: str | Path, writer: str, *, overwrite: bool, flag:
         above = next((p for p in target.parents if p.exists()), None)
         if above is not None and not above.is_dir():
             raise TargetRefused(f"{name} lies under {above}, which is a file, not a directory; {other}")
-        if above is not None and not _can_create_in(above):
+        if above is not None and not can_create_in(above):
             raise TargetRefused(f"{name} cannot be written: nothing can be created in {above}; {other}")
         return
-    if not _can_create_in(target.parent):  # the new directory is staged beside the target, then renamed
+    if not can_create_in(target.parent):  # the new directory is staged beside the target, then renamed
         raise TargetRefused(f"{name} cannot be replaced: nothing can be created in {target.parent}; {other}")
     if target.is_symlink() or not target.is_dir():
         raise TargetRefused(f"{name} exists and is not a directory that {writer} wrote; {other}")
@@ -228,7 +229,7 @@ def check_replaceable(target: str | Path, writer: str, *, overwrite: bool, flag:
     raise TargetRefused(f"{name} is {what}, which {writer} never replaces; {other}{allowed}")
 
 
-def _can_create_in(directory: Path) -> bool:
+def can_create_in(directory: Path) -> bool:
     """Whether a file can be created in `directory`, tried for real: os.access says yes to root
     on directories it cannot write (/proc, a read-only mount)."""
     import tempfile
@@ -241,5 +242,5 @@ def _can_create_in(directory: Path) -> bool:
 
 
 __all__ = ["CONVERT_HF_TO_MCORE", "CONVERT_MCORE_TO_HF", "EVAL_OUTPUT", "MARKER", "TRAINER_CHECKPOINT",
-           "TRAINER_EXPORT", "TargetRefused", "check_replaceable", "commit_dir", "follow_umask", "fsync_path",
+           "TRAINER_EXPORT", "TargetRefused", "can_create_in", "check_replaceable", "commit_dir", "follow_umask", "fsync_path",
            "fsync_tree", "mark", "process_umask", "staging_dir", "staging_path", "write_atomic", "writer_of"]

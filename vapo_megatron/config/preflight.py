@@ -80,13 +80,17 @@ def _files(cfg: Config, out: list[str]) -> None:
                 out.append(f"{key}: {p} has an unknown file type (allowed: {', '.join(PROMPT_SUFFIXES)})")
             elif not os.access(p, os.R_OK):
                 out.append(f"{key}: {p} is not readable")
+    from vapo_megatron.checkpoint.atomic import can_create_in
+
     run_dir = Path(cfg.trainer.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         out.append(f"trainer.run_dir: {run_dir} exists and is not a directory")
-    else:
-        existing = next((p for p in [run_dir, *run_dir.absolute().parents] if p.exists()), None)
-        if existing is not None and not os.access(existing, os.W_OK):
-            out.append(f"trainer.run_dir: {run_dir} cannot be created or written ({existing} is not writable)")
+        return
+    existing = next((p for p in [run_dir, *run_dir.absolute().parents] if p.exists()), None)
+    if existing is not None and not (existing.is_dir() and can_create_in(existing)):  # os.access: yes for root on a read-only mount
+        why = "is not writable" if existing.is_dir() else "is a file, not a directory"
+        out.append(f"trainer.run_dir: {run_dir} cannot be created or written ({existing} {why})")
+        return  # the export below could not be written either: one problem, not a second about run_dir/hf
     out += export_problems(cfg)
 
 

@@ -374,7 +374,8 @@ class CheckpointManager:
                 if "cuda" in rng and torch.cuda.is_available():
                     torch.cuda.set_rng_state(rng["cuda"])
             elif parallel.is_rank0():
-                print(f"[vapo] {path} was written by {meta['world_size']} ranks, not {dist.get_world_size()}: "
+                n = meta["world_size"]
+                print(f"[vapo] {path} was written by {n} rank{'' if n == 1 else 's'}, not {dist.get_world_size()}: "
                       "random number generators are not restored (the run continues, not bitwise as before)", flush=True)
             state.load_json(meta["state"])
             # Checkpoints written before the LR schedule existed have no lr_steps: their runs had

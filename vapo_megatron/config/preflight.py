@@ -1,7 +1,7 @@
 """Start-up checks of a run against its launch and its files, before anything is built.
 
     startup_problems(cfg, world_size)   every problem found, one message each (pure Python)
-    hardware_problems(cfg, cuda=...)    what the settings need of the machine (CUDA, NCCL)
+    hardware_problems(cfg)              what the settings need of the machine (CUDA, NCCL)
     export_problems(cfg)                may the final HF export replace run_dir/hf? (in startup_problems)
 
 vapo-train runs startup_problems first thing, on every rank, before it imports torch or
@@ -118,10 +118,9 @@ def _reward(cfg: Config, out: list[str]) -> None:
         out.append(f"reward.fn={spec!r}: {e}")
 
 
-def hardware_problems(cfg: Config, *, cuda: bool) -> list[str]:
-    """What the settings need of the machine; `cuda`: whether CUDA GPUs are visible."""
-    if cuda:
-        return []
+def hardware_problems(cfg: Config, *, cuda: bool | None = None) -> list[str]:
+    """What the settings need of the machine; `cuda`: whether CUDA GPUs are visible (None: torch
+    says, imported only when a setting needs CUDA)."""
     out = []
     if cfg.rollout.engine == "sglang":
         out.append("rollout.engine=sglang needs CUDA GPUs and none is visible; "
@@ -129,7 +128,11 @@ def hardware_problems(cfg: Config, *, cuda: bool) -> list[str]:
     for key, o in (("actor_optim", cfg.actor_optim), ("critic_optim", cfg.critic_optim)):
         if o.distributed_optimizer:
             out.append(f"{key}.distributed_optimizer=true needs CUDA GPUs (NCCL) and none is visible; allowed here: false")
-    return out
+    if out and cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    return [] if cuda else out
 
 
 def _sglang_moe_problems(key: str, hf_cfg: dict, engine: str) -> list[str]:

@@ -59,7 +59,7 @@ def print_config(config_path: str, overrides: list[str]) -> int:
     machine prints here). Its value checks still apply: a bad setting is one message, exit 2."""
     import yaml
 
-    from vapo_megatron.config import load_config, to_dict
+    from vapo_megatron.config import load_config, run_record
 
     job_run_dir = {"trainer.run_dir": os.environ["VAPO_RUN_DIR"]} if os.environ.get("VAPO_RUN_DIR") else None
     try:
@@ -67,7 +67,7 @@ def print_config(config_path: str, overrides: list[str]) -> int:
     except ConfigError as e:
         print(f"vapo-train: configuration error: {e}", file=sys.stderr)
         return BAD_INPUT_EXIT_CODE
-    sys.stdout.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    sys.stdout.write(yaml.safe_dump(run_record(cfg), sort_keys=False))
     return 0
 
 

@@ -102,6 +102,28 @@ def test_settings_that_train_nothing_with_groups_of_one_are_refused():
     load_config(grpo, ["rollout.n_samples=2"], check_paths=False)
 
 
+def test_a_run_without_a_critic_records_no_critic_settings(tmp_path):
+    """A GRPO run's config.yaml (and state.json, W&B, --print-config: config.run_record) held a
+    critic_optim section and the GAE settings; it holds none, and reads back as the same config."""
+    import yaml
+
+    from vapo_megatron.config import resume, run_record, to_dict
+    from vapo_megatron.config.checks import CRITIC_ONLY
+
+    run_dir = tmp_path / "run"
+    grpo = load_config(str(ROOT / "configs" / "grpo.yaml"), [f"trainer.run_dir={run_dir}"], check_paths=False)
+    saved = yaml.safe_load(resume.save(grpo).read_text())
+    assert saved == run_record(grpo) and "critic_optim" not in saved
+    assert not {"lambda_critic", "value_clip", "gamma", "alpha", "decoupled_gae"} & set(saved["algo"])
+    assert "critic_hf_path" not in saved["model"] and saved["model"]["hf_path"] == grpo.model.hf_path
+    assert len(CRITIC_ONLY) == 10 and saved["algo"]["estimator"] == "grpo"
+    assert parse_config(str(run_dir / "config.yaml")) == (grpo, [])  # the same configuration, no problem
+    (run_dir / "checkpoints" / "iter_0000001").mkdir(parents=True)
+    resume.check_resume(grpo, announce=False)  # a resume compares equal
+    gae = load_config(DEMO, check_paths=False)
+    assert run_record(gae) == to_dict(gae) and "critic_optim" in run_record(gae)
+
+
 def test_a_resume_never_switches_the_estimator(tmp_path):
     from vapo_megatron.config import resume
 

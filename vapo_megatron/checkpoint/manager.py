@@ -1,6 +1,6 @@
 """The run's checkpoints: save, resume, and fall back past a damaged one.
 
-    ckpt = CheckpointManager(run_dir, {"actor": actor_model, "critic": critic_model}, config=to_dict(cfg))
+    ckpt = CheckpointManager(run_dir, {"actor": actor_model, "critic": critic_model}, config=run_record(cfg))
     ckpt.save(state)         collective: run_dir/checkpoints/iter_N, atomically
     ckpt.load(state)         collective: resume from the newest loadable checkpoint (False: none)
 

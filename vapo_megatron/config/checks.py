@@ -59,6 +59,12 @@ CRITIC_ONLY: dict[str, str] = {
 }
 
 
+def unused_settings(cfg: Config) -> list[str]:
+    """The settings this run has no use for, held at their defaults by the checks: with
+    algo.estimator=grpo, the critic's (CRITIC_ONLY). A run's records leave them out (load.run_record)."""
+    return list(CRITIC_ONLY) if cfg.algo.estimator == "grpo" else []
+
+
 def _get(cfg: Config, key: str):
     obj = cfg
     for part in key.split("."):

@@ -2,19 +2,23 @@
 """Plot a run's main curves: scripts/plot_metrics.py RUN_DIR [--out FILE.png]
 
 Reads RUN_DIR/metrics.jsonl and writes RUN_DIR/curves.png (reward, response length, entropy,
-value loss, explained variance, eval accuracy), marking where each phase starts, the sampled
-held-out figures users report (eval/avg@K, the largest eval/pass@k, eval/maj@K; docs/evaluation.md),
-and a stacked panel of each training step's wall time by phase (perf/<phase>_s,
-vapo_megatron/trainer/timing.py).
+value loss, explained variance, eval accuracy: those the run logged, so a run without a critic
+has no value panels), marking where each phase starts, the sampled held-out figures users report
+(eval/avg@K, the largest eval/pass@k, eval/maj@K; docs/evaluation.md), and a stacked panel of each
+training step's wall time by phase (perf/<phase>_s, vapo_megatron/trainer/timing.py). The RL
+steps are labelled by the run's estimator (RUN_DIR/config.yaml: vapo, or grpo).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
+
+import yaml
 
 import matplotlib
 
@@ -85,6 +89,22 @@ def plot_sampled_eval(ax, records: list[dict]) -> None:
     ax.grid(alpha=0.3)
 
 
+def rl_label(run_dir: str) -> str:
+    """What the RL steps (phase "vapo" in metrics.jsonl) are called in the legend: the run's
+    algo.estimator as its config.yaml says, "grpo" for GRPO and "vapo" for GAE (and without one)."""
+    try:
+        with open(os.path.join(run_dir, "config.yaml")) as f:
+            estimator = (yaml.safe_load(f) or {}).get("algo", {}).get("estimator", "gae")
+    except (OSError, yaml.YAMLError, AttributeError):
+        estimator = "gae"
+    return "grpo" if estimator == "grpo" else "vapo"
+
+
+def panels(records: list[dict]) -> list[tuple[str, str]]:
+    """PANELS the run logged at least one value of (no critic: no value loss, no explained variance)."""
+    return [(key, title) for key, title in PANELS if any(r.get(key) is not None for r in records)]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir")
@@ -95,20 +115,25 @@ def main(argv=None) -> int:
         print(f"plot_metrics: {path} not found", file=sys.stderr)
         return 1
     records = read_metrics(path)
-    fig, axes = plt.subplots(2, 4, figsize=(18, 7))
-    for ax, (key, title) in zip(axes.flat, PANELS):
+    shown = panels(records)
+    rows = math.ceil((len(shown) + 2) / 4)  # + the sampled eval and the time split
+    fig, axes = plt.subplots(rows, 4, figsize=(18, 3.5 * rows), squeeze=False)
+    labels = {"value_pretrain": "value_pretrain", "vapo": rl_label(args.run_dir), "eval": "eval"}
+    for ax, (key, title) in zip(axes.flat, shown):
         for phase, style in (("value_pretrain", "C1."), ("vapo", "C0-"), ("eval", "C2o-")):
             pts = [(r["step"], r[key]) for r in records if r.get("phase") == phase and r.get(key) is not None]
             if pts:
                 xs, ys = zip(*pts)
-                ax.plot(xs, ys, style, label=phase, markersize=4)
+                ax.plot(xs, ys, style, label=labels[phase], markersize=4)
         ax.set_title(title)
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    plot_sampled_eval(axes.flat[len(PANELS)], records)
-    plot_time_split(axes.flat[len(PANELS) + 1], records)
+    plot_sampled_eval(axes.flat[len(shown)], records)
+    plot_time_split(axes.flat[len(shown) + 1], records)
+    for ax in list(axes.flat)[len(shown) + 2:]:
+        ax.set_visible(False)
     fig.tight_layout()
     out = args.out or os.path.join(args.run_dir, "curves.png")
     fig.savefig(out, dpi=90)

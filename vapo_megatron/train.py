@@ -31,8 +31,9 @@ INTERRUPTED = "interrupted: stopped without a checkpoint; the same command resum
 
 def checked_config(config_path: str, overrides: list[str]) -> Config:
     """Every setting checked, against the launch and the files, before anything is built; one
-    ConfigError listing every problem. Runs without torch and megatron-core: a command with a
-    typo fails in seconds. Then the hardware (torch's CUDA) and the run directory's saved config."""
+    ConfigError listing every problem, the hardware's (torch's CUDA, for the settings that need it)
+    among them. Runs without torch and megatron-core unless a setting needs CUDA: a command with a
+    typo fails in seconds. Then the run directory's saved config."""
     from vapo_megatron.config import resume
     from vapo_megatron.config.determinism import determinism_env
     from vapo_megatron.config.preflight import hardware_problems, startup_problems
@@ -42,12 +43,10 @@ def checked_config(config_path: str, overrides: list[str]) -> Config:
     rank, world_size, _ = launcher_env()
     cfg, problems = parse_config(config_path, overrides, fallbacks=job_run_dir)
     problems += startup_problems(cfg, world_size)
-    if problems:
-        raise problems_error(problems)
+    if problems:  # with the machine's (torch is imported for them only when a setting needs CUDA)
+        raise problems_error(problems + hardware_problems(cfg))
     determinism_env(cfg.trainer.deterministic)  # before torch is imported, let alone CUDA initialised
-    import torch
-
-    problems = hardware_problems(cfg, cuda=torch.cuda.is_available())
+    problems = hardware_problems(cfg)
     if problems:
         raise problems_error(problems)
     resume.check_resume(cfg, announce=rank == 0)  # vs. run_dir/config.yaml
@@ -60,7 +59,7 @@ def print_config(config_path: str, overrides: list[str]) -> int:
     machine prints here). Its value checks still apply: a bad setting is one message, exit 2."""
     import yaml
 
-    from vapo_megatron.config import load_config, to_dict
+    from vapo_megatron.config import load_config, run_record
 
     job_run_dir = {"trainer.run_dir": os.environ["VAPO_RUN_DIR"]} if os.environ.get("VAPO_RUN_DIR") else None
     try:
@@ -68,7 +67,7 @@ def print_config(config_path: str, overrides: list[str]) -> int:
     except ConfigError as e:
         print(f"vapo-train: configuration error: {e}", file=sys.stderr)
         return BAD_INPUT_EXIT_CODE
-    sys.stdout.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    sys.stdout.write(yaml.safe_dump(run_record(cfg), sort_keys=False))
     return 0
 
 

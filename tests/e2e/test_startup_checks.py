@@ -126,6 +126,25 @@ def test_files_and_model_dirs_are_checked_for_what_they_hold(demo, tmp_path):
     assert any(f"model.critic_hf_path: {odd_arch} has no model.safetensors" in p for p in problems), problems
 
 
+def test_what_a_setting_needs_of_the_machine_is_listed_with_the_other_problems(demo, tmp_path, monkeypatch):
+    """vapo-train's own two passes (train.checked_config): a setting that needs CUDA is said beside
+    the other problems, not only once they are fixed (rollout.engine=sglang at parallel.tp=1 said
+    the sglang_tp problem alone, then the missing CUDA on the next try)."""
+    import torch
+
+    from vapo_megatron.train import checked_config
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "VAPO_RUN_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # this machine's answer, on any machine
+    with pytest.raises(ConfigError) as e:
+        checked_config(str(ROOT / "configs" / "demo_cpu.yaml"),
+                       [*base_overrides(demo, tmp_path / "run"), "rollout.engine=sglang", "rollout.sglang_tp=2"])
+    msg = str(e.value)
+    assert msg.startswith("2 invalid settings:"), msg
+    assert "rollout.sglang_tp=2 must divide parallel.tp=1" in msg and "rollout.engine=sglang needs CUDA GPUs" in msg, msg
+
+
 def test_unknown_keys_and_wrong_types_are_all_listed():
     with pytest.raises(ConfigError) as e:
         load_config(str(ROOT / "configs" / "demo_cpu.yaml"), ["algo.alpah=0.1", "rollout.n_samples=many", "model.dtype=fp8"],

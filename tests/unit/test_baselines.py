@@ -109,3 +109,78 @@ def test_deal_equal_contiguous_shares():
     shares = [deal(items, 3, i) for i in range(3)]
     assert sum(shares, []) == items
     assert sorted(len(s) for s in shares) == [2, 2, 3]
+
+
+class _Tokens:
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+class _Engine:
+    """n responses per prompt, [round seed, prompt, sample]: a Generator's collect in one process."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def collect(self, prompts, seed):
+        from vapo_megatron.rollout.base import RolloutOutput
+        from vapo_megatron.rollout.generator import Rollout
+
+        outputs = [RolloutOutput(prompt_index=i, token_ids=[seed % 1000, i, j], finish_reason="stop")
+                   for i in range(len(prompts)) for j in range(self.n)]
+        return Rollout(prompts=list(prompts), outputs=outputs, n=self.n)
+
+
+class _FlakyReward:
+    """Every call is counted here (the reference); a third of them fail (an error, the incorrect
+    score), two of them time out, and sample 0 of a group is right, so groups are mixed or not."""
+
+    def __init__(self):
+        self.calls = self.errors = self.timeouts = 0
+
+    def __call__(self, prompts, responses, answers):
+        from vapo_megatron.rewards import RewardResult
+
+        out = []
+        for text in responses:
+            self.calls += 1
+            seed, i, j = map(int, text.split())
+            if (seed + 7 * i + j) % 3 == 0:
+                self.errors += 1
+                timed_out = self.timeouts < 2
+                self.timeouts += timed_out
+                out.append(RewardResult(score=0.0, correct=False, timed_out=timed_out, error="ValueError: boom"))
+            else:
+                out.append(RewardResult(score=float(j == 0), correct=j == 0))
+        return out
+
+    def close(self):
+        pass
+
+
+def test_dynamic_sampling_counts_every_reward_call_of_every_round(monkeypatch):
+    """reward/errors and reward/timeouts under dynamic sampling are the failures of every judged
+    response of the step, dropped groups included (192 failed calls were logged as the 32 of the
+    kept groups), and rollout/samples_generated says how many responses that was; the counts are
+    the reward function's own (one process: DP = 1)."""
+    from vapo_megatron.config import RolloutConfig
+    from vapo_megatron.data.prompts import PromptRecord, PromptSampler
+    from vapo_megatron.mcore import parallel
+    from vapo_megatron.rewards.scorer import Scorer
+    from vapo_megatron.rollout.dynamic_sampling import StepRollouts
+
+    monkeypatch.setattr(parallel, "dp_size", lambda: 1)
+    monkeypatch.setattr(parallel, "dp_rank", lambda: 0)
+    reward = _FlakyReward()
+    scorer = Scorer(reward, _Tokens(), stop_token_ids=(0,))
+    cfg = RolloutConfig(prompts_per_step=4, n_samples=2, dynamic_sampling=True, max_sampling_rounds=5)
+    records = [PromptRecord(prompt_ids=[1, 2], answer="x", source=f"p:{k}", prompt_text=f"p{k}") for k in range(64)]
+    sampler = PromptSampler(records, cfg.prompts_per_step, seed=0)
+    rollout, sampling_logs = StepRollouts(_Engine(cfg.n_samples), scorer, cfg, mini_batches=2).collect(sampler, seed=3)
+    _, reward_logs = scorer.score(rollout)
+    step = {**sampling_logs, **reward_logs}  # as the trainer merges a step's parts (trainer.py _log_step)
+    rounds = sampling_logs["rollout/sampling_rounds"]
+    assert rounds > 1 and len(rollout.outputs) < reward.calls  # some groups were dropped
+    assert step["rollout/samples_generated"] == reward.calls == rounds * 4 * 2
+    assert (step["reward/errors"], step["reward/timeouts"]) == (reward.errors, 2)
+    assert 0 < sum(r.error is not None for r in rollout.results) < reward.errors  # the dropped groups failed too

@@ -87,6 +87,43 @@ def test_grpo_refuses_every_critic_only_setting_by_name():
         assert f"  - {key} (" in msg, (key, msg)
 
 
+def test_settings_that_train_nothing_with_groups_of_one_are_refused():
+    """GRPO's advantage compares a response with its group: at rollout.n_samples=1 every advantage
+    is 0; dynamic sampling drops every group of one (never informative), whatever the estimator."""
+    grpo = str(ROOT / "configs" / "grpo.yaml")
+    with pytest.raises(ConfigError) as e:
+        load_config(grpo, ["rollout.n_samples=1"], check_paths=False)
+    assert "rollout.n_samples=1 with algo.estimator=grpo trains nothing" in str(e.value), str(e.value)
+    assert str(e.value).count("\n") == 0, str(e.value)  # one problem, one line
+    for base in (grpo, DEMO):
+        with pytest.raises(ConfigError, match="rollout.dynamic_sampling=true with rollout.n_samples=1 drops every group"):
+            load_config(base, ["rollout.n_samples=1", "rollout.dynamic_sampling=true"], check_paths=False)
+    load_config(DEMO, ["rollout.n_samples=1"], check_paths=False)  # GAE learns from one response per prompt
+    load_config(grpo, ["rollout.n_samples=2"], check_paths=False)
+
+
+def test_a_run_without_a_critic_records_no_critic_settings(tmp_path):
+    """A GRPO run's config.yaml (and state.json, W&B, --print-config: config.run_record) held a
+    critic_optim section and the GAE settings; it holds none, and reads back as the same config."""
+    import yaml
+
+    from vapo_megatron.config import resume, run_record, to_dict
+    from vapo_megatron.config.checks import CRITIC_ONLY
+
+    run_dir = tmp_path / "run"
+    grpo = load_config(str(ROOT / "configs" / "grpo.yaml"), [f"trainer.run_dir={run_dir}"], check_paths=False)
+    saved = yaml.safe_load(resume.save(grpo).read_text())
+    assert saved == run_record(grpo) and "critic_optim" not in saved
+    assert not {"lambda_critic", "value_clip", "gamma", "alpha", "decoupled_gae"} & set(saved["algo"])
+    assert "critic_hf_path" not in saved["model"] and saved["model"]["hf_path"] == grpo.model.hf_path
+    assert len(CRITIC_ONLY) == 10 and saved["algo"]["estimator"] == "grpo"
+    assert parse_config(str(run_dir / "config.yaml")) == (grpo, [])  # the same configuration, no problem
+    (run_dir / "checkpoints" / "iter_0000001").mkdir(parents=True)
+    resume.check_resume(grpo, announce=False)  # a resume compares equal
+    gae = load_config(DEMO, check_paths=False)
+    assert run_record(gae) == to_dict(gae) and "critic_optim" in run_record(gae)
+
+
 def test_a_resume_never_switches_the_estimator(tmp_path):
     from vapo_megatron.config import resume
 

@@ -136,3 +136,51 @@ def test_an_output_where_nothing_can_be_created_is_refused_before_any_work(tmp_p
     a whole evaluation). /proc takes no new files, even from root."""
     with pytest.raises(TargetRefused, match=r"--out /proc/vapo-out cannot be written: nothing can be created in /proc"):
         check_replaceable("/proc/vapo-out", EVAL_OUTPUT, overwrite=True, flag=None)
+
+
+def test_committed_files_take_the_umasks_mode(tmp_path):
+    """Exported weights were 0600 (safetensors' save_file creates its file so) while every other
+    file of a run follows the umask: commit_dir gives every file and directory the mode that a plain
+    open() or mkdir() gives under the process's umask, whatever the writer created."""
+    import torch
+    from safetensors.torch import save_file
+
+    old = os.umask(0o027)  # not the usual 022: the mode must come from the umask, not be hard-coded
+    try:
+        (tmp_path / "reference.txt").write_text("x")  # what the kernel gives a plain file, and a directory
+        (tmp_path / "reference_dir").mkdir()
+        target = tmp_path / "hf"
+        tmp = built(target, "config.json")
+        save_file({"w": torch.zeros(2)}, str(tmp / "model-00000.safetensors"))
+        (tmp / "sub").mkdir(mode=0o700)
+        (tmp / "sub" / "private.txt").write_text("y")
+        os.chmod(tmp / "sub" / "private.txt", 0o600)
+        (tmp / "run.sh").write_text("#!/bin/sh\n")
+        os.chmod(tmp / "run.sh", 0o700)
+        commit_dir(tmp, target, writer=TRAINER_EXPORT)
+    finally:
+        os.umask(old)
+    mode = lambda p: oct(p.stat().st_mode & 0o777)  # noqa: E731
+    file_mode, dir_mode = mode(tmp_path / "reference.txt"), mode(tmp_path / "reference_dir")
+    assert (file_mode, dir_mode) == ("0o640", "0o750")
+    for name in ("config.json", "model-00000.safetensors", "sub/private.txt", MARKER):
+        assert mode(target / name) == file_mode, name
+    assert mode(target / "sub") == mode(target) == dir_mode
+    assert mode(target / "run.sh") == dir_mode  # an executable stays executable, as far as the umask allows
+
+
+def test_an_unwritable_run_dir_is_one_problem(tmp_path):
+    """A run_dir where nothing can be created is said once, tried for real (os.access says yes to
+    root on a read-only mount); no second problem about moving away run_dir/hf, which does not exist."""
+    from vapo_megatron.config import Config, TrainerConfig
+    from vapo_megatron.config.preflight import startup_problems
+
+    for run_dir in ("/proc/vapo-run", "/proc/vapo-run/nested"):
+        problems = [p for p in startup_problems(Config(trainer=TrainerConfig(run_dir=run_dir)), 1)
+                    if "trainer.run_dir" in p or "/proc" in p]
+        assert problems == [f"trainer.run_dir: {run_dir} cannot be created or written (/proc is not writable)"], problems
+    file_run_dir = tmp_path / "a_file"
+    file_run_dir.write_text("")
+    problems = [p for p in startup_problems(Config(trainer=TrainerConfig(run_dir=str(file_run_dir / "run"))), 1)
+                if "trainer.run_dir" in p]
+    assert problems == [f"trainer.run_dir: {file_run_dir / 'run'} cannot be created or written ({file_run_dir} is a file, not a directory)"]

@@ -30,3 +30,27 @@ def test_a_librarys_syntax_warning_is_quiet_and_the_users_is_not(tmp_path):
     assert proc.returncode == 0, proc.stderr
     warned = [line for line in proc.stderr.splitlines() if "SyntaxWarning" in line]
     assert len(warned) == 1 and "escaped_own.py" in warned[0], proc.stderr
+
+
+def test_torchs_all_gather_into_tensor_deprecation_is_quiet():
+    """megatron-core gathers with torch.distributed.all_gather_into_tensor (its MoE token dispatch at
+    EP > 1, sequence-parallel gathers), which torch 2.11 deprecates with a FutureWarning: every rank
+    printed it once. The real function is called (it warns before it looks for a process group)."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    from vapo_megatron.config.quiet import quiet_startup
+
+    with warnings.catch_warnings(record=True) as caught:  # the filters come off again afterwards
+        warnings.simplefilter("always")
+        quiet_startup()
+        try:
+            dist.all_gather_into_tensor(torch.zeros(2), torch.zeros(1))
+        except (RuntimeError, ValueError):
+            pass  # no process group: the warning, if any, came first
+        warnings.warn("`torch.distributed.something_else` is deprecated.", FutureWarning)  # other texts still show
+    texts = [str(w.message) for w in caught]
+    assert not [t for t in texts if "all_gather_into_tensor" in t], texts
+    assert "`torch.distributed.something_else` is deprecated." in texts, texts

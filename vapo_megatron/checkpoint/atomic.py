@@ -3,9 +3,11 @@
     write_atomic(path, data)        a file: temp file beside it, flushed, fsynced, renamed, dir fsynced
     staging_path(target)            where `target` is built: `.<name>.tmp` beside it (every rank agrees)
     staging_dir(target)             that directory, created empty (one rank)
-    commit_dir(tmp, target, writer=W)  the built directory, marked as W's, flushed, renamed into place
+    commit_dir(tmp, target, writer=W)  the built directory, marked as W's, its modes the umask's,
+                                    flushed, renamed into place
     fsync_tree(root)                every file and directory below `root` flushed to disk
     check_replaceable(target, W, overwrite=...)   may W put a directory at `target`? (before any work)
+    can_create_in(directory)        whether a file can be created there, tried for real
     writer_of(path)                 who wrote a directory: its marker, or a legacy trainer layout
 
 The rename is the commit: a reader sees the old content or the new, never a part; and because
@@ -25,6 +27,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -57,6 +60,39 @@ def fsync_tree(root: str | Path) -> None:
         for f in files:
             fsync_path(Path(dirpath) / f)
         fsync_path(dirpath)
+
+
+def process_umask() -> int:
+    """This process's umask, read without changing it (/proc on Linux; elsewhere set and restored)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(root: str | Path) -> None:
+    """Give every file and directory below `root` the mode a plain open() or mkdir() gives under
+    the umask (files 0o666, executables and directories 0o777, less the umask). Some writers create
+    their files 0600 (safetensors' save_file): an exported model would be unreadable to the other
+    users of a shared cluster while every other file of the run is readable."""
+    mask = process_umask()
+    for dirpath, dirs, files in os.walk(root):
+        for path, full in [(dirpath, True)] + [(os.path.join(dirpath, f), False) for f in files]:
+            st = os.lstat(path)
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                continue  # a link keeps its target's mode
+            want = (0o777 if full or st.st_mode & 0o111 else 0o666) & ~mask
+            if st.st_mode & 0o777 != want:
+                try:
+                    os.chmod(path, want)
+                except OSError:  # another user's file: its mode stays (cosmetic, never a reason to fail a save)
+                    pass
 
 
 def write_atomic(path: str | Path, data: str | bytes) -> Path:
@@ -101,6 +137,7 @@ def commit_dir(tmp: str | Path, target: str | Path, *, writer: str) -> Path:
     tmp, target = Path(tmp), Path(target).absolute()
     check_replaceable(target, writer, overwrite=True, flag=None, key="")
     mark(tmp, writer)
+    follow_umask(tmp)
     fsync_tree(tmp)
     old = target.parent / f".{target.name}.old"
     if target.exists():
@@ -171,10 +208,10 @@ def check_replaceable(target: str | Path, writer: str, *, overwrite: bool, flag:
         above = next((p for p in target.parents if p.exists()), None)
         if above is not None and not above.is_dir():
             raise TargetRefused(f"{name} lies under {above}, which is a file, not a directory; {other}")
-        if above is not None and not _can_create_in(above):
+        if above is not None and not can_create_in(above):
             raise TargetRefused(f"{name} cannot be written: nothing can be created in {above}; {other}")
         return
-    if not _can_create_in(target.parent):  # the new directory is staged beside the target, then renamed
+    if not can_create_in(target.parent):  # the new directory is staged beside the target, then renamed
         raise TargetRefused(f"{name} cannot be replaced: nothing can be created in {target.parent}; {other}")
     if target.is_symlink() or not target.is_dir():
         raise TargetRefused(f"{name} exists and is not a directory that {writer} wrote; {other}")
@@ -192,7 +229,7 @@ def check_replaceable(target: str | Path, writer: str, *, overwrite: bool, flag:
     raise TargetRefused(f"{name} is {what}, which {writer} never replaces; {other}{allowed}")
 
 
-def _can_create_in(directory: Path) -> bool:
+def can_create_in(directory: Path) -> bool:
     """Whether a file can be created in `directory`, tried for real: os.access says yes to root
     on directories it cannot write (/proc, a read-only mount)."""
     import tempfile
@@ -205,5 +242,5 @@ def _can_create_in(directory: Path) -> bool:
 
 
 __all__ = ["CONVERT_HF_TO_MCORE", "CONVERT_MCORE_TO_HF", "EVAL_OUTPUT", "MARKER", "TRAINER_CHECKPOINT",
-           "TRAINER_EXPORT", "TargetRefused", "check_replaceable", "commit_dir", "fsync_path", "fsync_tree",
-           "mark", "staging_dir", "staging_path", "write_atomic", "writer_of"]
+           "TRAINER_EXPORT", "TargetRefused", "can_create_in", "check_replaceable", "commit_dir", "follow_umask", "fsync_path",
+           "fsync_tree", "mark", "process_umask", "staging_dir", "staging_path", "write_atomic", "writer_of"]

@@ -1,6 +1,6 @@
 """The run's checkpoints: save, resume, and fall back past a damaged one.
 
-    ckpt = CheckpointManager(run_dir, {"actor": actor_model, "critic": critic_model}, config=to_dict(cfg))
+    ckpt = CheckpointManager(run_dir, {"actor": actor_model, "critic": critic_model}, config=run_record(cfg))
     ckpt.save(state)         collective: run_dir/checkpoints/iter_N, atomically
     ckpt.load(state)         collective: resume from the newest loadable checkpoint (False: none)
 
@@ -320,7 +320,8 @@ class CheckpointManager:
                 if "cuda" in rng and torch.cuda.is_available():
                     torch.cuda.set_rng_state(rng["cuda"])
             elif parallel.is_rank0():
-                print(f"[vapo] {path} was written by {meta['world_size']} ranks, not {dist.get_world_size()}: "
+                n = meta["world_size"]
+                print(f"[vapo] {path} was written by {n} rank{'' if n == 1 else 's'}, not {dist.get_world_size()}: "
                       "random number generators are not restored (the run continues, not bitwise as before)", flush=True)
             state.load_json(meta["state"])
             # Checkpoints written before the LR schedule existed have no lr_steps: their runs had

@@ -59,6 +59,12 @@ CRITIC_ONLY: dict[str, str] = {
 }
 
 
+def unused_settings(cfg: Config) -> list[str]:
+    """The settings this run has no use for, held at their defaults by the checks: with
+    algo.estimator=grpo, the critic's (CRITIC_ONLY). A run's records leave them out (load.run_record)."""
+    return list(CRITIC_ONLY) if cfg.algo.estimator == "grpo" else []
+
+
 def _get(cfg: Config, key: str):
     obj = cfg
     for part in key.split("."):
@@ -68,13 +74,17 @@ def _get(cfg: Config, key: str):
 
 def estimator_problems(cfg: Config) -> list[str]:
     """algo.estimator=grpo has no critic: value pretraining and every critic-only setting changed
-    from its default are refused, one line each."""
+    from its default are refused, one line each; so is a group of one response (no advantage)."""
     a = cfg.algo
     out = []
     if a.grpo_std_eps <= 0:
         out.append(f"algo.grpo_std_eps={a.grpo_std_eps} must be > 0")
     if a.estimator != "grpo":
         return out
+    if cfg.rollout.n_samples == 1:  # (< 1 is its own problem)
+        out.append("rollout.n_samples=1 with algo.estimator=grpo trains nothing: a response's advantage is its reward "
+                   "against its group's, and a group of one has nothing to compare with (every advantage is 0); "
+                   "set rollout.n_samples >= 2, or algo.estimator=gae")
     if a.value_pretrain_steps > 0:
         out.append(f"algo.value_pretrain_steps={a.value_pretrain_steps} needs a critic, which algo.estimator=grpo "
                    "does not have: set algo.value_pretrain_steps=0")
@@ -107,6 +117,10 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     require(a.value_pretrain_ev_threshold is None or a.value_pretrain_ev_threshold <= 1,
             f"algo.value_pretrain_ev_threshold={a.value_pretrain_ev_threshold} must be <= 1 (or null)")
     out += estimator_problems(cfg)
+    require(not (r.dynamic_sampling and r.n_samples == 1),
+            "rollout.dynamic_sampling=true with rollout.n_samples=1 drops every group (a group of one response is "
+            "never informative) and generates rollout.max_sampling_rounds rounds every step: set rollout.n_samples >= 2, "
+            "or rollout.dynamic_sampling=false")
     require(r.max_sampling_rounds >= 1, f"rollout.max_sampling_rounds={r.max_sampling_rounds} must be >= 1")
     require(cfg.reward.overlong_buffer >= 0, f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be >= 0 (0: off)")
     require(cfg.reward.overlong_buffer <= r.max_new_tokens,

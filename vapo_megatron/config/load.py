@@ -175,6 +175,23 @@ def to_dict(cfg: Config) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(cfg)))
 
 
+def run_record(cfg: Config) -> dict:
+    """The settings as a run records them (run_dir/config.yaml, each checkpoint's state.json, the W&B
+    run's config, --print-config): to_dict without those the run has no use for (checks.py
+    unused_settings: a run without a critic has no critic_optim). They are held at their defaults,
+    so the record read back is the same configuration."""
+    from vapo_megatron.config.checks import unused_settings
+
+    tree = to_dict(cfg)
+    for key in unused_settings(cfg):
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node[part]
+        del node[leaf]
+    return tree
+
+
 def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
     """{"a": {"b": 1}} -> {"a.b": 1}: the dotted keys users write."""
     out: dict[str, object] = {}

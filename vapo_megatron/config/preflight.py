@@ -1,7 +1,7 @@
 """Start-up checks of a run against its launch and its files, before anything is built.
 
     startup_problems(cfg, world_size)   every problem found, one message each (pure Python)
-    hardware_problems(cfg, cuda=...)    what the settings need of the machine (CUDA, NCCL)
+    hardware_problems(cfg)              what the settings need of the machine (CUDA, NCCL)
     export_problems(cfg)                may the final HF export replace run_dir/hf? (in startup_problems)
 
 vapo-train runs startup_problems first thing, on every rank, before it imports torch or
@@ -80,13 +80,17 @@ def _files(cfg: Config, out: list[str]) -> None:
                 out.append(f"{key}: {p} has an unknown file type (allowed: {', '.join(PROMPT_SUFFIXES)})")
             elif not os.access(p, os.R_OK):
                 out.append(f"{key}: {p} is not readable")
+    from vapo_megatron.checkpoint.atomic import can_create_in
+
     run_dir = Path(cfg.trainer.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         out.append(f"trainer.run_dir: {run_dir} exists and is not a directory")
-    else:
-        existing = next((p for p in [run_dir, *run_dir.absolute().parents] if p.exists()), None)
-        if existing is not None and not os.access(existing, os.W_OK):
-            out.append(f"trainer.run_dir: {run_dir} cannot be created or written ({existing} is not writable)")
+        return
+    existing = next((p for p in [run_dir, *run_dir.absolute().parents] if p.exists()), None)
+    if existing is not None and not (existing.is_dir() and can_create_in(existing)):  # os.access: yes for root on a read-only mount
+        why = "is not writable" if existing.is_dir() else "is a file, not a directory"
+        out.append(f"trainer.run_dir: {run_dir} cannot be created or written ({existing} {why})")
+        return  # the export below could not be written either: one problem, not a second about run_dir/hf
     out += export_problems(cfg)
 
 
@@ -114,10 +118,9 @@ def _reward(cfg: Config, out: list[str]) -> None:
         out.append(f"reward.fn={spec!r}: {e}")
 
 
-def hardware_problems(cfg: Config, *, cuda: bool) -> list[str]:
-    """What the settings need of the machine; `cuda`: whether CUDA GPUs are visible."""
-    if cuda:
-        return []
+def hardware_problems(cfg: Config, *, cuda: bool | None = None) -> list[str]:
+    """What the settings need of the machine; `cuda`: whether CUDA GPUs are visible (None: torch
+    says, imported only when a setting needs CUDA)."""
     out = []
     if cfg.rollout.engine == "sglang":
         out.append("rollout.engine=sglang needs CUDA GPUs and none is visible; "
@@ -125,7 +128,11 @@ def hardware_problems(cfg: Config, *, cuda: bool) -> list[str]:
     for key, o in (("actor_optim", cfg.actor_optim), ("critic_optim", cfg.critic_optim)):
         if o.distributed_optimizer:
             out.append(f"{key}.distributed_optimizer=true needs CUDA GPUs (NCCL) and none is visible; allowed here: false")
-    return out
+    if out and cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    return [] if cuda else out
 
 
 def _sglang_moe_problems(key: str, hf_cfg: dict, engine: str) -> list[str]:

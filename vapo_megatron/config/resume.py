@@ -1,5 +1,6 @@
 """A run directory remembers its configuration: run_dir/config.yaml, the resolved settings of the
-latest start (every key, defaults included; `vapo-train --config run_dir/config.yaml` repeats it).
+latest start (every key, defaults included, but those the run has no use for: load.run_record;
+`vapo-train --config run_dir/config.yaml` repeats it).
 
 When the run directory holds a checkpoint to resume from, the new configuration is compared
 with the saved one first. Settings in MAY_CHANGE_ON_RESUME pass (and are listed); any other
@@ -16,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from vapo_megatron.checkpoint.atomic import write_atomic
-from vapo_megatron.config.load import flatten, parse_config, problems_error, to_dict
+from vapo_megatron.config.load import flatten, parse_config, problems_error, run_record, to_dict
 from vapo_megatron.config.schema import Config, ConfigError
 
 CONFIG_FILE = "config.yaml"
@@ -145,5 +146,5 @@ def save(cfg: Config) -> Path:
     run_dir = Path(cfg.trainer.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     text = ("# The resolved configuration of the latest start of this run (vapo_megatron/config/resume.py).\n"
-            + yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            + yaml.safe_dump(run_record(cfg), sort_keys=False))
     return write_atomic(run_dir / CONFIG_FILE, text)

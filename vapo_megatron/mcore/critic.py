@@ -45,6 +45,8 @@ def value_loss(mb: RolloutBatch, values: torch.Tensor, *, clip_range: float | No
 class Critic:
     """The value model: a TrainModel with the value clip of its updates."""
 
+    absent_phases: tuple[str, ...] = ()  # of the step's timed phases (trainer/timing.py), none
+
     def __init__(self, model: TrainModel, clip_range: float | None, update: UpdateSettings, *, own_trunk: bool = False):
         self.model, self.clip_range, self.settings = model, clip_range, update
         self.own_trunk = own_trunk  # model.critic_hf_path: a trunk of its own, kept after the warm start
@@ -79,9 +81,10 @@ class Critic:
 class NoCritic:
     """algo.estimator=grpo: there is no value model. Every call the loop makes on a critic is
     here and does nothing, so the step reads the same for every estimator; nothing is built,
-    checkpointed, offloaded or logged (no critic/* metrics)."""
+    checkpointed, offloaded or logged (no critic/* metrics, no critic update time)."""
 
     models: dict[str, TrainModel] = {}
+    absent_phases = ("critic_update",)  # no perf/critic_update_s (trainer/timing.py)
 
     def start_from(self, actor: TrainModel) -> None:
         pass

@@ -3,6 +3,7 @@
     scorer = Scorer(reward_fn, tokenizer, stop_token_ids, shaping)
     results = scorer.results(rollout)       the verifier's RewardResult of each response
     batch, logs = scorer.score(rollout)     RolloutBatch of this rank; reward/*, response_length/*
+                                            (reward/errors, /timeouts: of the calls it made itself)
 
 The batch's rewards are the verifier's scores plus the overlong penalty (shaping.py), when on.
 
@@ -75,12 +76,12 @@ class Scorer:
         logs = {
             "reward/mean": total / count,
             "reward/accuracy": n_correct / count,
-            "reward/timeouts": timeouts,
-            "reward/errors": errors,
             "response_length/mean": length_sum / count,
             "response_length/max": float(max_len),
             "response_length/clip_ratio": truncated / count,
         }
+        if rollout.results is None:  # judged here; else whoever judged counts the failures (dynamic sampling:
+            logs |= {"reward/timeouts": timeouts, "reward/errors": errors}  # every round, not only the kept groups)
         if self.shaping is not None and self.shaping.buffer > 0:  # reward/mean is the verifier's; the batch adds these
             logs["reward/overlong_penalty_mean"] = penalty_sum / count
             logs["reward/overlong_fraction"] = penalized / count

@@ -9,7 +9,8 @@ right or all wrong; the verifier's score, before overlong shaping) carries no ad
 GRPO and little under PPO, and is dropped; further rounds of prompts_per_step prompts are
 generated until prompts_per_step groups are informative or rollout.max_sampling_rounds rounds
 have run. Then the step trains on the groups it kept, the first of each round in the global
-prompt order. Too few to give every DP rank algo.mini_batches groups (a mini-batch needs one),
+prompt order. reward/errors and reward/timeouts count the failed reward calls of every round,
+rollout/samples_generated the responses generated (and judged). Too few to give every DP rank algo.mini_batches groups (a mini-batch needs one),
 and the last round's dropped groups top it up to that, logged as rollout/groups_topped_up.
 
 Exactness: which groups are kept is decided globally (one all-reduce of a flag per prompt over
@@ -76,7 +77,7 @@ class StepRollouts:
         rounds: list[Rollout] = []        # this rank's rollout of each round
         firsts: list[int] = []            # the global index of this rank's first prompt, per round
         flags_per_round: list[list[bool]] = []
-        informative = 0
+        informative, errors, timeouts = 0, 0.0, 0.0  # the last two over every reward call of every round
         while len(rounds) < self.cfg.max_sampling_rounds and informative < target:
             prompts = sampler.next_batch()                                        # global, every rank alike
             rollout = self.generator.collect(prompts, seed=(seed + len(rounds) * _ROUND_SEED_STRIDE) % (2**31 - 1))
@@ -85,11 +86,15 @@ class StepRollouts:
             local = informative_groups([r.score for r in results], [o.prompt_index for o in rollout.outputs],
                                        len(rollout.prompts))
             first, _ = parallel.dp_share(prompts)
-            flags = torch.zeros(len(prompts), dtype=torch.float64)
+            # A flag per prompt, then this rank's failed reward calls: one all-reduce for both.
+            flags = torch.zeros(len(prompts) + 2, dtype=torch.float64)
             flags[first : first + len(local)] = torch.tensor(local, dtype=torch.float64)
+            flags[-2:] = torch.tensor([sum(r.error is not None for r in results), sum(r.timed_out for r in results)],
+                                      dtype=torch.float64)
             if parallel.dp_size() > 1:
                 parallel.all_reduce(flags, group=parallel.dp_group())
-            flags_per_round.append([bool(f) for f in flags.tolist()])
+            flags_per_round.append([bool(f) for f in flags[:-2].tolist()])
+            errors, timeouts = errors + float(flags[-2]), timeouts + float(flags[-1])
             rounds.append(rollout)
             firsts.append(first)
             informative += sum(flags_per_round[-1])
@@ -102,6 +107,10 @@ class StepRollouts:
             "rollout/groups_surplus": float(informative - (len(kept) - topped)),
             "rollout/groups_dropped": float(len(rounds) * target - informative),
             "rollout/groups_topped_up": float(topped),
+            "rollout/samples_generated": float(len(rounds) * target * self.cfg.n_samples),  # each judged once
+            # Every round's reward calls, the dropped groups' too (the scorer counts none of them again).
+            "reward/errors": errors,
+            "reward/timeouts": timeouts,
         }
         if informative < target and parallel.is_rank0():
             print(f"[vapo] dynamic sampling: {informative} informative groups of {target} after "

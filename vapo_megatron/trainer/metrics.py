@@ -18,6 +18,9 @@ from vapo_megatron.trainer import timing
 # The progress bar's figures: metric -> its label there (every label says what it is).
 SFT_SHOWN = {"sft/nll_loss": "nll", "sft/train_accuracy": "train_accuracy"}
 RL_SHOWN = {"reward/mean": "reward", "critic/explained_variance": "explained_variance", "eval/accuracy": "eval_accuracy"}
+# The run's final eval, once per run: when a finished run is extended (a larger trainer.total_steps),
+# its earlier final eval's record keeps its figures, its eval/accuracy_final renamed to this.
+FINAL, SUPERSEDED_FINAL = "eval/accuracy_final", "eval/accuracy_before_extension"
 
 
 class MetricsLogger:
@@ -36,7 +39,7 @@ class MetricsLogger:
         if not enabled:
             return
         os.makedirs(run_dir, exist_ok=True)
-        kept = self._truncate(start_step, sft_start, finished)
+        kept = self._truncate(start_step, sft_start, finished, extended=finished and start_step < total_steps)
         if wandb is not None:  # what a killed attempt logged but W&B never wrote (wandb_run.py)
             wandb.backfill(kept)
         if tensorboard:
@@ -48,11 +51,12 @@ class MetricsLogger:
             self.tb_sft = SummaryWriter(os.path.join(run_dir, "tensorboard", "sft"), purge_step=sft_start + 1)
         self.bar = tqdm(total=total_steps, initial=start_step, desc="vapo", dynamic_ncols=True)
 
-    def _truncate(self, step: int, sft_step: int, finished: bool) -> list[dict]:
+    def _truncate(self, step: int, sft_step: int, finished: bool, *, extended: bool) -> list[dict]:
         """Keep the records of the steps the run resumes after: RL records up to `step`, SFT
         records up to `sft_step`, the final eval only when the run has finished (else it is done
         again); nothing on a fresh start (a crash before the first checkpoint leaves records that
-        the new attempt writes again). Returns the records kept."""
+        the new attempt writes again). `extended`: a finished run trains on, so its final eval is
+        not the last: its record is kept with FINAL renamed SUPERSEDED_FINAL. Returns the records kept."""
         if not os.path.exists(self.path):
             return []
         with open(self.path) as f:
@@ -65,8 +69,11 @@ class MetricsLogger:
                 continue
             r = json.loads(line)
             redone = (r["step"] > step or (r["phase"] == "sft" and r.get("sft_step", 0) > sft_step)
-                      or ("eval/accuracy_final" in r and not finished))
+                      or (FINAL in r and not finished))
             if not redone and (step > 0 or sft_step > 0):
+                if extended and FINAL in r:
+                    r[SUPERSEDED_FINAL] = r.pop(FINAL)
+                    line = json.dumps(r) + "\n"
                 keep.append(line)
         write_atomic(self.path, "".join(keep))
         return [json.loads(line) for line in keep]

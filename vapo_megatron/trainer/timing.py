@@ -38,19 +38,28 @@ def _device_sync() -> None:
 
 
 class PhaseTimer:
-    def __init__(self) -> None:
-        self._spent = dict.fromkeys(PHASES, 0.0)
+    """`absent`: phases this run does not have (a run without a critic has no critic update): not
+    logged at all, and a block timed under one counts in perf/other_s."""
+
+    def __init__(self, absent: tuple[str, ...] = ()) -> None:
+        if unknown := [p for p in absent if p not in PHASES]:
+            raise KeyError(f"unknown phases {unknown}; phases: {', '.join(PHASES)}")
+        self.phases = tuple(p for p in PHASES if p not in absent)
+        self._spent = dict.fromkeys(self.phases, 0.0)
         self._t0: float | None = None
 
     def start(self) -> None:
         _device_sync()
-        self._spent = dict.fromkeys(PHASES, 0.0)
+        self._spent = dict.fromkeys(self.phases, 0.0)
         self._t0 = time.perf_counter()
 
     @contextmanager
     def __call__(self, phase: str):
-        if phase not in self._spent:
+        if phase not in PHASES:
             raise KeyError(f"unknown phase {phase!r}; phases: {', '.join(PHASES)}")
+        if phase not in self._spent:  # absent from this run
+            yield
+            return
         _device_sync()
         t = time.perf_counter()
         try:
@@ -66,7 +75,7 @@ class PhaseTimer:
         _device_sync()
         now = time.perf_counter()
         step, spent = now - self._t0, self._spent
-        self._spent, self._t0 = dict.fromkeys(PHASES, 0.0), now
+        self._spent, self._t0 = dict.fromkeys(self.phases, 0.0), now
         logs = {f"perf/{name}_s": s for name, s in spent.items()}
         logs["perf/other_s"] = max(step - sum(spent.values()), 0.0)
         logs["perf/step_s"] = step

@@ -21,7 +21,7 @@ import torch
 from model_providers import read_hf_config
 from vapo_megatron.algorithms.advantages import ESTIMATORS
 from vapo_megatron.checkpoint.manager import CheckpointManager
-from vapo_megatron.config import Config, resume, to_dict
+from vapo_megatron.config import Config, resume, run_record
 from vapo_megatron.config.determinism import determinism_env
 from vapo_megatron.data.datasets import Datasets, repeat_warnings, stop_token_ids
 from vapo_megatron.data.prompts import PromptSampler
@@ -92,7 +92,7 @@ class Trainer:
         else:  # the state stays on the GPU beside the engine's share (rollout.sglang_mem_fraction)
             check_engine_share(cfg, list(self.models.values()))
         self.state = RunState(sampler=PromptSampler(self.data.train, cfg.rollout.prompts_per_step, cfg.data.seed))
-        self.checkpoints = CheckpointManager(t.run_dir, self.models, config=to_dict(cfg))
+        self.checkpoints = CheckpointManager(t.run_dir, self.models, config=run_record(cfg))
         self.checkpoints.load(self.state)                                     # resume, when there is a checkpoint
         # Only now: a refused or failed resume must not rewrite the run's record, nor a rerun of a
         # finished run that has nothing to train (its record keeps the settings it ran with).
@@ -102,7 +102,7 @@ class Trainer:
                                     sft_start=self.state.sft_steps_done, finished=self.state.finished,
                                     enabled=parallel.is_rank0(),
                                     tensorboard=t.tensorboard, wandb=self._start_wandb(), sft_steps=cfg.sft.steps)
-        self.timer = PhaseTimer()  # perf/<phase>_s of every step (timing.py)
+        self.timer = PhaseTimer(absent=self.critic.absent_phases)  # perf/<phase>_s of every step (timing.py)
         if self.state.iteration == 0 and self.state.sft_steps_done == 0:  # a fresh run: once
             self.logger.log(0, "data", self.data.stats)
         if parallel.is_rank0():
@@ -311,7 +311,7 @@ class Trainer:
             return None
         from vapo_megatron.trainer.wandb_run import WandbTracker
 
-        return WandbTracker.start(self.cfg.trainer.wandb, self.cfg.trainer.run_dir, to_dict(self.cfg))
+        return WandbTracker.start(self.cfg.trainer.wandb, self.cfg.trainer.run_dir, run_record(self.cfg))
 
     def _rollout_seed(self) -> int:
         # A pure function of (seed, iteration, DP rank): a resumed run samples the same rollouts.

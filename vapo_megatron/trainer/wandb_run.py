@@ -1,6 +1,6 @@
 """Weights & Biases tracking of a run (trainer.wandb; off by default), on global rank 0 only.
 
-    tracker = WandbTracker.start(cfg.trainer.wandb, run_dir, to_dict(cfg))   # None: not tracking
+    tracker = WandbTracker.start(cfg.trainer.wandb, run_dir, run_record(cfg))   # None: not tracking
     tracker.log(step, metrics)      # what MetricsLogger writes to metrics.jsonl, same names and step
     tracker.finish()
 

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import importlib.util
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -171,11 +173,25 @@ def tabulate(bench: Bench, summaries: list[dict], variants: list[str], study: di
             figure(summaries, Path(bench.a.figure) if bench.a.figure else bench.out / "learning.png")
 
 
+def output_problems(a: argparse.Namespace, study: dict | None) -> list[str]:
+    """What would fail only at the end, after the runs: the figure's library, unwritable outputs."""
+    out = [] if importlib.util.find_spec("matplotlib") else ["matplotlib is not installed; the figure needs it"]
+    for flag, path in (("--out", a.out), ("--summaries", a.summaries), ("--figure", a.figure and Path(a.figure).parent)):
+        p = Path(path).resolve() if path else None
+        while p is not None and not p.exists():
+            p = p.parent
+        if p is not None and not (p.is_dir() and os.access(p, os.W_OK | os.X_OK)):
+            out.append(f"{flag} {path}: {p} is not a writable directory")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     a, variants, study = parse(argv)
     try:
         bench = Bench(a)
         plan = order(study, variants, a.seeds)
+        if not a.dry_run and (problems := output_problems(a, study)):
+            raise BadInput(problems[0])
         if a.report:
             sources = [p for p in (Path(a.summaries) if a.summaries else None, bench.out) if p]
             if not any(p.is_dir() for p in sources):

@@ -128,7 +128,7 @@ def test_a_committed_summary_is_reused_only_when_its_record_matches(capsys, tmp_
     assert rc == 2 and "has no record" in err, err
 
 
-def test_t_intervals_and_the_paired_table_against_hand_computed_values(tmp_path):
+def test_t_intervals_and_the_paired_table_against_hand_computed_values(tmp_path, capsys):
     m, lo, hi = t_interval([0.1, 0.2, 0.3])  # sd 0.1, t(0.975, 2) = 4.303: 0.2 ± 0.4303 / sqrt(3) = 0.24843
     assert (round(m, 5), round(lo, 5), round(hi, 5)) == (0.2, -0.04843, 0.44843)
     assert t_interval([0.5]) is None
@@ -142,6 +142,14 @@ def test_t_intervals_and_the_paired_table_against_hand_computed_values(tmp_path)
     text = study_report(rows, STUDIES["critic"], ["vapo", "vapo_no_critic"])
     assert ("| vapo - vapo_no_critic | 5 | +0.040 | [+0.020, +0.060] | above 0 | 101: +0.020, 102: +0.050, 103: +0.030, "
             "104: +0.040, 105: +0.060 |") in text, text
+    sums = tmp_path / "sums"  # --report builds it from the committed summaries alone
+    sums.mkdir()
+    for r in rows:
+        (sums / f"{r['variant']}_seed{r['seed']}.json").write_text(json.dumps(r))
+    rc, out, err = call(["--study", "critic", "--report", "--out", str(tmp_path / "out"), "--summaries", str(sums)], capsys)
+    assert rc == 0 and "| vapo - vapo_no_critic | 5 | +0.040 | [+0.020, +0.060] | above 0 |" in out, out + err
+    assert "| dapo |  | - | not run |" in out and (sums / "report.md").read_text() == out, out
+    assert (sums / "curves.png").stat().st_size > 0
 
 
 def test_eval_and_curve_figures_against_hand_computed_values(tmp_path):
@@ -197,3 +205,9 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_outputs_that_would_fail_at_the_end_are_refused_at_the_start(capsys, tmp_path, no_work):
+    (tmp_path / "file").write_text("")
+    rc, _, err = call(["--out", str(tmp_path / "out"), "--summaries", str(tmp_path / "file" / "sums")], capsys)
+    assert rc == 2 and err.count("\n") == 1 and "--summaries" in err and "not a writable directory" in err, err

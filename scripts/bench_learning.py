@@ -1,386 +1,228 @@
-"""The learning benchmark (issue 31): the VAPO paper's ablation rows, seeds x variants, on one task.
+"""The learning benchmark (issues 31 and 45): rows of VARIANTS x seeds on the chain task, or a
+pre-registered study (STUDIES, scripts/bench_variants.py).
 
     python scripts/bench_learning.py --variants vapo,vanilla_ppo --seeds 0,1,2 [--steps N] [--jobs K]
-    python scripts/bench_learning.py --dry-run          the commands, nothing run
-    python scripts/bench_learning.py --report           the table and figure of what has finished
+    python scripts/bench_learning.py --study critic --out DIR      the critic study, resumable
+    python scripts/bench_learning.py --study critic --report       its tables and figure from the summaries
+    python scripts/bench_learning.py --dry-run                     the commands, nothing run
 
-Every variant is one row of VARIANTS: dotted overrides ("set") on the base config (--config,
-configs/chain_cpu.yaml by default) and keys of the base config to drop ("unset": the key returns
-to its schema default, e.g. the grpo rows drop the critic-only settings the base config tunes,
-which a grpo config refuses). The harness writes each run's configuration as a YAML of its own,
-OUT/<variant>/seed<k>/bench.yaml (the base with the unset keys removed), then starts
-`torchrun --nproc-per-node 2 -m vapo_megatron.train --config bench.yaml <set> <seed overrides>`
-with trainer.run_dir=OUT/<variant>/seed<k>. Same sample budget for every variant: total steps x
-prompts_per_step x n_samples (no_group_sampling multiplies prompts_per_step by the base's group
-size); the optimizer settings are the base's.
+Each run: OUT/<variant>/seed<k>, its config the base YAML without the row's unset keys
+(bench.yaml), trained by `torchrun -m vapo_megatron.train` with the row's overrides. Seed k has
+its own data and random-init model (make_demo_data.py --seed k, OUT/data/seed<k>; --data-seed N
+shares one) and, when the config has an SFT, its own warm start (OUT/warm/seed<k>), from whose
+HF export every row of the seed starts RL with sft.steps=0. A row with a critic of its own
+("critic") gets a bigger random-init model of the seed, given the same warm start
+(OUT/warm/seed<k>_critic<size>), as model.critic_hf_path.
 
-Seeds: seed k writes the task's data, tokenizer and random-init model once, OUT/data/seed<k>
-(`make_demo_data.py --task TASK --seed k`), shared by every variant of that seed, and sets
-trainer.seed=k and data.seed=k.
+Records: every run, warm start and summary records what it was made with (bench_runs.py). Before
+any work, a run made with other settings than this command's is refused with one line, exit 2
+(never retrained over, nor tabled beside the others); so are bad flags and settings the trainer
+would refuse. Resumes: a finished run is never trained again, and one whose summary is already
+in --summaries with a matching record is not even needed; a killed run resumes from its last
+checkpoint. The harness's children die with it (a kill -9 included).
 
-Resumes: a run whose latest checkpoint says finished (state.json's state.finished, written after
-the final eval and HF export) is never trained again; a killed run is started again with the same
-command and the trainer resumes it from its last checkpoint. A run that fails is reported as failed
-(its log: OUT/<variant>/seed<k>/bench.log) and the others go on.
-
-After training, the exported model (run_dir/hf) is evaluated by vapo-eval on the short- and
-long-chain held-out files (eval_short.jsonl, eval_long.jsonl; chain task only): greedy accuracy
-and avg@K (K = eval.n_samples, at the training temperature). Each finished run gets
-OUT/<variant>/seed<k>/summary.json (also copied to --summaries, small files to commit); the table
-(mean, std and min-max over seeds) is printed and written to OUT/table.md, and --figure draws the
-held-out eval/accuracy against the RL step (mean and min-max band per variant).
+After training, vapo-eval evaluates the HF export once, on all of data/eval.jsonl (avg@K at the
+training temperature, greedy accuracy), and the short/long chains' figures come from the same
+samples; with --credit (the study's default), scripts/credit_diagnostics.py runs on every run
+with a critic. RUN/summary.json is copied to --summaries (small files to commit). The table goes
+to OUT/table.md (a study's report, with paired differences and t-intervals, to
+SUMMARIES/report.md), the figure to --figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
+import importlib.util
 import os
 import shlex
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench_learning_report import figure, table  # noqa: E402  (scripts/, beside this file)
+from bench_harness import Bench  # noqa: E402  (scripts/, beside this file)
+from bench_learning_report import STUDY_COLUMNS, figure, seed_figure, study_report, table  # noqa: E402
+from bench_variants import STUDIES, VARIANTS, BadInput, base_settings, derived_yaml, has_critic, resolve  # noqa: E402
 
-from vapo_megatron.config.checks import CRITIC_ONLY as CRITIC_ONLY_SETTINGS  # noqa: E402
-
-# The value-free rows drop every critic-only key of the base config (algo.estimator=grpo refuses them).
-CRITIC_ONLY = list(CRITIC_ONLY_SETTINGS)
-VARIANTS: dict[str, dict] = {
-    "vapo": {"set": []},
-    "no_value_pretrain": {"set": ["algo.value_pretrain_steps=0"]},
-    "no_decoupled_gae": {"set": ["algo.decoupled_gae=false"]},
-    "no_length_adaptive": {"set": ["algo.length_adaptive=false", "algo.lambda_policy=0.95"]},
-    "no_clip_higher": {"set": ["algo.eps_high=EPS_LOW"]},
-    "no_token_loss": {"set": ["algo.loss_agg=sample"]},
-    "no_nll": {"set": ["algo.nll_coef=0"]},
-    "no_group_sampling": {"set": ["rollout.n_samples=1", "rollout.prompts_per_step=PROMPTS_X_GROUP"]},
-    "vanilla_ppo": {"set": ["algo.value_pretrain_steps=0", "algo.decoupled_gae=false", "algo.length_adaptive=false",
-                            "algo.lambda_policy=0.95", "algo.eps_high=EPS_LOW", "algo.loss_agg=sample",
-                            "algo.nll_coef=0", "rollout.n_samples=1", "rollout.prompts_per_step=PROMPTS_X_GROUP"]},
-    "grpo": {"set": ["algo.estimator=grpo", "algo.value_pretrain_steps=0"], "unset": CRITIC_ONLY},
-    "dapo": {"set": ["algo.estimator=grpo", "algo.value_pretrain_steps=0", "rollout.dynamic_sampling=true",
-                     "reward.overlong_buffer=OVERLONG"], "unset": CRITIC_ONLY},
-}
-BUCKETS = ("short", "long")
+__all__ = ["VARIANTS", "Bench", "base_settings", "derived_yaml", "main", "resolve"]
 
 
-def base_settings(config: Path, overrides: list[str]) -> dict:
-    """The base config's resolved settings, --set overrides applied (schema defaults filled in)."""
-    from vapo_megatron.config.load import parse_config, to_dict
-
-    cfg, problems = parse_config(str(config), overrides)
-    if problems:
-        sys.exit(f"{config}: " + "; ".join(problems))
-    return to_dict(cfg)
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2
+        print(f"bench_learning: error: {message}", file=sys.stderr)
+        sys.exit(2)
 
 
-def resolve(variant: str, base: dict) -> tuple[list[str], list[str]]:
-    """(overrides, unset keys) of a variant, its placeholders filled from the base settings."""
-    r, a = base["rollout"], base["algo"]
-    fill = {"EPS_LOW": str(a["eps_low"]), "PROMPTS_X_GROUP": str(r["prompts_per_step"] * r["n_samples"]),
-            "OVERLONG": str(max(1, r["max_new_tokens"] // 8))}
-    out = []
-    for item in VARIANTS[variant]["set"]:
-        key, value = item.split("=", 1)
-        out.append(f"{key}={fill.get(value, value)}")
-    return out, list(VARIANTS[variant].get("unset", []))
+def positive(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(text)
 
 
-def derived_yaml(config: Path, unset: list[str]) -> str:
-    """The base config's YAML text without the unset keys (a dropped key takes its default)."""
-    import yaml
-
-    data = yaml.safe_load(config.read_text()) or {}
-    for key in unset:
-        *parents, last = key.split(".")
-        node = data
-        for p in parents:
-            node = node.get(p) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(last, None)
-    return f"# {config} with {', '.join(unset) or 'nothing'} removed (scripts/bench_learning.py)\n" + yaml.safe_dump(data, sort_keys=False)
+def seed_list(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more seeds >= 0")
+    return seeds
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        return s.bind(("127.0.0.1", 0)) or s.getsockname()[1]
-
-
-class Bench:
-    def __init__(self, a: argparse.Namespace):
-        self.a = a
-        self.out = Path(a.out)
-        self.config = Path(a.config)
-        self.base = base_settings(self.config, a.set)
-        self.py = sys.executable
-        self.warm = self.base["sft"]["steps"] > 0
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-    def warm_dir(self, seed: int) -> Path:
-        return self.out / "warm" / f"seed{self.data_seed(seed)}"
-
-    def data_seed(self, seed: int) -> int:
-        return seed if self.a.data_seed is None else self.a.data_seed
-
-    def data_dir(self, seed: int) -> Path:
-        return self.out / "data" / f"seed{self.data_seed(seed)}"
-
-    def run_dir(self, variant: str, seed: int) -> Path:
-        return self.out / variant / f"seed{seed}"
-
-    def data_cmd(self, seed: int) -> list[str]:
-        return [self.py, str(ROOT / "scripts" / "make_demo_data.py"), "--task", self.a.task, "--seed", str(self.data_seed(seed)),
-                "--out", str(self.data_dir(seed)), *shlex.split(self.a.data_args)]
-
-    def train_cmd(self, variant: str | None, seed: int) -> list[str]:
-        """variant None: the seed's warm start (the base config's SFT, no RL step, the HF export)."""
-        d = self.data_dir(seed)
-        if variant is None:
-            run, config, model = self.warm_dir(seed), self.config, f"{d}/model"
-            sets = ["trainer.total_steps=0", "algo.value_pretrain_steps=0"]
-            seed = self.data_seed(seed)
-        else:
-            run, config = self.run_dir(variant, seed), self.run_dir(variant, seed) / "bench.yaml"
-            model = f"{self.warm_dir(seed)}/hf" if self.warm else f"{d}/model"
-            sets = (["sft.steps=0"] if self.warm else []) + resolve(variant, self.base)[0]
-            sets = [f"trainer.total_steps={self.a.steps}"] * (self.a.steps is not None) + sets
-        return [self.py, "-m", "torch.distributed.run", "--nproc-per-node", str(self.a.nproc), "--master-addr",
-                "127.0.0.1", "--master-port", "PORT", "-m", "vapo_megatron.train", "--config", str(config),
-                f"trainer.run_dir={run}", f"model.hf_path={model}", f"data.train_files=[{d}/train.jsonl]",
-                f"data.eval_files=[{d}/eval.jsonl]", f"sft.files=[{d}/sft.jsonl]", f"trainer.seed={seed}",
-                f"data.seed={seed}", *self.a.set, *sets]
-
-    def do_warm(self, seed: int) -> dict:
-        """The seed's warm start, once for every variant: they all start RL from its run_dir/hf."""
-        run = self.warm_dir(seed)
-        run.mkdir(parents=True, exist_ok=True)
-        times = self.times(run)
-        if not self.finished(run):
-            times = self.train(None, seed, run, times)
-        if self.finished(run):
-            self.bucket_evals(run, seed)  # the starting point's short/long figures (the table's first row)
-        return times | {"finished": self.finished(run)}
-
-    def bucket_evals(self, run: Path, seed: int) -> dict | str:
-        """vapo-eval of run/hf on the short and long held-out chains: {bucket: summary}, or what failed."""
-        out = {}
-        for b in BUCKETS if self.a.task == "chain" else ():
-            if not (run / f"eval_{b}" / "summary.json").exists():
-                rc, _, _ = self.sh(self.eval_cmd(run, seed, b), run / "bench.log")
-                if rc != 0:
-                    return f"vapo-eval on eval_{b}.jsonl failed (bench.log)"
-            out[b] = json.loads((run / f"eval_{b}" / "summary.json").read_text())
-        return out
-
-    def train(self, variant: str | None, seed: int, run: Path, times: dict) -> dict:
-        """One attempt at the run (a resume if it was killed); its times are added to `times`."""
-        cmd = [str(free_port()) if w == "PORT" else w for w in self.train_cmd(variant, seed)]
-        rc, wall, cpu = self.sh(cmd, run / "bench.log")
-        times = {"wall_s": times["wall_s"] + wall, "cpu_s": times["cpu_s"] + cpu, "attempts": times["attempts"] + 1}
-        (run / "bench_time.json").write_text(json.dumps(times))
-        return times | {"returncode": rc}
-
-    @staticmethod  # what the run's attempts have cost so far
-    def times(run: Path) -> dict:
-        p = run / "bench_time.json"
-        return json.loads(p.read_text()) if p.exists() else {"wall_s": 0.0, "cpu_s": 0.0, "attempts": 0}
-
-    def settings(self, run: Path) -> dict:
-        """The run's own resolved settings (run_dir/config.yaml, the trainer's), else the base's."""
-        import yaml
-
-        return yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").exists() else self.base
-
-    def eval_cmd(self, run: Path, seed: int, bucket: str) -> list[str]:
-        cfg = self.settings(run)
-        r, e, rw = cfg["rollout"], cfg["eval"], cfg["reward"]
-        temp = r["temperature"] if e["temperature"] is None else e["temperature"]
-        return [self.py, "-m", "vapo_megatron.eval", "--model", str(run / "hf"), "--data",
-                str(self.data_dir(seed) / f"eval_{bucket}.jsonl"), "--out", str(run / f"eval_{bucket}"),
-                "--n-samples", str(self.a.eval_k or e["n_samples"]), "--temperature", str(temp), "--greedy",
-                "--max-new-tokens", str(r["max_new_tokens"]), "--reward", rw["fn"], "--correct-score",
-                str(rw["correct_score"]), "--incorrect-score", str(rw["incorrect_score"]), "--seed", str(seed)]
-
-    @staticmethod
-    def finished(run: Path) -> bool:
-        try:
-            latest = (run / "checkpoints" / "latest").read_text().strip()
-            return bool(json.loads((run / "checkpoints" / latest / "state.json").read_text())["state"]["finished"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return False
-
-    def sh(self, cmd: list[str], log: Path) -> tuple[int, float, float]:
-        """(exit code, wall s, CPU s of the command and its children), output appended to `log`."""
-        start = time.time()
-        with open(log, "a") as f:
-            f.write(f"\n$ {shlex.join(cmd)}\n")
-            f.flush()
-            p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=self.env)
-            _, status, usage = os.wait4(p.pid, 0)
-            p.returncode = os.waitstatus_to_exitcode(status)
-        return p.returncode, time.time() - start, usage.ru_utime + usage.ru_stime
-
-    def do_run(self, variant: str, seed: int) -> dict:
-        run = self.run_dir(variant, seed)
-        if (run / "summary.json").exists() and self.finished(run):
-            return json.loads((run / "summary.json").read_text())
-        run.mkdir(parents=True, exist_ok=True)
-        _, unset = resolve(variant, self.base)
-        (run / "bench.yaml").write_text(derived_yaml(self.config, unset))
-        times = self.times(run)
-        if self.warm and not self.finished(self.warm_dir(seed)):
-            return {"variant": variant, "seed": seed, "status": "failed", "returncode": None,
-                    "log_tail": [f"the warm start failed: {self.warm_dir(seed) / 'bench.log'}"]}
-        if not self.finished(run):
-            times = self.train(variant, seed, run, times)
-            rc = times.pop("returncode")
-            if rc != 0 or not self.finished(run):
-                tail = (run / "bench.log").read_text(errors="replace").strip().splitlines()[-3:]
-                return {"variant": variant, "seed": seed, "status": "failed", "returncode": rc, "log_tail": tail,
-                        "needs": VARIANTS[variant].get("needs")}
-        buckets = self.bucket_evals(run, seed)
-        if isinstance(buckets, str):
-            return {"variant": variant, "seed": seed, "status": "failed", "log_tail": [buckets]}
-        summary = self.summarize(variant, seed, run, times, buckets)
-        (run / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        if self.a.summaries:
-            dest = Path(self.a.summaries) / f"{variant}_seed{seed}.json"
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_text(json.dumps(summary, indent=1) + "\n")
-        return summary
-
-    def warm_summary(self, seed: int) -> dict:
-        run = self.warm_dir(seed)
-        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        sft = [r for r in records if r.get("phase") == "sft"]
-        final = next((r for r in reversed(records) if "eval/accuracy_final" in r), {})
-        t = self.times(run)
-        buckets = {b: json.loads((run / f"eval_{b}" / "summary.json").read_text()) for b in BUCKETS
-                   if (run / f"eval_{b}" / "summary.json").exists()}
-        return self.bucket_figures(buckets) | {"sft_steps": sft[-1]["sft_step"] if sft else 0, "train_accuracy": next(
-                    (r["sft/train_accuracy"] for r in reversed(sft) if "sft/train_accuracy" in r), None),
-                "eval_accuracy": final.get("eval/accuracy"),
-                "eval_avg@K": final.get(f"eval/avg@{self.settings(run)['eval']['n_samples']}"),
-                "wall_s": round(t["wall_s"], 1), "cpu_s": round(t["cpu_s"], 1)}
-
-    def summarize(self, variant: str, seed: int, run: Path, times: dict, buckets: dict) -> dict:
-        cfg = self.settings(run)
-        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        curve = [[r["step"], r["eval/accuracy"]] for r in records if "eval/accuracy" in r]
-        final = next((r for r in reversed(records) if "eval/accuracy_final" in r), {})
-        k = cfg["eval"]["n_samples"]
-        out = {
-            "variant": variant, "seed": seed, "status": "finished", "overrides": resolve(variant, self.base)[0],
-            "unset": resolve(variant, self.base)[1], "steps": cfg["trainer"]["total_steps"],
-            "samples": cfg["trainer"]["total_steps"] * cfg["rollout"]["prompts_per_step"] * cfg["rollout"]["n_samples"],
-            "wall_s": round(times["wall_s"], 1), "cpu_s": round(times["cpu_s"], 1), "attempts": times["attempts"],
-            "warm_start": self.warm_summary(seed) if self.warm else None,
-            "eval_k": k, "accuracy": final.get("eval/accuracy"), "avg@K": final.get(f"eval/avg@{k}"),
-            "curve": curve,
-        }
-        return out | self.bucket_figures(buckets)
-
-    @staticmethod
-    def bucket_figures(buckets: dict) -> dict:
-        out = {}
-        for b, s in buckets.items():
-            out |= {f"{b}_prompts": s["prompts"], f"{b}_accuracy": s.get("greedy_accuracy"),
-                    f"{b}_avg@K": s[f"avg@{s['samples_per_prompt']}"], f"{b}_mean_length": s.get("response_length/mean")}
-        return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], dict | None]:
+    ap = Parser(prog="bench_learning.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "configs" / "chain_cpu.yaml"), help="the base config")
-    ap.add_argument("--variants", default="vapo", help=f"comma-separated, of: {','.join(VARIANTS)}")
-    ap.add_argument("--seeds", default="0", help="comma-separated seeds")
+    ap.add_argument("--study", choices=sorted(STUDIES), default=None, help="a pre-registered design: its seeds, arms, "
+                    "order, vapo-eval K, --summaries and the report (docs/benchmarks.md)")
+    ap.add_argument("--variants", default=None, help=f"comma-separated, of: {','.join(VARIANTS)} (default vapo; a study: its arms)")
+    ap.add_argument("--seeds", type=seed_list, default=None, help="comma-separated seeds (default 0; a study: its seeds)")
     ap.add_argument("--steps", type=int, default=None, help="trainer.total_steps (default: the config's)")
-    ap.add_argument("--jobs", type=int, default=1, help="runs at a time (each is --nproc processes)")
-    ap.add_argument("--nproc", type=int, default=2, help="torchrun processes per run")
-    ap.add_argument("--out", default=str(ROOT / "runs" / "bench"), help="runs, data and table")
+    ap.add_argument("--jobs", type=positive, default=1, help="runs at a time (each is --nproc processes)")
+    ap.add_argument("--nproc", type=positive, default=2, help="torchrun processes per run")
+    ap.add_argument("--out", default=None, help="runs, data and table (default runs/bench; a study: required, "
+                    "outside the repository)")
     ap.add_argument("--data-seed", type=int, default=None,
                     help="one data set, model init and warm start for every seed (default: each seed its own)")
-    ap.add_argument("--task", default="chain", help="make_demo_data.py --task (chain: short/long evals)")
+    ap.add_argument("--task", default="chain", help="make_demo_data.py --task (chain: short/long figures)")
     ap.add_argument("--data-args", default="", help="more make_demo_data.py arguments, one string")
     ap.add_argument("--set", action="append", default=[], help="an override for every variant (repeatable)")
-    ap.add_argument("--eval-k", type=int, default=None, help="vapo-eval's K (default: the config's eval.n_samples)")
-    ap.add_argument("--summaries", default=None, help="also copy each run's summary.json here")
+    ap.add_argument("--eval-k", type=positive, default=None, help="vapo-eval's K (default: the config's eval.n_samples)")
+    ap.add_argument("--credit", action="store_true", help="credit diagnostics of every run with a critic")
+    ap.add_argument("--summaries", default=None, help="also copy each run's summary.json here (and reuse them)")
     ap.add_argument("--figure", default=None, help="PNG of held-out accuracy vs step (default OUT/learning.png)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--report", action="store_true", help="only tabulate runs that have a summary")
     a = ap.parse_args(argv)
-    variants = [v for v in a.variants.split(",") if v]
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        ap.error(f"unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}")
-    seeds = [int(s) for s in a.seeds.split(",") if s]
-    bench = Bench(a)
-    if a.dry_run:
-        for s in seeds:
-            print(shlex.join(bench.data_cmd(s)))
+    study = STUDIES.get(a.study)
+    if study:
+        if a.data_seed is not None:
+            ap.error("--data-seed: a study's unit is the warm start, every seed has its own")
+        arms = study["primary"] + study["mechanism"]
+        a.seeds, a.variants = a.seeds or study["seeds"], a.variants or ",".join(arms)
+        a.eval_k, a.credit = a.eval_k or study["eval_k"], True
+        a.summaries = a.summaries or str(ROOT / study["summaries"])
+        a.figure = a.figure or str(Path(a.summaries) / "curves.png")
+        if a.out is None and not a.report:
+            ap.error(f"--study {a.study}: give --out DIR, a directory outside the repository for its runs")
+        if a.out and Path(a.out).resolve().is_relative_to(ROOT):
+            ap.error(f"--out {a.out}: inside the repository; a study's runs go outside it (its summaries come back)")
+        a.out = a.out or a.summaries
+        if others := [v for v in a.variants.split(",") if v and v not in arms]:
+            ap.error(f"--variants {','.join(others)}: not arms of the {a.study} study ({', '.join(arms)})")
+    a.seeds, a.out = a.seeds or [0], a.out or str(ROOT / "runs" / "bench")
+    variants = [v for v in (a.variants or "vapo").split(",") if v]
+    if unknown := [v for v in variants if v not in VARIANTS]:
+        ap.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    if a.data_seed is not None and a.data_seed < 0:
+        ap.error(f"--data-seed {a.data_seed}: must be >= 0")
+    return a, variants, study
+
+
+def order(study: dict | None, variants: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    """(variant, seed) in the order they run: a study's primary arms over all seeds, then its mechanism arms."""
+    blocks = [study["primary"], study["mechanism"]] if study else [variants]
+    return [(v, s) for block in blocks for s in seeds for v in block if v in variants]
+
+
+def dry_run(bench: Bench, plan: list[tuple[str, int]]) -> None:
+    said = set()
+
+    def say(key, what: str, cmd: list[str]) -> None:
+        if key not in said:
+            said.add(key)
+            print(f"# {what}\n{shlex.join(cmd)}")
+
+    for v, s in plan:
+        d = bench.data_seed(s)
+        for c in dict.fromkeys([None, VARIANTS[v].get("critic")]):
+            tail = f", the {c} critic's model" if c else ""
+            say(("data", d, c), f"data of seed {d}{tail}", bench.data_cmd(s, c))
             if bench.warm:
-                print(f"# the warm start of seed {s}, shared by its variants (RL starts from its hf/)")
-                print(shlex.join(bench.train_cmd(None, s)))
-            for v in variants:
-                _, unset = resolve(v, bench.base)
-                print(f"# {v}, seed {s}: {bench.run_dir(v, s) / 'bench.yaml'} = {a.config}" + (f" without {', '.join(unset)}" if unset else ""))
-                print(shlex.join(bench.train_cmd(v, s)))
-                if a.task == "chain":
-                    for b in BUCKETS:
-                        print(shlex.join(bench.eval_cmd(bench.run_dir(v, s), s, b)))
-        return 0
-    pairs = [(v, s) for s in seeds for v in variants]
-    if a.report:
-        summaries = [json.loads((bench.run_dir(v, s) / "summary.json").read_text()) for v, s in pairs
-                     if (bench.run_dir(v, s) / "summary.json").exists()]
-    else:
-        for s in dict.fromkeys(map(bench.data_seed, seeds)):
-            meta = bench.out / "data" / f"seed{s}" / "meta.json"
-            if not (meta.exists() and json.loads(meta.read_text()).get("seed") == s):
-                subprocess.run(bench.data_cmd(s), check=True, cwd=ROOT, env=bench.env, stdout=subprocess.DEVNULL)
-        with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
-            if bench.warm:
-                warm_seeds = list(dict.fromkeys(map(bench.data_seed, seeds)))
-                for s, w in zip(warm_seeds, pool.map(bench.do_warm, warm_seeds)):
-                    print(f"[bench] warm start, seed {s}: " + ("done" if w["finished"] else "FAILED")
-                          + f", wall {w['wall_s']:.0f} s", flush=True)
-            futures = {pool.submit(bench.do_run, v, s): (v, s) for v, s in pairs}
-            for f in concurrent.futures.as_completed(futures):
-                s = f.result()
-                print(f"[bench] {s['variant']} seed {s['seed']}: {s['status']}"
-                      + (f", accuracy {s['accuracy']}, wall {s['wall_s']} s" if s["status"] == "finished" else f" ({s.get('log_tail')})"),
-                      flush=True)
-        summaries = [_read(bench, v, s) for v, s in pairs]
-    summaries = [s for s in summaries if s]
+                say(("warm", d, c), f"warm start of seed {d}{tail}", bench.train_cmd(None, s, c))
+                if c is None:
+                    say(("warm eval", d), f"vapo-eval of seed {d}'s warm start", bench.eval_cmd(bench.warm_dir(s), s))
+        unset = resolve(v, bench.base)[1]
+        print(f"# {v}, seed {s}: {bench.run_dir(v, s) / 'bench.yaml'} = {bench.config}" + (f" without {', '.join(unset)}" if unset else ""))
+        print(shlex.join(bench.train_cmd(v, s)))
+        print(shlex.join(bench.eval_cmd(bench.run_dir(v, s), s)))
+        if bench.a.credit and has_critic(v):
+            print(shlex.join(bench.credit_cmd(bench.run_dir(v, s))))
+
+
+def tabulate(bench: Bench, summaries: list[dict], variants: list[str], study: dict | None) -> None:
+    """The table (a study's report) and the figure, of the finished runs among `summaries`."""
     warm = {}  # the starting point of every row: the warm start's own figures, once per data seed
     for s in summaries:
-        if s.get("warm_start") and s["status"] == "finished":
-            w = bench.warm_summary(s["seed"])
-            warm[bench.data_seed(s["seed"])] = {"variant": "warm start (before RL)", "seed": bench.data_seed(s["seed"]),
-                                                "status": "finished", "samples": 0, "accuracy": w["eval_accuracy"],
-                                                "avg@K": w["eval_avg@K"],
-                                                **{k: v for k, v in w.items() if k.startswith(BUCKETS)}, "wall_s": w["wall_s"]}
-    text = table(list(warm.values()) + summaries)
+        if s["status"] == "finished" and s.get("warm_start"):
+            w = s["warm_start"]
+            warm[s["record"]["warm_start"]["data_seed"]] = {
+                "variant": "warm start (before RL)", "seed": s["record"]["warm_start"]["data_seed"], "status": "finished",
+                "samples": 0, "accuracy": w["eval_accuracy"], "avg@K": w["eval_avg@K"], "wall_s": w["wall_s"],
+                "cpu_s": w["cpu_s"], **{k: x for k, x in w.items() if k.startswith(("heldout", "short", "long"))}}
+    rows = list(warm.values()) + summaries
+    text = study_report(rows, study, variants) if study else table(rows, STUDY_COLUMNS)
     print(text, end="")
-    bench.out.mkdir(parents=True, exist_ok=True)
-    (bench.out / "table.md").write_text(text)
+    path = Path(bench.a.summaries) / "report.md" if study else bench.out / "table.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
     if any(s["status"] == "finished" for s in summaries):
-        figure(summaries, Path(a.figure) if a.figure else bench.out / "learning.png")
-    return 0
+        if study:
+            seed_figure(summaries, Path(bench.a.figure), variants)
+        else:
+            figure(summaries, Path(bench.a.figure) if bench.a.figure else bench.out / "learning.png")
 
 
-def _read(bench: Bench, v: str, s: int) -> dict:
-    p = bench.run_dir(v, s) / "summary.json"
-    if p.exists():
-        return json.loads(p.read_text())
-    return {"variant": v, "seed": s, "status": "failed", "needs": VARIANTS[v].get("needs")}
+def output_problems(a: argparse.Namespace, study: dict | None) -> list[str]:
+    """What would fail only at the end, after the runs: the figure's library, unwritable outputs."""
+    out = [] if importlib.util.find_spec("matplotlib") else ["matplotlib is not installed; the figure needs it"]
+    for flag, path in (("--out", a.out), ("--summaries", a.summaries), ("--figure", a.figure and Path(a.figure).parent)):
+        p = Path(path).resolve() if path else None
+        while p is not None and not p.exists():
+            p = p.parent
+        if p is not None and not (p.is_dir() and os.access(p, os.W_OK | os.X_OK)):
+            out.append(f"{flag} {path}: {p} is not a writable directory")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    a, variants, study = parse(argv)
+    try:
+        bench = Bench(a)
+        plan = order(study, variants, a.seeds)
+        if not a.dry_run and (problems := output_problems(a, study)):
+            raise BadInput(problems[0])
+        if a.report:
+            sources = [p for p in (Path(a.summaries) if a.summaries else None, bench.out) if p]
+            if not any(p.is_dir() for p in sources):
+                raise BadInput(f"--out {bench.out}: no such directory" + (f", nor --summaries {a.summaries}" if a.summaries else "")
+                               + ": nothing to report")
+            summaries = [bench.read_summary(v, s) or {"variant": v, "seed": s, "status": "missing"} for v, s in plan]
+            if not any(s["status"] == "finished" for s in summaries):
+                raise BadInput(f"nothing to report: no summary of {', '.join(variants)} in {' or '.join(map(str, sources))}")
+            tabulate(bench, summaries, variants, study)
+            return 0
+        if problems := bench.settings_problems(variants):
+            raise BadInput(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        if a.dry_run:
+            dry_run(bench, plan)
+            return 0
+        if stale := bench.stale(plan):
+            raise BadInput(stale[0] + (f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""))
+    except BadInput as e:
+        print(f"bench_learning: error: {e}", file=sys.stderr)
+        return 2
+    with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        futures = {pool.submit(bench.do_run, v, s): (v, s) for v, s in plan}  # a study's order with --jobs 1
+        results = {}
+        for f in concurrent.futures.as_completed(futures):
+            s = results[futures[f]] = f.result()
+            print(f"[bench] {s['variant']} seed {s['seed']}: {s['status']}" + (
+                f", held-out avg@K {s.get('heldout_avg@K')}, cpu {s.get('cpu_s')} s" if s["status"] == "finished"
+                else f" ({s.get('log_tail')})"), flush=True)
+    summaries = [results[p] for p in plan]
+    tabulate(bench, summaries, variants, study)
+    return 0 if all(s["status"] == "finished" for s in summaries) else 1
 
 
 if __name__ == "__main__":

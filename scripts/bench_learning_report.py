@@ -1,7 +1,10 @@
-"""The table and figure of scripts/bench_learning.py (its runs' summary.json files; issue 31).
+"""The tables and figures of scripts/bench_learning.py (its runs' summary.json files; issues 31 and 45).
 
-    table(summaries)          markdown: per variant, mean ± std [min, max] over seeds of each column
-    figure(summaries, path)   PNG: held-out greedy accuracy vs RL step, mean and min-max band per variant
+    table(summaries)               markdown: per variant, mean ± std [min, max] over seeds of each column
+    figure(summaries, path)        PNG: held-out greedy accuracy vs RL step, mean and min-max band per variant
+    t_interval(values)             mean and 95% t-interval
+    study_report(summaries, ...)   a study's markdown: its arms, and the paired differences by warm start
+    seed_figure(summaries, ...)    PNG: one panel per arm, one line per seed, held-out accuracy vs RL step
 """
 
 from __future__ import annotations
@@ -9,7 +12,13 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-COLUMNS = ("accuracy", "avg@K", "short_accuracy", "short_avg@K", "long_accuracy", "long_avg@K", "wall_s")
+COLUMNS = ("accuracy", "avg@K", "short_accuracy", "short_avg@K", "long_accuracy", "long_avg@K", "wall_s")  # issue 31's summaries
+STUDY_COLUMNS = ("heldout_avg@K", "long_avg@K", "heldout_accuracy", "auc", "short_avg@K", "samples_generated", "cpu_s")
+ENDPOINTS = (("heldout_avg@K", "primary: avg@K on all held-out prompts"), ("long_avg@K", "avg@K on long chains"),
+             ("heldout_accuracy", "greedy accuracy on all held-out prompts"), ("auc", "area under the held-out curve"))
+# t(0.975, df) for df = 1..30 (a two-sided 95% interval); above 30 the table's last value, a bound.
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
 def spread(values: list[float]) -> str:
@@ -23,17 +32,18 @@ def spread(values: list[float]) -> str:
     return f"{m:{fmt}} ± {sd:{fmt}} [{min(values):{fmt}}, {max(values):{fmt}}]"
 
 
-def table(summaries: list[dict]) -> str:
-    rows = ["| variant | seeds | samples | " + " | ".join(COLUMNS) + " |", "|" + "---|" * (len(COLUMNS) + 3)]
+def table(summaries: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
+    rows = ["| variant | seeds | samples | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 3)]
     for v in dict.fromkeys(s["variant"] for s in summaries):
         done = [s for s in summaries if s["variant"] == v and s["status"] == "finished"]
-        failed = [s for s in summaries if s["variant"] == v and s["status"] != "finished"]
+        failed = [s for s in summaries if s["variant"] == v and s["status"] == "failed"]
         seeds = ",".join(str(s["seed"]) for s in done) + (f" ({len(failed)} failed)" if failed else "")
         if not done:
-            need = failed[0].get("needs")
-            rows.append(f"| {v} | {seeds} | - | failed" + (f" (needs {need})" if need else "") + " |" + " |" * (len(COLUMNS) - 1))
+            need = failed[0].get("needs") if failed else None
+            rows.append(f"| {v} | {seeds} | - | {'failed' if failed else 'not run'}" + (f" (needs {need})" if need else "")
+                        + " |" + " |" * (len(columns) - 1))
             continue
-        cells = [spread([s[c] for s in done if s.get(c) is not None]) for c in COLUMNS]
+        cells = [spread([s[c] for s in done if s.get(c) is not None]) for c in columns]
         rows.append(f"| {v} | {seeds} | {done[0]['samples']} | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 
@@ -62,3 +72,94 @@ def figure(summaries: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=90)
 
 
+
+
+def t_interval(values: list[float]) -> tuple[float, float, float] | None:
+    """(mean, low, high): mean ± t(0.975, n-1) x sd / sqrt(n); None for fewer than 2 values."""
+    n = len(values)
+    if n < 2:
+        return None
+    m = statistics.fmean(values)
+    half = T975[min(n - 1, len(T975)) - 1] * statistics.stdev(values) / n ** 0.5
+    return m, m - half, m + half
+
+
+def paired(summaries: list[dict], a: str, b: str, key: str) -> dict[int, float]:
+    """{seed: a - b} over the seeds where both arms finished with a value of `key`."""
+    by = {(s["variant"], s["seed"]): s.get(key) for s in summaries if s["status"] == "finished"}
+    return {seed: by[(a, seed)] - by[(b, seed)] for (v, seed) in sorted(by) if v == a
+            and by.get((a, seed)) is not None and by.get((b, seed)) is not None}
+
+
+def comparisons(study: dict, arms: list[str]) -> list[tuple[str, str]]:
+    """The pre-registered pairs (a, b), read a - b: vapo minus each baseline, each mechanism arm
+    minus vapo and minus the no-critic arm."""
+    base, rest = study["primary"][0], study["primary"][1:]
+    out = [(base, b) for b in rest] + [(m, base) for m in study["mechanism"]] + [(m, rest[0]) for m in study["mechanism"]]
+    return [(a, b) for a, b in out if a in arms and b in arms]
+
+
+def study_report(summaries: list[dict], study: dict, arms: list[str]) -> str:
+    done = [s for s in summaries if s["status"] == "finished"]
+    lines = ["Per arm: mean ± std [min, max] over the seeds listed; `samples` trained, `samples_generated` "
+             "including value pretraining and dynamic sampling's extra rounds.", "", table(summaries, STUDY_COLUMNS)]
+    missing = [f"{s['variant']} seed {s['seed']}" for s in summaries if s["status"] != "finished"]
+    if missing:
+        lines += [f"Not finished: {', '.join(missing)}.", ""]
+    for key, title in ENDPOINTS:
+        lines += [f"Paired differences, {title} (each seed's a - b; 95% t-interval):", "",
+                  "| a - b | n | mean | 95% interval | reading | per seed |", "|---|---|---|---|---|---|"]
+        for a, b in comparisons(study, arms):
+            d = paired(done, a, b, key)
+            ci = t_interval(list(d.values()))
+            reading = "-" if ci is None else "unresolved" if ci[1] <= 0 <= ci[2] else "above 0" if ci[1] > 0 else "below 0"
+            per = ", ".join(f"{k}: {v:+.3f}" for k, v in d.items())
+            cells = ["-", "-"] if ci is None else [f"{ci[0]:+.3f}", f"[{ci[1]:+.3f}, {ci[2]:+.3f}]"]
+            lines.append(f"| {a} - {b} | {len(d)} | {cells[0]} | {cells[1]} | {reading} | {per} |")
+        lines.append("")
+    lines += ["Critic: explained variance of the return by response position (mean over seeds), and how often a "
+              "wrong answer's most negative TD error is within 2 tokens of its first wrong token (all seeds):", "",
+              "| arm | EV by position | within 2 of the first error |", "|---|---|---|"]
+    for v in arms:
+        credits = [s["credit"] for s in done if s["variant"] == v and s.get("credit")]
+        if not credits:
+            continue
+        ev: dict[str, list[float]] = {}
+        for c in credits:
+            for pos, e in c["explained_variance_by_position"].items():
+                if e["explained_variance"] is not None:
+                    ev.setdefault(pos, []).append(e["explained_variance"])
+        near = sum(c["most_negative_td_vs_first_error"]["within_2"] for c in credits)
+        wrong = sum(c["wrong_with_a_first_error"] for c in credits)
+        by_pos = ", ".join(f"{p}: {statistics.fmean(x):.2f}" for p, x in sorted(ev.items(), key=lambda i: int(i[0].split("-")[0])))
+        lines.append(f"| {v} | {by_pos} | {near} of {wrong} |")
+    return "\n".join(lines) + "\n"
+
+
+def seed_figure(summaries: list[dict], path: Path, arms: list[str]) -> None:
+    """One panel per arm, one line per seed (the same colour for a seed in every panel)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = sorted({s["seed"] for s in summaries})
+    cols = 3
+    rows = -(-len(arms) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), sharex=True, sharey=True, squeeze=False)
+    for ax, v in zip(axes.flat, arms):
+        for s in summaries:
+            if s["variant"] == v and s["status"] == "finished":
+                vp = s.get("value_pretrain_steps", 0)
+                xy = sorted({max(0, it - vp): acc for it, acc in s["curve"]}.items())
+                ax.plot([x for x, _ in xy], [y for _, y in xy], color=f"C{seeds.index(s['seed'])}", label=f"seed {s['seed']}")
+        ax.set_title(v, fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(arms):]:
+        ax.set_visible(False)
+    axes[0][0].legend(fontsize=7)
+    fig.supxlabel("RL step (after value pretraining)")
+    fig.supylabel("held-out greedy accuracy (100 prompts)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)

@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import bench_learning as bench  # noqa: E402
+from bench_variants import STUDIES  # noqa: E402
 
 from vapo_megatron.config.load import flatten, load_config, to_dict  # noqa: E402
 
@@ -52,3 +53,23 @@ def test_grpo_rows_reset_the_critic_only_keys_to_their_defaults(tmp_path):
         got = resolved(variant, tmp_path)
         assert got["algo.estimator"] == "grpo" and got["algo.alpha"] == 0.05  # the schema default, not the base's 1.0
     assert resolved("dapo", tmp_path)["rollout.dynamic_sampling"] is True
+
+
+def test_the_critic_studys_arms_switch_what_the_preregistration_says(tmp_path):
+    """docs/benchmarks.md, "What does the critic buy?": each arm against vapo or vapo_no_critic."""
+    vapo, no_critic = resolved("vapo", tmp_path), resolved("vapo_no_critic", tmp_path)
+    assert no_critic == resolved("grpo", tmp_path)  # the issue-31 row under the study's name
+
+    def changed(variant, base):
+        got = resolved(variant, tmp_path)
+        return {k: got[k] for k in base if got[k] != base[k]}
+
+    assert changed("grpo_paper", no_critic) == {"algo.eps_high": 0.2, "algo.loss_agg": "sample", "algo.nll_coef": 0.0}
+    assert changed("vapo_whiten", vapo) == {"algo.whiten_advantages": True}
+    assert changed("vapo_lambda1", vapo) == {"algo.length_adaptive": False, "algo.lambda_policy": 1.0}
+    assert changed("vapo_vp0", vapo) == {"algo.value_pretrain_steps": 0}
+    assert changed("vapo_vp50", vapo) == {"algo.value_pretrain_steps": 50}
+    assert changed("vapo_critic_4x", vapo) == {}  # its critic trunk is the harness's model.critic_hf_path
+    study = STUDIES["critic"]
+    assert len(study["seeds"]) >= 5 and 0 not in study["seeds"]  # not the docs' data seed 0
+    assert all(v in bench.VARIANTS for v in study["primary"] + study["mechanism"])

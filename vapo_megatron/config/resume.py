@@ -43,8 +43,9 @@ MAY_CHANGE_ON_RESUME: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "layout": (
         ("parallel.tp", "parallel.pp", "parallel.vpp", "parallel.sequence_parallel"),
-        "dist checkpoints load at any TP/PP layout (checkpoint/manager.py); a new world size only loses "
-        "the bitwise RNG continuation, and the resume says so",
+        "dist checkpoints load at any TP/PP layout (checkpoint/manager.py; the distributed optimizer's state "
+        "with torch's Adam, where neither TE nor Apex imports, only at its own: the load says so); a new world "
+        "size only loses the bitwise RNG continuation, and the resume says so",
     ),
     "memory and transport": (
         ("trainer.micro_batch_tokens", "trainer.logprob_chunk_tokens", "model.recompute_activations",

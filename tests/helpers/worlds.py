@@ -33,10 +33,18 @@ def world_path(world: str) -> list[str]:
 
 
 def world_env(world: str, base: dict | None = None) -> dict[str, str]:
-    """`base` (default os.environ) with the world's stand-ins and the repository first on PYTHONPATH."""
+    """`base` (default os.environ) with the world's stand-ins and the repository first on PYTHONPATH;
+    in a world with Transformer Engine, models built where the hardware decides get TE's layer spec
+    on the CPU too (mcore/models.py te_spec), or TE's modules would never run."""
+    from vapo_megatron.mcore.models import TE_SPEC_ON_CPU
+
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join([*world_path(world), str(ROOT)])
     env.setdefault("OMP_NUM_THREADS", "1")
+    if "te" in WORLDS[world]:
+        env[TE_SPEC_ON_CPU] = "1"
+    else:
+        env.pop(TE_SPEC_ON_CPU, None)
     return env
 
 

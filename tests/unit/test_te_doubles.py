@@ -37,3 +37,21 @@ def test_the_local_world_has_no_transformer_engine():
     from megatron.core.extensions.transformer_engine import HAVE_TE
 
     assert not HAVE_TE
+
+
+def test_te_spec_on_the_cpu_only_with_the_tests_switch(monkeypatch):
+    """mcore/models.py te_spec: TE's layer spec where megatron sees TE and the model is built for
+    the GPU; on the CPU only with VAPO_TE_SPEC_ON_CPU=1 (worlds.world_env sets it in the TE worlds),
+    and never for a model built on the CPU on purpose (on_gpu=False: vapo-convert, vapo-plan)."""
+    from tests.helpers.worlds import world_env
+    from vapo_megatron.mcore import models
+
+    monkeypatch.setattr(models, "te_available", lambda: True)
+    monkeypatch.delenv(models.TE_SPEC_ON_CPU, raising=False)
+    assert not models.te_spec(None) and models.te_spec(True) and not models.te_spec(False)
+    monkeypatch.setenv(models.TE_SPEC_ON_CPU, "1")
+    assert models.te_spec(None) and not models.te_spec(False)
+    monkeypatch.setattr(models, "te_available", lambda: False)  # megatron without TE: never
+    assert not models.te_spec(None) and not models.te_spec(True)
+    assert world_env("te")[models.TE_SPEC_ON_CPU] == world_env("te_apex")[models.TE_SPEC_ON_CPU] == "1"
+    assert models.TE_SPEC_ON_CPU not in world_env("apex") and models.TE_SPEC_ON_CPU not in world_env("local")

@@ -164,3 +164,21 @@ def check_megatron_state_dicts():
     assert not any("core_attention" in k for k in objects), sorted(objects)
     assert {layer + "self_attention.linear_qkv._extra_state", layer + "mlp.experts.linear_fc1._extra_state3",
             "decoder.final_layernorm._extra_state"} <= objects, sorted(objects)
+
+
+def check_bf16_models():
+    """The project's bf16 actor and critic (mcore/models.py, TE spec, TP=2 with sequence
+    parallelism), dense and MoE, run forward and backward under TE's dtype checks (base.py
+    prepare_forward: every TE module's input in its parameters' dtype), every parameter reached."""
+    from model_providers.presets import preset
+    from vapo_megatron.mcore.models import build_actor, build_critic
+
+    ids = torch.randint(0, 200, (2, 8), generator=torch.Generator().manual_seed(0))
+    for build, out_dtype in ((build_actor, torch.bfloat16), (build_critic, torch.float32)):  # the value head in fp32
+        for name in ("tiny-qwen2", "tiny-qwen3-moe"):
+            model = build(preset(name), params_dtype=torch.bfloat16, sequence_parallel=True)
+            y = model(ids, torch.arange(8).expand(2, 8), None)
+            assert y.dtype == out_dtype, (build.__name__, name, y.dtype)
+            y.float().square().mean().backward()
+            missing = [n for n, p in model.named_parameters() if p.grad is None]
+            assert not missing, (build.__name__, name, missing)

@@ -17,7 +17,7 @@ from tests.helpers.worlds import run_in_world
 
 CHECKS = ["package", "linear_parameters", "linear_tp_math", "layernorm_linear", "norms", "attention", "grouped_linear",
           "extra_state", "multi_tensor", "fused_sgd", "fused_adam", "general_gemm", "rope", "unmodelled",
-          "megatron_state_dicts"]
+          "megatron_state_dicts", "bf16_models"]
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,22 @@ def te_available() -> bool:
     return bool(HAVE_TE)
 
 
+# The tests' TE world only (tests/helpers/worlds.py; never set by the commands): Transformer Engine's
+# layer spec on the CPU, where TE's modules are the suite's pure-torch stand-ins (tests/doubles/te).
+TE_SPEC_ON_CPU = "VAPO_TE_SPEC_ON_CPU"
+
+
+def te_spec(on_gpu: bool | None) -> bool:
+    """Whether a model gets Transformer Engine's layer spec (and the TE-only settings that go with
+    it: RoPE fusion, grouped-GEMM experts): where megatron-core sees TE (te_available) and the model
+    is built for the GPU. on_gpu None lets the hardware decide (the trainer, vapo-eval): CUDA, or
+    on the CPU the tests' switch VAPO_TE_SPEC_ON_CPU=1; a model built on the CPU on purpose
+    (on_gpu=False: vapo-convert, vapo-plan) keeps megatron's local spec, as on a GPU node."""
+    if on_gpu is None:
+        on_gpu = torch.cuda.is_available() or os.environ.get(TE_SPEC_ON_CPU) == "1"
+    return on_gpu and te_available()
+
+
 def broken_te_line(te: bool) -> str | None:
     """One log line when Transformer Engine is installed but megatron-core cannot use it (the
     start-up's accelerator line, config/quiet.py, only sees that it is installed), else None."""
@@ -164,9 +180,9 @@ def transformer_config(hf_cfg: dict, *, params_dtype: torch.dtype, recompute: bo
 
     architecture = family_for(hf_cfg).architecture(hf_cfg)
     arch = architecture.transformer
+    te = te_spec(on_gpu)
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
     tp, pp, vpp = parallel.tp_size(), parallel.pp_size(), parallel.vp_size()
-    te = on_gpu and te_available()
     apex = on_gpu and apex_wgrad_available()
     fusion = wgrad_fusion(on_gpu=on_gpu, te=te, apex=apex)
     softmax = softmax_fusion(on_gpu=on_gpu, apex_softmax=on_gpu and apex_softmax_available())
@@ -217,21 +233,24 @@ def transformer_config(hf_cfg: dict, *, params_dtype: torch.dtype, recompute: bo
         recompute_method="uniform" if recompute else None,
         recompute_num_layers=1 if recompute else None,
         deterministic_mode=deterministic,
+        # The spec layer_spec builds: megatron's own record of the choice (te_spec).
+        transformer_impl="transformer_engine" if te else "local",
     )
 
 
 def layer_spec(config, vp_stage: int | None = None):
-    """The block spec of one model chunk: Transformer Engine's layers on the GPU when it imports,
-    megatron's local layers otherwise (a CPU-initialized model, e.g. tests or vapo-plan's
-    meta-device shards, never gets TE modules). Every norm, the final one included, is named here
-    rather than left to megatron's import-time defaults (sp_norm.local_block_spec_of): TENorm with
-    TE's layers, torch's RMSNorm (or sp_norm's, under sequence parallelism) with the local ones."""
+    """The block spec of one model chunk: Transformer Engine's layers when transformer_config chose
+    them (te_spec: on the GPU when TE imports), megatron's local layers otherwise (vapo-convert's
+    and vapo-plan's CPU-initialized models never get TE modules). Every norm, the final one
+    included, is named here rather than left to megatron's import-time defaults
+    (sp_norm.local_block_spec_of): TENorm with TE's layers, torch's RMSNorm (or sp_norm's, under
+    sequence parallelism) with the local ones."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     from vapo_megatron.mcore.sp_norm import local_block_spec, local_block_spec_of
 
-    te = not config.use_cpu_initialization and te_available()
+    te = config.transformer_impl == "transformer_engine"
     sp = config.sequence_parallel
     if config.num_moe_experts:
         # Dense and expert layers differ (moe_layer_freq): megatron's per-layer block spec.
@@ -356,4 +375,4 @@ def build_chunks(hf_cfg: dict, *, params_dtype: torch.dtype, critic: bool, recom
 
 __all__ = ["apex_softmax_available", "apex_wgrad_available", "broken_te_line", "build_actor", "build_chunks", "build_critic",
            "compiled_fusions", "fresh_value_head", "host_compiler", "layer_spec", "padded_vocab_size", "softmax_fusion",
-           "te_available", "te_checkpoint_keys", "transformer_config", "wgrad_fusion"]
+           "te_available", "te_spec", "TE_SPEC_ON_CPU", "te_checkpoint_keys", "transformer_config", "wgrad_fusion"]

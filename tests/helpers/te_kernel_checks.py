@@ -1,0 +1,184 @@
+"""The second half of tests/unit/test_te_doubles.py's checks (te_double_checks.py runs them): TE's
+kernels and optimizers as megatron-core calls them, the unmodelled paths, and what state_dict()
+and megatron's sharded_state_dict() of a TE-spec model hold. References: plain torch and torch's
+own optimizers; file references are to NVIDIA/TransformerEngine, transformer_engine/pytorch/."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from tests.helpers.te_double_checks import close_to, rand
+
+
+def _raises(exc, fn, what: str) -> None:
+    try:
+        fn()
+    except exc:
+        return
+    raise AssertionError(f"{what} did not raise {exc.__name__}")
+
+
+def check_multi_tensor():
+    """optimizers/multi_tensor_apply.py (empty slots dropped, None when nothing is left, aligned
+    lists); csrc/extensions/multi_tensor/l2norm.cpp ((norm [1], per-tensor or empty) in float32);
+    common/multi_tensor/scale.cu (in float32, a non-finite input sets the flag)."""
+    from transformer_engine.pytorch.optimizers import (multi_tensor_applier, multi_tensor_l2norm, multi_tensor_scale,
+                                                       multi_tensor_scale_tensor)
+
+    seen = []
+    a, b = rand(3, seed=1), rand(2, 2, seed=2)
+    multi_tensor_applier(lambda chunk, flag, lists: seen.append((chunk, lists)), None,
+                         [[a, torch.empty(0), b], [a, torch.empty(0), b]])
+    assert seen[0][0] == 2048 * 32 and [len(x) for x in seen[0][1]] == [2, 2]
+    assert multi_tensor_applier(multi_tensor_scale, None, [[torch.empty(0)], [torch.empty(0)]], 2.0) is None
+    _raises(RuntimeError, lambda: multi_tensor_applier(multi_tensor_scale, None, [[a], []], 2.0), "misaligned lists")
+    flag = torch.zeros(1, dtype=torch.int)
+    norm, per = multi_tensor_applier(multi_tensor_l2norm, flag, [[a, b.bfloat16()]], False)
+    assert norm.dtype == torch.float32 and norm.shape == (1,) and per.numel() == 0
+    close_to(norm[0], torch.linalg.vector_norm(torch.cat([a, b.bfloat16().float().flatten()])), "l2norm")
+    _, per = multi_tensor_applier(multi_tensor_l2norm, flag, [[a, b]], True)
+    close_to(per, torch.stack([a.norm(), b.norm()]), "per-tensor norms")
+    dst = torch.empty(3, dtype=torch.bfloat16)
+    multi_tensor_applier(multi_tensor_scale, flag, [[a], [dst]], 0.5)
+    assert torch.equal(dst, (a * 0.5).bfloat16()) and flag.item() == 0
+    bad = torch.tensor([1.0, float("inf")])
+    out = torch.empty(2)
+    multi_tensor_applier(multi_tensor_scale_tensor, flag, [[bad], [out]], torch.tensor([3.0]))
+    assert flag.item() == 1 and out[0].item() == 3.0  # written anyway, flagged
+
+
+def check_fused_sgd():
+    """optimizers/fused_sgd.py with common/multi_tensor/sgd.cu: momentum initialized to the first
+    gradient, weight decay before momentum: torch.optim.SGD's update; other dtypes than fp16/fp32
+    are left alone."""
+    from transformer_engine.pytorch.optimizers import FusedSGD
+
+    p, q, odd = rand(4, seed=10), rand(4, seed=10), rand(4, seed=11).bfloat16()
+    p, q, odd = (torch.nn.Parameter(t) for t in (p, q, odd))
+    ours = FusedSGD([p, odd], lr=0.1, momentum=0.9, weight_decay=0.05)
+    ref = torch.optim.SGD([q], lr=0.1, momentum=0.9, weight_decay=0.05)
+    before = odd.detach().clone()
+    for step in range(3):
+        g = rand(4, seed=20 + step)
+        p.grad, q.grad, odd.grad = g.clone(), g.clone(), g.bfloat16()
+        ours.step(), ref.step()
+    close_to(p, q, "FusedSGD vs torch.optim.SGD", atol=1e-6)
+    assert set(ours.state[p]) == {"momentum_buffer"} and torch.equal(odd.detach(), before)
+    ours.zero_grad()
+    assert p.grad is None
+
+
+def check_fused_adam():
+    """optimizers/fused_adam.py (the lead's double): the step count in the group, float32 moments
+    per parameter, zero moments for a parameter without a gradient in a stepped group; the update
+    is torch.optim.AdamW's."""
+    from transformer_engine.pytorch.optimizers import FusedAdam
+
+    p, q, idle = (torch.nn.Parameter(t) for t in (rand(5, seed=30), rand(5, seed=30), rand(2, seed=31)))
+    ours = FusedAdam([p, idle], lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    ref = torch.optim.AdamW([q], lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    for step in range(2):
+        g = rand(5, seed=40 + step)
+        p.grad, q.grad = g.clone(), g.clone()
+        ours.step(), ref.step()
+    close_to(p, q, "FusedAdam vs torch.optim.AdamW", atol=1e-6)
+    assert ours.param_groups[0]["step"] == 2 and set(ours.state[p]) == {"exp_avg", "exp_avg_sq"}
+    assert ours.state[p]["exp_avg"].dtype == torch.float32 and not ours.state[idle]["exp_avg"].any()
+
+
+def check_general_gemm():
+    """cpp_extensions/gemm.py general_gemm (megatron's te_general_gemm for the MoE router):
+    D = op(B) @ op(A) for layouts TN, NN, NT, float32 accumulation into out_dtype, bias added."""
+    from transformer_engine.pytorch.cpp_extensions import general_gemm
+
+    w, x = rand(4, 3, seed=50, dtype=torch.bfloat16), rand(5, 3, seed=51, dtype=torch.bfloat16)
+    d, *rest = general_gemm(w, x, torch.float32, layout="TN", bias=rand(4, seed=52))
+    assert d.dtype == torch.float32 and rest == [None, None, None]
+    close_to(d, x.float() @ w.float().T + rand(4, seed=52), "TN")
+    g = rand(5, 4, seed=53)
+    close_to(general_gemm(w.float(), g, torch.float32, layout="NN", grad=True)[0], g @ w.float(), "NN")
+    close_to(general_gemm(x.float(), g, torch.float32, layout="NT", grad=True)[0], g.T @ x.float(), "NT")
+    assert general_gemm(w, x, layout="TN")[0].dtype == torch.bfloat16  # out_dtype defaults to A's
+
+
+def check_rope():
+    """attention/rope.py apply_rotary_pos_emb(fused=True) with the fused kernel's arithmetic: the
+    first d2 channels rotated pairwise (i, i + d2/2) by the position's angles, the rest passed."""
+    from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
+
+    t = rand(6, 2, 3, 10, seed=60)
+    angles = rand(8, 1, 1, 2, seed=61)
+    freqs = torch.cat([angles, angles], dim=-1)  # as RoPE builds them; s2 = 8 >= s = 6, d2 = 4 <= d = 10
+    out = apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", fused=True)
+    half = torch.complex(t[..., :2], t[..., 2:4]) * torch.exp(1j * angles[:6])
+    close_to(out[..., :4], torch.cat([half.real, half.imag], dim=-1), "rotated channels")
+    assert torch.equal(out[..., 4:], t[..., 4:])
+    assert apply_rotary_pos_emb(t.bfloat16(), freqs, fused=True).dtype == torch.bfloat16
+
+
+def check_unmodelled():
+    """FP8, userbuffers, fused MoE kernels and TE's offloading are not modelled: they raise
+    NotImplementedError; their "off" settings behave as TE's do."""
+    import transformer_engine.pytorch as te
+    from transformer_engine.common import recipe
+    from transformer_engine.pytorch import permutation
+    from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
+
+    with te.fp8_autocast(enabled=False), te.fp8_model_init(enabled=False):
+        assert not FP8GlobalStateManager.is_fp8_enabled()
+    for fn in (lambda: contextlib.ExitStack().enter_context(te.fp8_autocast(enabled=True)), recipe.DelayedScaling,
+               lambda: permutation.moe_permute(None, None), lambda: te.Linear(4, 4, device="cpu", ub_overlap_ag=True),
+               lambda: te.Linear(4, 4, device="cpu", fuse_wgrad_accumulation=True),
+               lambda: te.get_cpu_offload_context(True)):
+        _raises(NotImplementedError, fn, "an unmodelled path")
+    ctx, sync = te.get_cpu_offload_context(False)  # cpu_offload.py ~815: a null context, identity
+    x = torch.ones(1)
+    with ctx:
+        assert sync(x) is x
+
+
+def check_megatron_state_dicts():
+    """A TE-spec model built by mcore/models.py (VAPO_TE_SPEC_ON_CPU=1 in this world) at TP=2: TE's
+    parameter names, `_extra_state` in every TE module's state_dict(), and megatron's sharded
+    state dict wrapping the TE linears' and norms' (not the attention's) as ShardedObjects."""
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    from model_providers.presets import preset
+    from vapo_megatron.mcore.models import build_actor
+
+    model = build_actor(preset("tiny-qwen3-moe"), params_dtype=torch.float32, sequence_parallel=True)
+    assert model.config.transformer_impl == "transformer_engine" and model.config.moe_grouped_gemm
+    names = {n for n, _ in model.named_parameters()}
+    layer = "decoder.layers.0."
+    assert {layer + "self_attention.linear_qkv.layer_norm_weight", layer + "mlp.experts.linear_fc1.weight3",
+            layer + "mlp.experts.linear_fc2.weight0"} <= names, sorted(names)
+    extra = {k for k in model.state_dict() if k.endswith("_extra_state") and k.startswith(layer)}
+    assert extra == {layer + m + "._extra_state" for m in (
+        "self_attention.core_attention", "self_attention.linear_proj", "self_attention.linear_qkv",
+        "self_attention.q_layernorm", "self_attention.k_layernorm", "pre_mlp_layernorm",
+        "mlp.experts.linear_fc1", "mlp.experts.linear_fc2")}, sorted(extra)
+    sharded = model.sharded_state_dict()
+    objects = {k for k, v in sharded.items() if isinstance(v, ShardedObject)}
+    assert not any("core_attention" in k for k in objects), sorted(objects)
+    assert {layer + "self_attention.linear_qkv._extra_state", layer + "mlp.experts.linear_fc1._extra_state3",
+            "decoder.final_layernorm._extra_state"} <= objects, sorted(objects)
+
+
+def check_bf16_models():
+    """The project's bf16 actor and critic (mcore/models.py, TE spec, TP=2 with sequence
+    parallelism), dense and MoE, run forward and backward under TE's dtype checks (base.py
+    prepare_forward: every TE module's input in its parameters' dtype), every parameter reached."""
+    from model_providers.presets import preset
+    from vapo_megatron.mcore.models import build_actor, build_critic
+
+    ids = torch.randint(0, 200, (2, 8), generator=torch.Generator().manual_seed(0))
+    for build, out_dtype in ((build_actor, torch.bfloat16), (build_critic, torch.float32)):  # the value head in fp32
+        for name in ("tiny-qwen2", "tiny-qwen3-moe"):
+            model = build(preset(name), params_dtype=torch.bfloat16, sequence_parallel=True)
+            y = model(ids, torch.arange(8).expand(2, 8), None)
+            assert y.dtype == out_dtype, (build.__name__, name, y.dtype)
+            y.float().square().mean().backward()
+            missing = [n for n, p in model.named_parameters() if p.grad is None]
+            assert not missing, (build.__name__, name, missing)

@@ -53,3 +53,32 @@ def test_a_checkpoint_without_extra_state_loads_into_modules_that_have_it(tmp_pa
     assert out["extra"] == b"mine" and out["extra1"] is None  # the modules' own, untouched
     # Only `_extra_state` is optional: any other key the checkpoint lacks still fails the load.
     assert "layer.other.weight" in out["missing"], out["missing"]
+
+
+class _WithExtraState(torch.nn.Module):
+    """A module with an `_extra_state` in state_dict() (as TE's modules have), like TE's attention
+    whose extra state megatron leaves out of the sharded state dict."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 2)
+        self.seen = "fresh"
+
+    def get_extra_state(self):
+        return self.seen
+
+    def set_extra_state(self, state):
+        self.seen = state
+
+
+def test_a_loaded_state_without_extra_state_keeps_the_modules_own():
+    import pytest
+
+    from vapo_megatron.checkpoint.dist_io import load_module_state
+
+    src, dst = _WithExtraState(), _WithExtraState()
+    weights = {k: v for k, v in src.state_dict().items() if not k.endswith("_extra_state")}
+    load_module_state(dst, weights)
+    assert torch.equal(dst.linear.weight, src.linear.weight) and dst.seen == "fresh"
+    with pytest.raises(RuntimeError, match="linear.bias"):  # any other key is still required
+        load_module_state(dst, {k: v for k, v in weights.items() if k != "linear.bias"})

@@ -271,4 +271,16 @@ def load_model(ckpt_dir: str | Path, model_chunks: list) -> None:
     state = load(ckpt_dir, model_sharded_state(model_chunks))
     keys = ["model"] if len(model_chunks) == 1 else [f"model{i}" for i in range(len(model_chunks))]
     for chunk, key in zip(model_chunks, keys):
-        unwrap(chunk).load_state_dict(state[key], strict=True)
+        load_module_state(unwrap(chunk), state[key])
+
+
+def load_module_state(module, loaded: dict) -> None:
+    """`module.load_state_dict(loaded, strict=True)`, except that an `_extra_state` the loaded dict
+    lacks stays the module's own. megatron's TEDotProductAttention leaves TE's attention
+    `_extra_state` out of its sharded state dict (no FP8 with the unfused softmax) while
+    `state_dict()` has it, so a strict load of any TE checkpoint into a TE model failed ("Missing
+    key(s) in state_dict: ...core_attention._extra_state"); a local checkpoint has none at all
+    (local_extra_state_where_absent). Every other missing or unexpected key still fails."""
+    own = module.state_dict()
+    loaded = dict(loaded) | {k: v for k, v in own.items() if is_extra_state(k) and k not in loaded}
+    module.load_state_dict(loaded, strict=True)

@@ -187,7 +187,7 @@ def load_model_state(model: TrainModel, path: Path) -> None:
     """Weights and optimizer state of one model from its dist checkpoint."""
     loaded = dist_io.load(path, _sharded_state(model, loading=True))  # any failure is a CheckpointError
     for chunk, key in zip(model.modules, [k for k in loaded if k.startswith("model")]):
-        chunk.load_state_dict(loaded[key], strict=True)
+        dist_io.load_module_state(chunk, loaded[key])
     for opt_state in _torch_optimizer_states(loaded["optimizer"]):
         if opt_state["state"] and not _saved_after_a_step(opt_state):
             # Saved before this optimizer's first step: zero moments and no step count (megatron

@@ -98,7 +98,7 @@ def evaluate(args: argparse.Namespace) -> int:
     ks = check_args(args)
     resolve_model(args.model)
     # Its files replace only an earlier vapo-eval's: never a user's directory or the model.
-    check_replaceable(args.out, EVAL_OUTPUT, overwrite=True, flag=None, sources={"--model": args.model})
+    check_replaceable(args.out, EVAL_OUTPUT, overwrite=True, flag=None, sources={"--model": args.model}, in_place=True)
     from vapo_megatron.config.quiet import device_startup
     from vapo_megatron.evaluation.offline import run
     from vapo_megatron.mcore import parallel

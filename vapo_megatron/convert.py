@@ -53,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
     def convert() -> None:
+        if args.cmd == "mcore-to-hf" and args.max_shard_mb < 1:  # --tp and --pp: the layout check
+            from vapo_megatron.config import ConfigError
+
+            raise ConfigError(f"--max-shard-mb={args.max_shard_mb} must be >= 1 (MiB per safetensors shard)")
         device_startup()
         from vapo_megatron.mcore import parallel
         from vapo_megatron.weights.convert import hf_to_mcore, mcore_to_hf

@@ -53,7 +53,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def check_args(a: argparse.Namespace) -> list[int]:
-    """Everything checkable before a model is built; returns the pass@k ladder."""
+    """Everything checkable before a model is built; returns the pass@k ladder. Every number is
+    finite (argparse's float takes nan and inf) and in its range; each message names the flag."""
+    import math
+
     from vapo_megatron.evaluation.metrics import k_ladder
 
     if a.n_samples < 1:
@@ -62,18 +65,29 @@ def check_args(a: argparse.Namespace) -> list[int]:
     for k in ks:
         if not 1 <= k <= a.n_samples:
             raise EvalInputError(f"--pass-k {k}: pass@k needs 1 <= k <= --n-samples ({a.n_samples})")
-    if a.temperature <= 0:
-        raise EvalInputError(f"--temperature {a.temperature}: must be > 0 (use --greedy for greedy accuracy)")
+    if not (math.isfinite(a.temperature) and a.temperature > 0):
+        raise EvalInputError(f"--temperature {a.temperature}: must be a finite number > 0 (use --greedy for greedy accuracy)")
     if not 0 < a.top_p <= 1:
         raise EvalInputError(f"--top-p {a.top_p}: must be in (0, 1]")
+    if not (a.top_k == -1 or a.top_k >= 1):
+        raise EvalInputError(f"--top-k {a.top_k}: must be -1 (off) or >= 1")
     if a.max_new_tokens < 1 or a.max_prompt_tokens < 1:
         raise EvalInputError("--max-new-tokens and --max-prompt-tokens must be >= 1")
     if a.max_prompts is not None and a.max_prompts < 1:
         raise EvalInputError(f"--max-prompts {a.max_prompts}: must be >= 1")
     if not (a.reward in ("math", "exact") or a.reward.count(":") == 1):
         raise EvalInputError(f"--reward {a.reward!r}: must be math, exact or package.module:function")
+    for flag, value in (("--correct-score", a.correct_score), ("--incorrect-score", a.incorrect_score)):
+        if not math.isfinite(value):
+            raise EvalInputError(f"{flag} {value}: must be a finite number")
     if a.correct_score <= a.incorrect_score:
         raise EvalInputError("--correct-score must be greater than --incorrect-score")
+    if not (math.isfinite(a.reward_timeout) and a.reward_timeout > 0):
+        raise EvalInputError(f"--reward-timeout {a.reward_timeout}: must be a finite number of seconds > 0")
+    if a.sglang_tp < 1:
+        raise EvalInputError(f"--sglang-tp {a.sglang_tp}: must be >= 1")
+    if not 0 < a.sglang_mem_fraction < 1:
+        raise EvalInputError(f"--sglang-mem-fraction {a.sglang_mem_fraction}: must be in (0, 1)")
     for f in a.data:
         if not os.path.isfile(f):
             raise EvalInputError(f"--data {f}: no such file")
@@ -96,17 +110,25 @@ def evaluate(args: argparse.Namespace) -> int:
     from vapo_megatron.checkpoint.atomic import EVAL_OUTPUT, check_replaceable
 
     ks = check_args(args)
-    resolve_model(args.model)
-    # Its files replace only an earlier vapo-eval's: never a user's directory or the model.
-    check_replaceable(args.out, EVAL_OUTPUT, overwrite=True, flag=None, sources={"--model": args.model})
+    model = resolve_model(args.model)  # its tokenizer, template and generation config loaded once
+    # Its files replace only an earlier vapo-eval's: never a user's directory or the model; and the
+    # directory takes new files (an empty read-only --out once failed after the whole evaluation).
+    check_replaceable(args.out, EVAL_OUTPUT, overwrite=True, flag=None, sources={"--model": args.model}, in_place=True)
+    import torch
+
+    from vapo_megatron.config import problems_error
+    from vapo_megatron.config.preflight import hardware_problems
     from vapo_megatron.config.quiet import device_startup
-    from vapo_megatron.evaluation.offline import run
+    from vapo_megatron.evaluation.offline import build_config, run
     from vapo_megatron.mcore import parallel
 
+    problems = hardware_problems(build_config(args, model), cuda=torch.cuda.is_available(), engine_flag="--engine")
+    if problems:  # vapo-train's check (--engine sglang without CUDA)
+        raise problems_error(problems)
     device_startup()
 
     try:
-        summary = run(args, ks)
+        summary = run(args, ks, model)
     finally:
         parallel.destroy()
     if summary is not None:

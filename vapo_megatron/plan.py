@@ -159,15 +159,20 @@ def gpu_memory_gib(args: argparse.Namespace) -> float:
 
 
 def time_option_problems(args: argparse.Namespace, cfg) -> list[str]:
-    """The step-time options, each bad one named (sizing/step_config.py option_problems)."""
+    """The step-time options, each bad one named (sizing/step_config.py option_problems), and the
+    memory ones: every number finite (argparse's float takes nan and inf) and in its range."""
+    import math
+
     from vapo_megatron.sizing.step_config import option_problems
 
     problems = option_problems(gpu=args.gpu, response_tokens=args.mean_response_tokens,
                                prompt_tokens=args.mean_prompt_tokens, storage_gb_s=args.storage_gb_per_s,
                                eval_prompts=args.eval_prompts, max_new_tokens=cfg.rollout.max_new_tokens,
                                max_prompt_tokens=cfg.data.max_prompt_tokens)
-    if args.gpu_memory_gib is not None and not args.gpu_memory_gib > 0:
-        problems.append(f"--gpu-memory-gib={args.gpu_memory_gib:g} must be > 0")
+    if args.gpu_memory_gib is not None and not (math.isfinite(args.gpu_memory_gib) and args.gpu_memory_gib > 0):
+        problems.append(f"--gpu-memory-gib={args.gpu_memory_gib:g} must be a finite number > 0")
+    if args.reserve_gib is not None and not (math.isfinite(args.reserve_gib) and args.reserve_gib >= 0):
+        problems.append(f"--reserve-gib={args.reserve_gib:g} must be a finite number >= 0 (GiB kept free on every GPU)")
     return problems
 
 

@@ -23,7 +23,7 @@ from vapo_megatron.config import Config, ConfigError, parse_config, problems_err
 from vapo_megatron.config.cli import BAD_INPUT_EXIT_CODE, INTERRUPTED_EXIT_CODE, verbose
 from vapo_megatron.config.layout import launcher_env
 from vapo_megatron.config.quiet import device_startup, quiet_startup
-from vapo_megatron.trainer.run_guard import die_with_launcher
+from vapo_megatron.trainer.run_guard import RunDirLocked, die_with_launcher, remove_unused_run_dir
 
 SAVE_FAILED_EXIT_CODE = 5  # a checkpoint could not be written (full disk, ...); the previous one is intact
 INTERRUPTED = "interrupted: stopped without a checkpoint; the same command resumes from the last one"
@@ -47,10 +47,20 @@ def checked_config(config_path: str, overrides: list[str]) -> Config:
         raise problems_error(problems + hardware_problems(cfg))
     determinism_env(cfg.trainer.deterministic)  # before torch is imported, let alone CUDA initialised
     problems = hardware_problems(cfg)
+    problems += model_file_problems(cfg)
     if problems:
         raise problems_error(problems)
     resume.check_resume(cfg, announce=rank == 0)  # vs. run_dir/config.yaml
     return cfg
+
+
+def model_file_problems(cfg: Config) -> list[str]:
+    """The policy's tokenizer, chat template and generation config, loaded once as the run will
+    load them (data/model_files.py): a file that parses but does not load is one line naming it,
+    before the run directory is made. transformers is imported here (as the trainer would)."""
+    from vapo_megatron.data.model_files import loading_problems
+
+    return [f"model.hf_path: {p}" for p in loading_problems(cfg.model.hf_path)]
 
 
 def print_config(config_path: str, overrides: list[str]) -> int:
@@ -69,6 +79,21 @@ def print_config(config_path: str, overrides: list[str]) -> int:
         return BAD_INPUT_EXIT_CODE
     sys.stdout.write(yaml.safe_dump(run_record(cfg), sort_keys=False))
     return 0
+
+
+def finished(cfg: Config) -> bool:
+    """Whether the run's newest checkpoint is whole and finished at the iterations this command asks
+    for (checkpoint/complete.py); then rank 0 says so, as Trainer.run would after loading it all."""
+    from vapo_megatron.checkpoint.complete import finished_at, finished_message
+
+    total = cfg.algo.value_pretrain_steps + cfg.trainer.total_steps  # Trainer.total_iterations
+    models = ("actor",) if cfg.algo.estimator == "grpo" else ("actor", "critic")  # mcore/critic.py build_critic
+    done = finished_at(cfg.trainer.run_dir, models)
+    if done is None or done < total:
+        return False
+    if launcher_env()[0] == 0:
+        print(finished_message(cfg.trainer.run_dir, done, cfg.trainer.total_steps, total), flush=True)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vapo-train: configuration error: {e}", file=sys.stderr)
         return BAD_INPUT_EXIT_CODE
     device_startup()
+    if finished(cfg):  # a rerun of a finished run: said before any model is built or checkpoint loaded
+        return 0
     from model_providers import HFConfigError
     from vapo_megatron.checkpoint.manager import CheckpointCorrupt, CheckpointMismatch, CheckpointSaveError
     from vapo_megatron.data.prompts import PromptDataError
@@ -101,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     from vapo_megatron.trainer.trainer import NON_FINITE_EXIT_CODE, Trainer
 
     stop = StopSignals().install()  # before any helper process exists
+    fresh = not os.path.lexists(cfg.trainer.run_dir)  # made by this start: a refused start removes it again
     try:
         trainer = Trainer(cfg, stop)
     except (PromptDataError, ConfigError, HFConfigError, CheckpointCorrupt, CheckpointMismatch, OSError) as e:  # before any step
@@ -110,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             type(e), "file" if isinstance(e, OSError) else "configuration")
         print(f"vapo-train: {kind} error: {e}", file=sys.stderr, flush=True)
         parallel.destroy()
+        if fresh and not isinstance(e, RunDirLocked) and launcher_env()[0] == 0:
+            remove_unused_run_dir(cfg.trainer.run_dir)
         return BAD_INPUT_EXIT_CODE
     except KeyboardInterrupt:  # a second Ctrl-C while starting
         print(f"vapo-train: {INTERRUPTED}", file=sys.stderr, flush=True)

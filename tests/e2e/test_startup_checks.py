@@ -227,6 +227,7 @@ def test_cli_all_bad_training_data_stops_with_the_file_named(demo, tmp_path):
     for line in (1, 2, 3):
         assert f"{bad}:{line}:" in proc.stderr
     assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()  # made by the start (its lock), removed by the refusal (issue 44)
 
 
 def test_cli_trains_through_fuzzed_data_and_refuses_a_crafted_checkpoint(demo, tmp_path):

@@ -184,3 +184,83 @@ def test_an_unwritable_run_dir_is_one_problem(tmp_path):
     problems = [p for p in startup_problems(Config(trainer=TrainerConfig(run_dir=str(file_run_dir / "run"))), 1)
                 if "trainer.run_dir" in p]
     assert problems == [f"trainer.run_dir: {file_run_dir / 'run'} cannot be created or written ({file_run_dir} is a file, not a directory)"]
+
+
+def busy_when_renamed(monkeypatch, mount):
+    """os.rename and os.replace answer for `mount` as for a mount point (EBUSY); the moves made are
+    recorded, each as (source name, destination)."""
+    import errno
+
+    moves, rename, replace = [], os.rename, os.replace
+
+    def guarded(real):
+        def move(src, dst, *a, **kw):
+            if mount in (os.path.abspath(src), os.path.abspath(dst)):
+                raise OSError(errno.EBUSY, "Device or resource busy", str(src))
+            moves.append((os.path.basename(src), os.path.abspath(dst)))
+            return real(src, dst, *a, **kw)
+        return move
+
+    monkeypatch.setattr(os, "rename", guarded(rename))
+    monkeypatch.setattr(os, "replace", guarded(replace))
+    return moves
+
+
+def test_an_empty_target_is_filled_in_place_and_never_renamed(tmp_path, monkeypatch):
+    """An empty --out that is a mount point (a scratch mount, a container volume) cannot be renamed:
+    commit_dir once tried, after the whole conversion (issue 44 item 1). It is built inside itself
+    and filled in place, the files that make it readable last."""
+    target = tmp_path / "mnt"
+    target.mkdir()
+    inode = target.stat().st_ino
+    moves = busy_when_renamed(monkeypatch, str(target))
+    tmp = built(target, "model.safetensors")
+    (tmp / "config.json").write_text("{}")
+    (tmp / "hf").mkdir()
+    (tmp / "hf" / "tokenizer.json").write_text("{}")
+    commit_dir(tmp, target, writer=CONVERT_MCORE_TO_HF)  # once: EBUSY, renaming the mount away
+    assert sorted(p.name for p in target.iterdir()) == [MARKER, "config.json", "hf", "model.safetensors"]
+    assert target.stat().st_ino == inode and writer_of(target) == CONVERT_MCORE_TO_HF
+    assert (target / "hf" / "tokenizer.json").read_text() == "{}" and os.listdir(tmp_path) == ["mnt"]
+    assert [name for name, dst in moves if os.path.dirname(dst) == str(target)][-2:] == ["config.json", MARKER]
+
+
+def test_a_write_cut_short_in_place_is_named(tmp_path):
+    target = tmp_path / "mnt"
+    (target / ".vapo-staging").mkdir(parents=True)
+    check_replaceable(target, CONVERT_HF_TO_MCORE, overwrite=False)  # only a leftover: still empty
+    (target / "common.pt").write_bytes(b"x")
+    with pytest.raises(TargetRefused, match=r"a write cut short left half-filled \(.vapo-staging is still in it\)"):
+        check_replaceable(target, CONVERT_HF_TO_MCORE, overwrite=True)
+
+
+def test_what_the_write_needs_of_the_file_system_is_tried_first(tmp_path, monkeypatch):
+    """An empty --out where nothing can be created (a read-only mount; root ignores mode bits, so the
+    file system's answer is simulated) was checked only in its parent: vapo-eval evaluated, then
+    failed with EROFS (issue 44 item 2). An earlier output on a mount point cannot be renamed away."""
+    import errno
+    import tempfile
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real = tempfile.TemporaryFile
+
+    def temporary_file(*a, dir=None, **kw):
+        if dir is not None and os.path.abspath(dir) == str(ro):
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(*a, dir=dir, **kw)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", temporary_file)
+    for writer, in_place in ((EVAL_OUTPUT, True), (CONVERT_HF_TO_MCORE, False)):
+        with pytest.raises(TargetRefused, match=f"--out {ro} cannot be written: nothing can be created in it"):
+            check_replaceable(ro, writer, overwrite=True, flag=None, in_place=in_place)
+    (ro / "summary.json").write_text("{}")  # an earlier vapo-eval's output, now read-only
+    (ro / MARKER).write_text(json.dumps({"writer": EVAL_OUTPUT}))
+    with pytest.raises(TargetRefused, match=f"--out {ro} cannot be written"):
+        check_replaceable(ro, EVAL_OUTPUT, overwrite=True, flag=None, in_place=True)
+
+    mine = tmp_path / "mine"
+    commit_dir(built(mine), mine, writer=CONVERT_HF_TO_MCORE)
+    monkeypatch.setattr(os.path, "ismount", lambda p: os.path.abspath(p) == str(mine))
+    with pytest.raises(TargetRefused, match=f"--out {mine} is a mount point, which cannot be renamed away"):
+        check_replaceable(mine, CONVERT_HF_TO_MCORE, overwrite=True)

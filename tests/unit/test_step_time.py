@@ -179,9 +179,9 @@ def test_bad_time_options_are_named_one_each():
     assert msg.startswith("--mean-response-tokens=30000 is more than rollout.max_new_tokens=20480")
     for option, key in (("--mean-response-tokens", "response_tokens"), ("--mean-prompt-tokens", "prompt_tokens"),
                         ("--storage-gb-per-s", "storage_gb_s"), ("--eval-prompts", "eval_prompts")):
-        for bad in (0, -1, float("nan")):
+        for bad in (0, -1, float("nan"), float("inf")):  # inf: issue 44 item 5
             (msg,) = option_problems(**{**ok, key: bad})
-            assert msg == f"{option}={bad:g} must be > 0" and "\n" not in msg
+            assert msg == f"{option}={bad:g} must be a finite number > 0" and "\n" not in msg
 
 
 def test_the_trainer_gets_a_prediction_only_for_a_gpu_with_rates():

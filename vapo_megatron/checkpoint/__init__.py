@@ -2,7 +2,9 @@
 
     manager.py        run_dir/checkpoints: save, resume, fall back past a damaged checkpoint
     model_state.py    one model in a checkpoint: weights and optimizer state (either Adam layout)
-    dist_io.py        megatron dist checkpoints of model chunks (and vapo-convert's streaming save)
+    dist_io.py        megatron dist checkpoints of model chunks (and vapo-convert's streaming save);
+                      check_storage: every storage file whole, before any command reads one
+    complete.py       which of a run's checkpoints is whole and whether the run finished, from its files
     lazy_save.py      a dist-checkpoint save whose tensors are made one at a time (hf-to-mcore)
     safe_unpickle.py  no checkpoint file can run code when loaded
     atomic.py         the one atomic/fsync helper every writer of the project uses, and the rule

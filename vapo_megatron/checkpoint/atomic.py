@@ -1,10 +1,11 @@
 """Atomic, durable writes: the one helper every writer of the project uses.
 
     write_atomic(path, data)        a file: temp file beside it, flushed, fsynced, renamed, dir fsynced
-    staging_path(target)            where `target` is built: `.<name>.tmp` beside it (every rank agrees)
+    staging_path(target)            where `target` is built: `.<name>.tmp` beside it, or inside an
+                                    empty existing `target` (every rank agrees)
     staging_dir(target)             that directory, created empty (one rank)
     commit_dir(tmp, target, writer=W)  the built directory, marked as W's, its modes the umask's,
-                                    flushed, renamed into place
+                                    flushed, put in place
     fsync_tree(root)                every file and directory below `root` flushed to disk
     check_replaceable(target, W, overwrite=...)   may W put a directory at `target`? (before any work)
     can_create_in(directory)        whether a file can be created there, tried for real
@@ -12,7 +13,11 @@
 
 The rename is the commit: a reader sees the old content or the new, never a part; and because
 the data is flushed before the rename and the directory after it, a power loss cannot leave the
-new name pointing at data that never reached the disk. Pure Python (no torch).
+new name pointing at data that never reached the disk. An EMPTY existing target is never renamed
+(a mount point or a container volume cannot be: EBUSY, after all the work): it is built inside
+itself, in IN_PLACE, whose entries are then moved up one by one, the files that make a directory
+readable (a dist checkpoint's metadata.json, a model's config.json) and the marker last, so that a
+reader never takes a part for the whole. Pure Python (no torch).
 
 Ownership: a directory is replaced only by the writer that wrote it. Every committed directory
 carries MARKER (`.vapo-writer`, JSON naming its writer, e.g. "vapo-convert hf-to-mcore");
@@ -38,6 +43,9 @@ TRAINER_EXPORT = "vapo-train export"
 CONVERT_HF_TO_MCORE = "vapo-convert hf-to-mcore"
 CONVERT_MCORE_TO_HF = "vapo-convert mcore-to-hf"
 EVAL_OUTPUT = "vapo-eval"  # files written into --out, replaced by the next vapo-eval there
+IN_PLACE = ".vapo-staging"  # where an empty existing target is built: inside itself
+# Moved into an empty target last, in this order: what makes it a checkpoint, a model, the writer's.
+LAST = ("metadata.json", "config.json", MARKER)
 
 
 class TargetRefused(ValueError):
@@ -108,9 +116,22 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     return path
 
 
+def empty_dir(path: str | Path) -> bool:
+    """An existing directory (not a link) holding nothing, or only a leftover IN_PLACE staging
+    directory of a write that did not finish."""
+    path = Path(path)
+    try:
+        return path.is_dir() and not path.is_symlink() and all(p.name == IN_PLACE for p in path.iterdir())
+    except OSError:
+        return False
+
+
 def staging_path(target: str | Path) -> Path:
-    """`.<name>.tmp` beside `target`: where a directory is built before commit_dir."""
+    """Where a directory is built before commit_dir: inside `target` (IN_PLACE) when it is an empty
+    existing directory, which is then filled in place and never renamed; else `.<name>.tmp` beside it."""
     target = Path(target).absolute()
+    if empty_dir(target):
+        return target / IN_PLACE
     return target.parent / f".{target.name}.tmp"
 
 
@@ -131,14 +152,17 @@ def mark(directory: str | Path, writer: str) -> None:
 def commit_dir(tmp: str | Path, target: str | Path, *, writer: str) -> Path:
     """Mark `tmp` as `writer`'s, flush it, then put it in place of `target`. An existing `target`
     is first renamed to `.<name>.old` and removed only once the new one is in place, so at every
-    moment one complete directory is at `target` or beside it. An existing non-empty `target`
-    that `writer` did not write is never touched: TargetRefused (and `tmp` is left to the caller,
+    moment one complete directory is at `target` or beside it. An empty `target` (`tmp` is its
+    IN_PLACE) is filled in place instead (fill_in_place). An existing non-empty `target` that
+    `writer` did not write is never touched: TargetRefused (and `tmp` is left to the caller,
     whose error path removes it)."""
     tmp, target = Path(tmp), Path(target).absolute()
     check_replaceable(target, writer, overwrite=True, flag=None, key="")
     mark(tmp, writer)
     follow_umask(tmp)
     fsync_tree(tmp)
+    if tmp == target / IN_PLACE:
+        return fill_in_place(tmp, target)
     old = target.parent / f".{target.name}.old"
     if target.exists():
         shutil.rmtree(old, ignore_errors=True)
@@ -146,6 +170,21 @@ def commit_dir(tmp: str | Path, target: str | Path, *, writer: str) -> Path:
     os.replace(tmp, target)
     fsync_path(target.parent)
     shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def fill_in_place(tmp: Path, target: Path) -> Path:
+    """Move the flushed entries of `tmp` (target/IN_PLACE) up into the empty `target`, which keeps
+    its name and inode. The entries in LAST go last, after a flush of the rest: until metadata.json
+    or config.json is there no reader takes the directory for a checkpoint or a model, and until
+    the marker is there no writer takes it for its own (a cut move is refused, naming IN_PLACE)."""
+    names = sorted(os.listdir(tmp), key=lambda n: (LAST.index(n) + 1 if n in LAST else 0, n))
+    for i, name in enumerate(names):
+        if name in LAST and (i == 0 or names[i - 1] not in LAST):
+            fsync_path(target)
+        os.rename(tmp / name, target / name)
+    tmp.rmdir()
+    fsync_path(target)
     return target
 
 
@@ -188,12 +227,16 @@ def _within(a: Path, b: Path) -> bool:
 
 
 def check_replaceable(target: str | Path, writer: str, *, overwrite: bool, flag: str | None = "--overwrite",
-                      key: str = "--out", sources: dict[str, str | Path] | None = None) -> None:
+                      key: str = "--out", sources: dict[str, str | Path] | None = None, in_place: bool = False) -> None:
     """May `writer` put a new directory at `target`? Yes when nothing is there, when an empty
     directory is, or, with `overwrite`, when `writer` itself wrote what is there. Anything else,
     and a `target` that is, holds or lies inside one of `sources` ({flag: path} of the inputs),
     raises TargetRefused naming `key` (the flag or setting that chose `target`; "" for none), what
-    is there and how to go on (`flag`: the option that allows replacing; None when there is none)."""
+    is there and how to go on (`flag`: the option that allows replacing; None when there is none).
+    What the write needs of the file system is tried too, now rather than at the end: new files in
+    the directory it creates them in (the target itself when it exists and is empty, or with
+    `in_place`: a writer of files into it, vapo-eval; else the parent, where a replacement is built
+    before the rename), and a target that can be renamed (not a mount point)."""
     name = f"{key} {target}" if key else str(target)
     other = f"choose another {key}" if key else "move it away"
     target = Path(target).expanduser().absolute()
@@ -211,20 +254,33 @@ def check_replaceable(target: str | Path, writer: str, *, overwrite: bool, flag:
         if above is not None and not can_create_in(above):
             raise TargetRefused(f"{name} cannot be written: nothing can be created in {above}; {other}")
         return
-    if not can_create_in(target.parent):  # the new directory is staged beside the target, then renamed
-        raise TargetRefused(f"{name} cannot be replaced: nothing can be created in {target.parent}; {other}")
     if target.is_symlink() or not target.is_dir():
         raise TargetRefused(f"{name} exists and is not a directory that {writer} wrote; {other}")
-    if not any(target.iterdir()):
+    unwritable = f"{name} cannot be written: nothing can be created in it (read-only?); {other}"
+    if empty_dir(target):  # written into, never renamed
+        if not can_create_in(target):
+            raise TargetRefused(unwritable)
         return
     found = writer_of(target)
     if found == writer:
-        if overwrite:
+        if not overwrite:
+            raise TargetRefused(f"{name} holds an earlier output of {writer}; pass {flag} to replace it, or {other}")
+        if in_place:
+            if not can_create_in(target):
+                raise TargetRefused(unwritable)
             return
-        raise TargetRefused(f"{name} holds an earlier output of {writer}; pass {flag} to replace it, or {other}")
-    what = (f"a directory written by {found}" if found else
-            f"a non-empty directory without a {MARKER} marker (not written by vapo-megatron, or by a version before "
-            "markers)")
+        if not can_create_in(target.parent):  # the new directory is staged beside the target, then renamed
+            raise TargetRefused(f"{name} cannot be replaced: nothing can be created in {target.parent}; {other}")
+        if os.path.ismount(target):
+            raise TargetRefused(f"{name} is a mount point, which cannot be renamed away to be replaced; empty it (an "
+                                f"empty directory is written in place), or {other}")
+        return
+    if (target / IN_PLACE).is_dir():
+        what = f"a directory that a write cut short left half-filled ({IN_PLACE} is still in it)"
+    else:
+        what = (f"a directory written by {found}" if found else
+                f"a non-empty directory without a {MARKER} marker (not written by vapo-megatron, or by a version "
+                "before markers)")
     allowed = f" ({flag} replaces only a directory that {writer} wrote)" if flag else ""
     raise TargetRefused(f"{name} is {what}, which {writer} never replaces; {other}{allowed}")
 
@@ -241,6 +297,7 @@ def can_create_in(directory: Path) -> bool:
         return False
 
 
-__all__ = ["CONVERT_HF_TO_MCORE", "CONVERT_MCORE_TO_HF", "EVAL_OUTPUT", "MARKER", "TRAINER_CHECKPOINT",
-           "TRAINER_EXPORT", "TargetRefused", "can_create_in", "check_replaceable", "commit_dir", "follow_umask", "fsync_path",
-           "fsync_tree", "mark", "process_umask", "staging_dir", "staging_path", "write_atomic", "writer_of"]
+__all__ = ["CONVERT_HF_TO_MCORE", "CONVERT_MCORE_TO_HF", "EVAL_OUTPUT", "IN_PLACE", "LAST", "MARKER", "TRAINER_CHECKPOINT",
+           "TRAINER_EXPORT", "TargetRefused", "can_create_in", "check_replaceable", "commit_dir", "empty_dir",
+           "fill_in_place", "follow_umask", "fsync_path", "fsync_tree", "mark", "process_umask", "staging_dir",
+           "staging_path", "write_atomic", "writer_of"]

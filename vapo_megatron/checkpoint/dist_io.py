@@ -105,6 +105,8 @@ def save(ckpt_dir: str | Path, sharded_state: dict, *, writer: str, write_extra:
 
 
 def require_checkpoint(ckpt_dir: str | Path) -> Path:
+    """`ckpt_dir` as a dist checkpoint whose every storage file is whole (check_storage); else
+    CheckpointError naming what is wrong. Every command that reads a checkpoint calls it first."""
     path = Path(ckpt_dir)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory {path} does not exist")
@@ -113,7 +115,37 @@ def require_checkpoint(ckpt_dir: str | Path) -> Path:
             f"{path} is not a Megatron distributed checkpoint (no valid metadata.json); "
             "convert an HF model with `vapo-convert hf-to-mcore` first"
         )
+    check_storage(path)
     return path
+
+
+def check_storage(path: str | Path) -> None:
+    """CheckpointError unless every storage file of the dist checkpoint at `path` is there and as
+    long as its own metadata says (torch DCP's .metadata: each item's file, offset and length). A
+    write cut off by a crash or a full disk, or a partial copy, is named file by file before any
+    work, whichever part of the state the damage hits: a reader of the weights alone (vapo-eval,
+    mcore-to-hf) would otherwise never read a cut optimizer half, which a resume refuses. Reads the
+    metadata (restricted unpickling) and stats the files; reads no tensor."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    path = Path(path)
+    try:
+        storage = FileSystemReader(str(path)).read_metadata().storage_data  # restricted unpickling
+        needed: dict[str, int] = {}
+        for info in storage.values():  # MetadataIndex -> _StorageInfo(relative_path, offset, length)
+            needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    except Exception as e:  # noqa: BLE001 - a missing, damaged or refused .metadata
+        raise CheckpointError(f"{path}: {_describe_failure(e)}") from None
+    found = []
+    for name, size in sorted(needed.items()):
+        file = path / name
+        if not file.is_file():
+            found.append(f"{file} is missing")
+        elif file.stat().st_size < size:
+            found.append(f"{file} is truncated ({file.stat().st_size} bytes, the metadata needs {size})")
+    if found:
+        raise CheckpointError(f"{path}: cannot load: {len(found)} damaged storage file{'s' if len(found) > 1 else ''}"
+                              + "".join(f"; {f}" for f in found))
 
 
 def load(ckpt_dir: str | Path, sharded_state: dict, *, part: bool = False) -> dict:
@@ -128,7 +160,7 @@ def load(ckpt_dir: str | Path, sharded_state: dict, *, part: bool = False) -> di
         sharded_state = local_extra_state_where_absent(path, sharded_state)
         return dist_checkpointing.load(sharded_state, str(path), validate_access_integrity=not part)
     except (Exception, CheckpointException) as e:
-        raise CheckpointError(f"{path}: {_describe_failure(e)}{_short_files(path)}") from e
+        raise CheckpointError(f"{path}: {_describe_failure(e)}") from e
 
 
 def _saved_keys(path: Path) -> set[str] | None:
@@ -218,29 +250,6 @@ def vocab_padding_only(sh, saved_shape, vocab_size: int | None) -> bool:
     model_shape, saved_shape = tuple(sh.global_shape), tuple(saved_shape)
     return (bool(sh.allow_shape_mismatch) and vocab_size is not None and len(model_shape) == len(saved_shape)
             and model_shape[1:] == saved_shape[1:] and min(model_shape[0], saved_shape[0]) >= vocab_size)
-
-
-def _short_files(path: Path) -> str:
-    """'; FILE is truncated (...)' for each storage file that is missing or shorter than the
-    checkpoint's own metadata says (a write cut off by a crash or a full disk): torch DCP's read
-    error (an EOFError from deep inside torch.load) does not name the file."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    try:
-        storage = FileSystemReader(str(path)).read_metadata().storage_data  # restricted unpickling
-        needed: dict[str, int] = {}
-        for info in storage.values():  # MetadataIndex -> _StorageInfo(relative_path, offset, length)
-            needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
-    except Exception:  # noqa: BLE001 - no usable metadata: the error itself says so
-        return ""
-    found = []
-    for name, size in sorted(needed.items()):
-        file = path / name
-        if not file.is_file():
-            found.append(f"{file} is missing")
-        elif file.stat().st_size < size:
-            found.append(f"{file} is truncated ({file.stat().st_size} bytes, the metadata needs {size})")
-    return "".join(f"; {f}" for f in found)
 
 
 def _describe_failure(e: BaseException) -> str:

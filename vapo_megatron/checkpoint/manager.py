@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import errno
 import json
-import re
 import shutil
 from functools import partial
 from pathlib import Path
@@ -27,13 +26,13 @@ from typing import Callable, TypeVar
 
 import torch
 import torch.distributed as dist
-from megatron.core import dist_checkpointing
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.api import CheckpointException
 
 from vapo_megatron.checkpoint import dist_io  # also installs safe_unpickle: no checkpoint pickle runs code
 from vapo_megatron.checkpoint.model_state import load_model_state, resume_layout_problem, save_model_state
 from vapo_megatron.checkpoint.atomic import commit_dir, fsync_path, staging_dir, staging_path, write_atomic
+from vapo_megatron.checkpoint.complete import CheckpointCorrupt, candidates, check_complete
 from vapo_megatron.config.resume import ep_change
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.model import TrainModel
@@ -43,10 +42,6 @@ from vapo_megatron.trainer.state import RunState
 
 KEEP_CHECKPOINTS = 2
 T = TypeVar("T")
-
-
-class CheckpointCorrupt(RuntimeError):
-    """A checkpoint that cannot be resumed from; the message names it."""
 
 
 class CheckpointSaveError(RuntimeError):
@@ -222,41 +217,6 @@ class CheckpointManager:
             shutil.rmtree(dead, ignore_errors=True)
         self._remove_leftovers()
 
-    def _candidates(self) -> list[Path]:
-        """Checkpoints to try, newest first: the `latest` pointer, then older complete ones."""
-        if not self.root.exists():
-            return []
-        found = sorted((p for p in self.root.glob("iter_*") if p.is_dir()), reverse=True)
-        latest = self.root / "latest"
-        if latest.exists():
-            named = latest.read_text(errors="replace").strip()
-            if re.fullmatch(r"iter_\d{7}", named):
-                found = [self.root / named] + [p for p in found if p.name != named]
-            elif parallel.is_rank0():
-                print(f"[vapo] {latest} is damaged (holds {named[:40]!r}, not iter_NNNNNNN); ignoring it", flush=True)
-        return found
-
-    def _check_complete(self, path: Path) -> dict:
-        """The cheap checks, the same on every rank: state.json parses and names this iteration,
-        every model's dist checkpoint has its metadata. Damage inside tensor files shows at load."""
-        if not path.is_dir():
-            raise CheckpointCorrupt(f"{path} does not exist")
-        try:
-            meta = json.loads((path / "state.json").read_text())
-            RunState.check_json(meta["state"])
-            meta["world_size"], meta["complete"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise CheckpointCorrupt(f"{path / 'state.json'} is unreadable or incomplete ({type(e).__name__}: {e})") from None
-        if meta["complete"] is not True:
-            raise CheckpointCorrupt(f"{path / 'state.json'}: not marked complete")
-        iteration = meta["state"]["iteration"]
-        if f"iter_{iteration:07d}" != path.name:
-            raise CheckpointCorrupt(f"{path / 'state.json'} records iteration {iteration}, not that of {path.name}")
-        for sub in self.models:
-            if not dist_checkpointing.check_is_distributed_checkpoint(str(path / sub)):
-                raise CheckpointCorrupt(f"{path / sub} is not a complete Megatron dist checkpoint (metadata.json missing or unreadable)")
-        return meta
-
     def _rng_state(self, path: Path, meta: dict) -> dict | None:
         """This rank's RNG state; None when the checkpoint was written by another world size (then
         the RNG is not restored)."""
@@ -300,9 +260,9 @@ class CheckpointManager:
         decision after each step of the load: a damaged shard may be read by one rank only. When
         checkpoints exist but none loads, the run stops rather than silently starting over."""
         failures = []
-        for path in self._candidates():
+        for path in candidates(self.root, say_damage=parallel.is_rank0()):
             try:
-                meta = _on_every_rank(partial(self._check_complete, path))
+                meta = _on_every_rank(partial(check_complete, path, self.models))
                 if why := ep_change(meta["config"] if "config" in meta else None, self.config):
                     raise CheckpointMismatch(f"{path} was {why}; the checkpoints are intact")
                 self._check_matches(path)  # another model: stop (older checkpoints are no better)

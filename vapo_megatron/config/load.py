@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 import yaml
@@ -85,6 +86,8 @@ def _coerce(value, default, hint: str, key: str):
     if hint.startswith("float"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key} must be a number, got {value!r}")
+        if not math.isfinite(value):  # YAML's .nan and .inf: every range check would let nan through
+            raise ConfigError(f"{key} must be a finite number, got {value!r}")
         return float(value)
     if hint.startswith("str"):
         if not isinstance(value, str):

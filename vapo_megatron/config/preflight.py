@@ -118,11 +118,14 @@ def _reward(cfg: Config, out: list[str]) -> None:
         out.append(f"reward.fn={spec!r}: {e}")
 
 
-def hardware_problems(cfg: Config, *, cuda: bool | None = None) -> list[str]:
+def hardware_problems(cfg: Config, *, cuda: bool | None = None, engine_flag: str | None = None) -> list[str]:
     """What the settings need of the machine; `cuda`: whether CUDA GPUs are visible (None: torch
-    says, imported only when a setting needs CUDA)."""
+    says, imported only when a setting needs CUDA). `engine_flag`: the command's flag for
+    rollout.engine (vapo-eval's --engine), named in its place."""
     out = []
-    if cfg.rollout.engine == "sglang":
+    if cfg.rollout.engine == "sglang" and engine_flag:
+        out.append(f"{engine_flag} sglang needs CUDA GPUs and none is visible; allowed here: {engine_flag} embedded")
+    elif cfg.rollout.engine == "sglang":
         out.append("rollout.engine=sglang needs CUDA GPUs and none is visible; "
                    "allowed here: embedded (or sglang_http with rollout.sglang_urls)")
     for key, o in (("actor_optim", cfg.actor_optim), ("critic_optim", cfg.critic_optim)):

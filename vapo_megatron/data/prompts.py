@@ -222,13 +222,15 @@ def load_prompts(
     max_prompt_tokens: int,
     apply_chat_template: bool,
     schema: str = "auto",
+    schema_key: str = "data.schema",
 ) -> tuple[list[PromptRecord], LoadStats]:
     """Read, validate and tokenize prompt files (``.jsonl``/``.json`` lines or ``.parquet``).
 
     Rows with more than ``max_prompt_tokens`` prompt tokens are skipped (reason ``too_long``).
     Skip reasons: invalid_json, non_utf8, wrong_type, missing_field, null_answer, empty_prompt,
     too_long. Raises PromptDataError for a missing/unreadable file, a file in which no row
-    shows a known schema, or a file from which no record survives.
+    shows a known schema (naming `schema_key`, the setting or flag that gives it), or a file
+    from which no record survives.
     """
     if schema not in SCHEMAS:
         raise PromptDataError(f"schema must be one of {SCHEMAS}, got {schema!r}")
@@ -313,7 +315,7 @@ def load_prompts(
         if file_schema is None and first_keys is not None:
             raise PromptDataError(
                 f"{path}: cannot detect the schema: no row has 'answer' (simple) or 'reward_model' (dapo) "
-                f"(keys of the first object: {first_keys}); fix the field names or set data.schema"
+                f"(keys of the first object: {first_keys}); fix the field names or set {schema_key}"
             )
         if n_loaded == 0:
             if n_rows == 0:

@@ -1,7 +1,7 @@
 """vapo-eval's library part: a model (HF directory or trainer checkpoint) evaluated on prompt files.
 
     source = resolve_model(path)          an HF directory, or a trainer / vapo-convert checkpoint
-    summary = run(args, ks)               collective; the figures on global rank 0
+    summary = run(args, ks, source)       collective; the figures on global rank 0
     write_outputs(out, result, summary)   samples.jsonl, per_prompt.csv, summary.json (atomic)
 
 A checkpoint's weights are loaded into a Megatron model and streamed into the rollout engine by
@@ -68,15 +68,18 @@ def resolve_model(path: str) -> ModelSource:
 
 def _checked(hf_dir: Path, *, weights: bool, arg: str) -> Path:
     """The checks every command makes of a model directory before work starts: a family the
-    trainer supports (the same check as vapo-train's and vapo-convert's), and whole files."""
+    trainer supports (the same check as vapo-train's and vapo-convert's), whole files, and the
+    tokenizer, chat template and generation config loaded (data/model_files.py)."""
     from model_providers import HFConfigError, check_supported, read_hf_config
     from model_providers.files import model_dir_problems
+    from vapo_megatron.data.model_files import loading_problems
 
     try:
         check_supported(read_hf_config(hf_dir))
     except HFConfigError as e:
         raise EvalInputError(f"--model {arg}: {e}") from None
     problems = model_dir_problems(hf_dir, weights=weights)
+    problems = problems or loading_problems(hf_dir)  # whole files, then loaded
     if problems:
         raise EvalInputError(f"--model {arg}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
     return hf_dir
@@ -124,8 +127,9 @@ def load_checkpoint_into(gen, cfg, model: ModelSource, hf_cfg: dict) -> None:
     gc.collect()
 
 
-def run(a: argparse.Namespace, ks: list[int]) -> dict | None:
-    """Collective. Returns the summary on global rank 0."""
+def run(a: argparse.Namespace, ks: list[int], model: ModelSource | None = None) -> dict | None:
+    """Collective. Returns the summary on global rank 0. `model`: resolve_model(a.model), when the
+    caller has it (its checks are not repeated)."""
     from model_providers import read_hf_config
     from vapo_megatron.config.layout import CLI_KEYS, check_layout
     from vapo_megatron.data.datasets import load_tokenizer, stop_token_ids
@@ -137,13 +141,13 @@ def run(a: argparse.Namespace, ks: list[int]) -> dict | None:
     from vapo_megatron.rewards.scorer import Scorer
     from vapo_megatron.rollout.generator import Generator
 
-    model = resolve_model(a.model)
+    model = model or resolve_model(a.model)
     cfg = build_config(a, model)
     hf_cfg = read_hf_config(cfg.model.hf_path)
     check_layout(parallel.launcher_env()[1], a.tp, a.pp, model=hf_cfg, model_key=f"--model {a.model}", keys=CLI_KEYS)
     tokenizer = load_tokenizer(cfg.model.hf_path, hf_cfg["vocab_size"], hf_cfg["_source"])
     records, stats = load_prompts(list(a.data), tokenizer, max_prompt_tokens=a.max_prompt_tokens,
-                                  apply_chat_template=not a.no_chat_template, schema=a.schema)
+                                  apply_chat_template=not a.no_chat_template, schema=a.schema, schema_key="--schema")
     records = records[: a.max_prompts] if a.max_prompts else records
     parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, seed=a.seed,  # after the cheap checks
                              wait_timeout_s=cfg.rollout.wait_timeout_s)

@@ -4,6 +4,7 @@ Pure Python: sizing/step_time.py has the model, docs/slurm.md "Step time and cos
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from vapo_megatron.sizing.flops import shapes_from_hf
@@ -98,12 +99,12 @@ def option_problems(*, gpu: str | None, response_tokens: float | None, prompt_to
         problems.append(f"--gpu={gpu} is not a GPU this model knows; known: {', '.join(GPUS)}")
     for option, value in (("--mean-response-tokens", response_tokens), ("--mean-prompt-tokens", prompt_tokens),
                           ("--storage-gb-per-s", storage_gb_s), ("--eval-prompts", eval_prompts)):
-        if value is not None and not value > 0:  # also NaN
-            problems.append(f"{option}={value:g} must be > 0")
-    if response_tokens is not None and response_tokens > max_new_tokens:
+        if value is not None and not (math.isfinite(value) and value > 0):  # nan and inf too
+            problems.append(f"{option}={value:g} must be a finite number > 0")
+    if response_tokens is not None and math.isfinite(response_tokens) and response_tokens > max_new_tokens:
         problems.append(f"--mean-response-tokens={response_tokens:g} is more than "
                         f"rollout.max_new_tokens={max_new_tokens}: a mean cannot exceed the longest response")
-    if prompt_tokens is not None and prompt_tokens > max_prompt_tokens:
+    if prompt_tokens is not None and math.isfinite(prompt_tokens) and prompt_tokens > max_prompt_tokens:
         problems.append(f"--mean-prompt-tokens={prompt_tokens:g} is more than "
                         f"data.max_prompt_tokens={max_prompt_tokens}")
     return problems

@@ -2,6 +2,7 @@
 
     die_with_launcher()         first thing in a torchrun worker: the kernel kills it when the agent dies
     lock = RunDirLock.acquire(run_dir)   collective: rank 0 locks run_dir/.vapo-lock, or every rank raises
+    remove_unused_run_dir(run_dir)       a start refused after it made run_dir leaves nothing behind
 
 Why both. torchrun starts each worker in a session of its own, so `kill -9` of the launcher's
 process group (or of torchrun alone) used to leave the workers running, re-parented to init,
@@ -81,6 +82,18 @@ class RunDirLock:
             self.fd = None
 
 
+def remove_unused_run_dir(run_dir: str | Path) -> None:
+    """Remove a run directory that holds nothing but its lock file (a start refused after taking
+    the lock, in a directory it made): a refusal leaves nothing behind. Anything else stays."""
+    run_dir = Path(run_dir)
+    try:
+        if {p.name for p in run_dir.iterdir()} <= {LOCK_FILE}:
+            (run_dir / LOCK_FILE).unlink(missing_ok=True)
+            run_dir.rmdir()
+    except OSError:
+        pass  # another process wrote into it meanwhile, or it is gone: leave it
+
+
 def _try_lock(run_dir: Path) -> tuple[int | None, str]:
     """(fd holding the lock, "") or (None, a description of the holder)."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -101,4 +114,4 @@ def _try_lock(run_dir: Path) -> tuple[int | None, str]:
     return fd, ""
 
 
-__all__ = ["LOCK_FILE", "RunDirLock", "RunDirLocked", "die_with_launcher"]
+__all__ = ["LOCK_FILE", "RunDirLock", "RunDirLocked", "die_with_launcher", "remove_unused_run_dir"]

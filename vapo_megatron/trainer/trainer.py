@@ -20,6 +20,7 @@ import torch
 
 from model_providers import read_hf_config
 from vapo_megatron.algorithms.advantages import ESTIMATORS
+from vapo_megatron.checkpoint.complete import finished_message
 from vapo_megatron.checkpoint.manager import CheckpointManager
 from vapo_megatron.config import Config, resume, run_record
 from vapo_megatron.config.determinism import determinism_env
@@ -156,9 +157,8 @@ class Trainer:
         if self.nothing_to_train:  # a rerun of a finished run: its final eval, export and save are done
             # (a longer trainer.total_steps trains on)
             if parallel.is_rank0():
-                print(f"[vapo] the run in {cfg.trainer.run_dir} has finished, at iteration {self.state.iteration} "
-                      f"(trainer.total_steps={cfg.trainer.total_steps} asks for {self.total_iterations}): nothing to train",
-                      flush=True)
+                print(finished_message(cfg.trainer.run_dir, self.state.iteration, cfg.trainer.total_steps,
+                                       self.total_iterations), flush=True)
             return 0
         if not self.state.sft_finished and cfg.sft.steps > 0:
             self.warm_start()

@@ -49,8 +49,12 @@ from vapo_megatron.weights.params import iter_hf_tensors, unwrap
 
 def _require_whole(hf_dir: Path, *, weights: bool) -> None:
     """Damaged model files (a truncated shard, a corrupt tokenizer.json, which would be copied
-    into the output as it is) are refused before the layout starts, naming the file."""
+    into the output as it is) are refused before the layout starts, naming the file; so are a
+    tokenizer, chat template or generation config that parses but does not load."""
+    from vapo_megatron.data.model_files import loading_problems
+
     problems = model_dir_problems(hf_dir, weights=weights, tokenizer=False)
+    problems = problems or loading_problems(hf_dir)
     if problems:
         raise HFCheckpointError("; ".join(problems))
 

@@ -5,6 +5,7 @@ each library (tests/doubles/<world>/: test doubles, never shipped).
 
     world_env("te")                          os.environ with the world's stand-ins first on PYTHONPATH
     run_in_world("te", 2, fn, *args)         fn(*args) on 2 gloo ranks in that world -> [result per rank]
+    call_in_world("apex", fn, *args)         fn(*args) in one fresh interpreter of that world -> its result
 
 A world is a set of importable stand-in packages, so it is fixed when a process imports
 megatron-core: the suite's own processes (and dist_utils' forkserver) are the local world, and a
@@ -52,3 +53,18 @@ def run_in_world(world: str, world_size: int, fn, *args, timeout: float = 600.0)
         if proc.returncode != 0 or not out.exists():
             raise AssertionError(f"world {world}: exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
         return pickle.loads(out.read_bytes())  # our own child's results
+
+
+def call_in_world(world: str, fn, *args, timeout: float = 900.0):
+    """fn(*args) in one fresh interpreter of `world` (tests/helpers/world_call.py), no ranks: for
+    checks that need none, or that start their own (train_in_forks, run_ranks: their forkserver is
+    started from that interpreter, so it is in the same world). fn must be importable."""
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "job.pkl"
+        out = Path(tmp) / "out.pkl"
+        job.write_bytes(pickle.dumps((fn.__module__, fn.__qualname__, args)))
+        proc = subprocess.run([sys.executable, "-m", "tests.helpers.world_call", world, str(job), str(out)],
+                              cwd=ROOT, env=world_env(world), capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0 or not out.exists():
+            raise AssertionError(f"world {world}: exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+        return pickle.loads(out.read_bytes())  # our own child's result

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 
 from tests.helpers.tiny_hf import input_ids, save_tiny
 from tests.helpers.world_acceptance import PLANS, convert_side, eval_side, plan_side, world_side
-from tests.helpers.worlds import call_in_world
+from tests.helpers.worlds import drive_in_world
 
 KINDS = ("qwen3", "llama", "qwen3_moe")
 TOL = 1e-4  # float32 logits, megatron against transformers (test_convert's tolerance)
@@ -52,7 +52,7 @@ def worlds(models, tmp_path_factory):
     work = tmp_path_factory.mktemp("apex-world")
     local = convert_side(dirs, work / "local", {}, ids)
     local_ckpts = {k: work / "local" / f"{k}-mcore" for k in dirs if local[k][0] == "ok"}
-    apex = call_in_world("apex", world_side, work / "apex", dirs, local_ckpts, ids, timeout=1800)
+    apex = drive_in_world("apex", world_side, work / "apex", dirs, local_ckpts, ids, timeout=1800)
     back = convert_side({}, work / "local-back", {k: work / "apex" / "convert" / f"{k}-mcore" for k in dirs}, ids)
     local_eval = None
     if apex.get("eval", ("error",))[0] == "ok":

@@ -1,8 +1,9 @@
 """What a library world must do as the local world does (issue 43), as functions of no world: the
-caller picks the world by where it calls them (worlds.call_in_world runs `world_side` in a fresh
+caller picks the world by where it calls them (worlds.drive_in_world runs `world_side` in a fresh
 interpreter of that world; the pytest process is the local world). They reuse the local world's
 machinery: train_in_forks (the trainer's main on forked ranks), vapo-convert's, vapo-eval's and
-vapo-plan's main functions on forked ranks (dist_utils.run_ranks), and megatron_forward.
+vapo-plan's main functions on forked ranks (dist_utils.run_ranks, worlds.run_command), and
+megatron_forward.
 
     world_side(work, local_ckpts)   in the world: two VAPO steps and a resume, dense and MoE (weight
                                     sync into the embedded engine at every step), vapo-convert both
@@ -115,12 +116,16 @@ def convert_rank(sources: dict, work: Path, foreign: dict, ids: torch.Tensor) ->
     a forward of each checkpoint in `foreign`. Every result: ("ok", logits) or ("error", traceback)."""
     from vapo_megatron import convert
 
+    def run(*argv: str) -> None:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = convert.main(list(argv))
+        assert code == 0, f"vapo-convert {argv[0]} exited {code}:\n{err.getvalue()[-3000:]}"
+
     def both_ways(hf: Path, ckpt: Path, out: Path) -> torch.Tensor:
-        code = convert.main(["hf-to-mcore", "--hf", str(hf), "--out", str(ckpt)])
-        assert code == 0, f"vapo-convert hf-to-mcore exited {code}"
+        run("hf-to-mcore", "--hf", str(hf), "--out", str(ckpt))
         logits = forward(ckpt, ids)
-        code = convert.main(["mcore-to-hf", "--ckpt", str(ckpt), "--out", str(out)])
-        assert code == 0, f"vapo-convert mcore-to-hf exited {code}"
+        run("mcore-to-hf", "--ckpt", str(ckpt), "--out", str(out))
         return logits
 
     results: dict = {}
@@ -136,18 +141,14 @@ def convert_side(sources: dict, work: Path, foreign: dict, ids: torch.Tensor) ->
     return out
 
 
-def eval_rank(argv: list[str]) -> int:
-    from vapo_megatron.eval import main
-
-    return main(argv)
-
-
 def eval_side(ckpt: Path, data: Path, out: Path) -> list[dict]:
     """vapo-eval of a checkpoint on the demo's eval prompts (4 samples each), its samples.jsonl."""
-    argv = ["--model", str(ckpt), "--data", str(data / "eval.jsonl"), "--n-samples", "4", "--out", str(out),
-            "--reward", "exact", "--max-new-tokens", "8", "--max-prompt-tokens", "32", "--seed", "7"]
-    (code,) = run_ranks(1, eval_rank, argv)
-    assert code == 0, f"vapo-eval exited {code}"
+    from tests.helpers.worlds import run_command
+
+    code, stdout, stderr = run_command("vapo_megatron.eval", [
+        "--model", str(ckpt), "--data", str(data / "eval.jsonl"), "--n-samples", "4", "--out", str(out),
+        "--reward", "exact", "--max-new-tokens", "8", "--max-prompt-tokens", "32", "--seed", "7"])
+    assert code == 0, f"vapo-eval exited {code}:\n{stdout[-2000:]}\n{stderr[-4000:]}"
     return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
 
 
@@ -239,6 +240,8 @@ def world_side(work: Path, hf_models: dict, local_ckpts: dict, ids: torch.Tensor
     attempt(results, "convert", convert_side, hf_models, work / "convert", local_ckpts, ids)
     if results["dense"][0] == "ok":
         attempt(results, "eval", eval_side, Path(results["dense"][1]["checkpoint"]), data, work / "eval")
+    else:
+        results["eval"] = ("error", "not run: the dense trainer run, whose checkpoint it reads, failed")
     attempt(results, "plan", plan_side, PLANS)
     attempt(results, "gpu_node", lambda: run_ranks(1, gpu_node_rank)[0])
     results["seconds"] = ("ok", dict(SECONDS))

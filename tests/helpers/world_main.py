@@ -31,7 +31,8 @@ def main(argv: list[str]) -> int:
     fn = importlib.import_module(module)
     for part in qualname.split("."):
         fn = getattr(fn, part)
-    results = run_ranks(world_size, fn, *args, timeout=timeout)
+    # world_size 0: a driver (worlds.drive_in_world), run here; it forks its own ranks.
+    results = fn(*args) if world_size == 0 else run_ranks(world_size, fn, *args, timeout=timeout)
     Path(out).write_bytes(pickle.dumps(results))
     return 0
 

@@ -5,7 +5,10 @@ each library (tests/doubles/<world>/: test doubles, never shipped).
 
     world_env("te")                          os.environ with the world's stand-ins first on PYTHONPATH
     run_in_world("te", 2, fn, *args)         fn(*args) on 2 gloo ranks in that world -> [result per rank]
-    call_in_world("apex", fn, *args)         fn(*args) in one fresh interpreter of that world -> its result
+    drive_in_world("te", fn, *args)          fn(*args) in the world's interpreter itself -> its result;
+                                             fn starts ranks as the suite does (train_in_forks,
+                                             run_ranks, run_command), all forked from that interpreter
+    run_command(module, argv, nproc=1)       a command's main(argv) on forked ranks of this process
 
 A world is a set of importable stand-in packages, so it is fixed when a process imports
 megatron-core: the suite's own processes (and dist_utils' forkserver) are the local world, and a
@@ -14,6 +17,7 @@ world runs in a fresh interpreter (tests/helpers/world_main.py) with its own for
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import subprocess
@@ -55,16 +59,35 @@ def run_in_world(world: str, world_size: int, fn, *args, timeout: float = 600.0)
         return pickle.loads(out.read_bytes())  # our own child's results
 
 
-def call_in_world(world: str, fn, *args, timeout: float = 900.0):
-    """fn(*args) in one fresh interpreter of `world` (tests/helpers/world_call.py), no ranks: for
-    checks that need none, or that start their own (train_in_forks, run_ranks: their forkserver is
-    started from that interpreter, so it is in the same world). fn must be importable."""
-    with tempfile.TemporaryDirectory() as tmp:
-        job = Path(tmp) / "job.pkl"
-        out = Path(tmp) / "out.pkl"
-        job.write_bytes(pickle.dumps((fn.__module__, fn.__qualname__, args)))
-        proc = subprocess.run([sys.executable, "-m", "tests.helpers.world_call", world, str(job), str(out)],
-                              cwd=ROOT, env=world_env(world), capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0 or not out.exists():
-            raise AssertionError(f"world {world}: exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
-        return pickle.loads(out.read_bytes())  # our own child's result
+def drive_in_world(world: str, fn, *args, timeout: float = 1800.0):
+    """fn(*args) in a fresh interpreter of `world`, outside any process group: a driver that runs
+    several commands or rank functions in that world pays for the interpreter and its forkserver's
+    imports once. Returns fn's result."""
+    return run_in_world(world, 0, fn, *args, timeout=timeout)
+
+
+def command_rank(module: str, argv: list[str], out_dir: str) -> int:
+    """One rank of run_command: `module`'s main(argv), its output in out_dir/rank{R}.{out,err}."""
+    os.chdir(ROOT)
+    for fd, name in ((1, "out"), (2, "err")):
+        f = os.open(f"{out_dir}/rank{os.environ['RANK']}.{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(f, fd)
+        os.close(f)
+    try:
+        return importlib.import_module(module).main(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def run_command(module: str, argv: list[str], *, nproc: int = 1, timeout: float = 600.0) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `module`'s main(argv) on `nproc` ranks forked from this
+    process's forkserver (tests/helpers/dist_utils.py), in whatever world this process is."""
+    from tests.helpers.dist_utils import run_ranks
+
+    with tempfile.TemporaryDirectory() as out:
+        codes = run_ranks(nproc, command_rank, module, argv, out, timeout=timeout)
+        text = {k: "".join(Path(out, f"rank{r}.{k}").read_text() for r in range(nproc)) for k in ("out", "err")}
+    return max(codes, key=abs), text["out"], text["err"]

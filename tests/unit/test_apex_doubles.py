@@ -2,7 +2,7 @@
 the Apex of NGC's PyTorch images), each against an independent reference (torch's own LayerNorm,
 SGD and softmax, float64 sums), and megatron-core 0.19.2 takes its Apex branches with them.
 
-Every check runs in ONE fresh interpreter of the Apex world (worlds.call_in_world: the pytest
+Every check runs in ONE fresh interpreter of the Apex world (worlds.drive_in_world: the pytest
 process is the local world, where `apex` does not import); each is reported as its own test.
 """
 
@@ -13,7 +13,7 @@ import traceback
 import pytest
 import torch
 
-from tests.helpers.worlds import call_in_world
+from tests.helpers.worlds import drive_in_world
 
 CHECKS = {}
 
@@ -347,7 +347,7 @@ def run_checks(names: list[str]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def apex_world() -> dict[str, str]:
-    return call_in_world("apex", run_checks, list(CHECKS))
+    return drive_in_world("apex", run_checks, list(CHECKS))
 
 
 @pytest.mark.parametrize("name", list(CHECKS))

@@ -168,7 +168,7 @@ def fused_layer_norm_affine_function_is_torch_layer_norm():
     """apex/normalization/fused_layer_norm.py lines 38-74 over csrc/layer_norm_cuda.cpp: the forward
     and the gradients of LayerNorm (here against torch's, float64), also with memory_efficient (the
     output saved instead of the input); output in the input's dtype, statistics float32 for bf16
-    (lines 99-105); the checks (lines 30-54, 94-96, the kernel's dtype dispatch at line 834)."""
+    (lines 99-105); the checks (lines 30-54, 94-96, the kernel's dtype dispatch at line 833)."""
     from apex.normalization.fused_layer_norm import FusedLayerNormAffineFunction as F
     import fused_layer_norm_cuda
 
@@ -179,7 +179,7 @@ def fused_layer_norm_affine_function_is_torch_layer_norm():
         y = F.apply(xs, ws, bs, torch.Size([8]), 1e-5, efficient)
         assert y.dtype == torch.float32
         torch.testing.assert_close(y.double(), y_ref, rtol=1e-6, atol=1e-6)
-        y.backward(dy.float())  # the backward has no float64 kernel (layer_norm_cuda_kernel.cu line 954)
+        y.backward(dy.float())  # the backward has no float64 kernel (layer_norm_cuda_kernel.cu line 953)
         for got, want in zip((xs.grad, ws.grad, bs.grad), grads_ref):
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
     x64 = x.double()
@@ -243,7 +243,7 @@ def fast_layer_norm_is_layer_norm_at_registered_sizes_only():
 def softmax_kernels_block_sizes_and_checks():
     """csrc/megatron/scaled_masked_softmax.h lines 421-433 (get_batch_per_block, 32-thread warps);
     the extensions' checks (scaled_upper_triang_masked_softmax.cpp lines 31-33, scaled_masked_softmax.cpp
-    33-36); the causal backward works in place (scaled_upper_triang_masked_softmax_cuda.cu 65-74)."""
+    33-36); the causal backward works in place (scaled_upper_triang_masked_softmax_cuda.cu 54-74)."""
     import scaled_masked_softmax_cuda as masked
     import scaled_upper_triang_masked_softmax_cuda as causal
 
@@ -263,26 +263,28 @@ def megatron_fused_softmax_runs_on_apex_kernels():
     bfloat16 input takes the kernels (is_kernel_available). Against a float32 reference: the forward
     scale rounded to bfloat16 first (scaled_upper_triang_masked_softmax.h line 335, `const input_t
     scale`), the backward's not (`const acc_t scale`, line 448); masked entries -10000 and a fully
-    masked row zeros (scaled_masked_softmax.h lines 269, 297)."""
+    masked row zeros (scaled_masked_softmax.h lines 269, 297); the three kernels megatron calls."""
     from megatron.core.fusions.fused_softmax import FusedScaleMaskSoftmax
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.utils import attention_mask_func
 
     b, heads, s, scale = 2, 4, 32, 0.3  # b * heads a multiple of the 8 batches per block at s = 32
     x = (rand(b, heads, s, s, seed=19) * 5).to(torch.bfloat16)
-    for kind in (AttnMaskType.causal, AttnMaskType.padding):
+    padding = torch.zeros(b, 1, s, s, dtype=torch.bool)
+    padding[0, 0, :, s // 2:] = True
+    padding[1, 0, 3, :] = True  # a fully masked row
+    no_mask = torch.zeros(s, s, dtype=torch.bool)
+    # causal: scaled_upper_triang_masked_softmax_cuda; padding with a mask: scaled_masked_softmax_cuda;
+    # padding without one: scaled_softmax_cuda (fused_softmax.py forward_fused_softmax).
+    for kind, mask in ((AttnMaskType.causal, None), (AttnMaskType.padding, padding), (AttnMaskType.padding, None)):
         fused = FusedScaleMaskSoftmax(False, True, kind, True, attention_mask_func, True, scale)
-        mask = None
-        if kind == AttnMaskType.padding:
-            mask = torch.zeros(b, 1, s, s, dtype=torch.bool)
-            mask[0, 0, :, s // 2:] = True
-            mask[1, 0, 3, :] = True  # a fully masked row
         assert fused.is_kernel_available(mask, b, heads, s, s)
         xs = x.clone().requires_grad_()
         y = fused(xs, mask)
         logits = x.float() * float(torch.tensor(scale).bfloat16())
-        banned = torch.ones(s, s, dtype=torch.bool).triu(1) if mask is None else mask
-        ref = torch.softmax(logits.masked_fill(banned, -10000.0 if mask is not None else float("-inf")), dim=-1)
+        causal = kind == AttnMaskType.causal
+        banned = torch.ones(s, s, dtype=torch.bool).triu(1) if causal else (no_mask if mask is None else mask)
+        ref = torch.softmax(logits.masked_fill(banned, float("-inf") if causal else -10000.0), dim=-1)
         if mask is not None:
             ref[1, :, 3, :] = 0.0
         assert y.dtype == torch.bfloat16

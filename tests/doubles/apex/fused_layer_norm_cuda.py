@@ -7,10 +7,10 @@ What the extension checks, as it does (layer_norm_cuda.cpp):
 - normalized_shape at least 1-D and equal to the input's trailing sizes (check_args, lines 30-54),
   gamma and beta shaped normalized_shape (lines 21-24);
 - forward: output in the input's dtype (line 99) and gamma/beta read in that dtype (the kernel's
-  data_ptr<scalar_t_out>, layer_norm_cuda_kernel.cu line 834): other dtypes are refused; mean and
+  data_ptr<scalar_t_out>, layer_norm_cuda_kernel.cu line 833): other dtypes are refused; mean and
   invvar in float32 for float16/bfloat16 input (lines 100-105);
 - backward: float32, float16, bfloat16 only (no double), dy read in gamma's dtype, float32 input
-  with half or bfloat16 gamma allowed (DISPATCH_FLOAT_HALF_AND_BFLOAT_INOUT_TYPES, kernel line 954).
+  with half or bfloat16 gamma allowed (DISPATCH_FLOAT_HALF_AND_BFLOAT_INOUT_TYPES, kernel line 953).
 Not modelled: the CUDA-device checks (CHECK_CUDA): the point of the double is to run on the CPU.
 The maths: tests/doubles/layer_norm_math.py.
 """

@@ -4,7 +4,7 @@ and _cuda.cu, NVIDIA/apex 6424da3), pure torch: megatron-core's padded-mask fuse
 FusedScaleMaskSoftmax.is_kernel_available asks for every fused path, the causal one included.
 
 What it checks, as Apex does: forward takes a 4-D float16/bfloat16 input and a 4-D mask (.cpp
-lines 33-36) of shape [1 or b, 1, sq, sk], sq > 1, sk <= 4096 (_cuda.cu lines 42-47,
+lines 33-36) of shape [1 or b, 1, sq, sk], sq > 1, sk <= 4096 (_cuda.cu lines 43-48,
 scaled_masked_softmax.h line 532), sq a multiple of the batches per block (line 551); the mask is
 read as bytes, 1 = masked. Backward takes 4-D float16/bfloat16 tensors (.cpp lines 44-52) and
 returns a new tensor. The maths: tests/doubles/softmax_math.py.

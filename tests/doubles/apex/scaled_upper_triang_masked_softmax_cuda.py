@@ -4,11 +4,11 @@ torch: megatron-core's causal fused softmax (fusions/fused_softmax.py ScaledUppe
 used when masked_softmax_fusion is on and FusedScaleMaskSoftmax.is_kernel_available says so.
 
 What it checks, as Apex does: forward takes a 3-D [attn_batches, sq, sk] float16/bfloat16 tensor
-(.cpp lines 31-33) with sq <= 16384 (_cuda.cu line 35) and attn_batches a multiple of the batches
+(.cpp lines 31-33) with sq <= 16384 (_cuda.cu line 36) and attn_batches a multiple of the batches
 per block (scaled_upper_triang_masked_softmax.h line 358); it reads the input's memory as it lies,
 so a non-contiguous input (megatron passes a view) is refused here. Backward takes 3-D float16/
-bfloat16 gradients and results (.cpp lines 39-47), square (_cuda.cu line 63), and works IN PLACE on
-the (contiguous) incoming gradient, which it returns (_cuda.cu lines 65-74).
+bfloat16 gradients and results (.cpp lines 39-47), square (_cuda.cu line 61), and works IN PLACE on
+the (contiguous) incoming gradient, which it returns (_cuda.cu lines 54-74).
 The maths: tests/doubles/softmax_math.py.
 """
 

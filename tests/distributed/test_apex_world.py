@@ -11,7 +11,15 @@ transformers' and the export equal to the source; vapo-eval reads the trainer's 
 vapo-plan sizes the Qwen3 configs. Across worlds (the pytest process is the local world):
 checkpoints converted in the local world load in the Apex world and those converted there load
 here, both with transformers' logits; vapo-eval of the Apex run's checkpoint draws the same
-samples in both worlds; vapo-plan prints the same plan.
+samples in both worlds; vapo-plan prints the same plan. And a GPU node's settings with Apex
+(on_gpu=True: the masked-softmax fusion on) build a bf16 model that runs Apex's softmax kernel and
+steps Apex's FusedAdam.
+
+Cost: ~85 CPU-s (measured 84 on the shared 2-core machine; 200 s wall at load 10): the Apex-world
+interpreter and its forkserver, six one-rank trainer runs (three per model: uninterrupted, one
+step, the resume), one rank each for the conversions, vapo-eval, vapo-plan and the GPU settings;
+the local world adds two conversion ranks, a vapo-eval and a vapo-plan forked from the suite's
+forkserver.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ SGD and softmax, float64 sums), and megatron-core 0.19.2 takes its Apex branches
 
 Every check runs in ONE fresh interpreter of the Apex world (worlds.drive_in_world: the pytest
 process is the local world, where `apex` does not import); each is reported as its own test.
+Cost: ~16 CPU-s, most of it the world interpreter's imports.
 """
 
 from __future__ import annotations

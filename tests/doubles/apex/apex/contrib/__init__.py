@@ -1,0 +1,1 @@
+"""apex.contrib: only layer_norm (FastLayerNormFN, megatron-core's persistent LayerNorm kernel)."""

@@ -14,6 +14,7 @@ the libraries' stand-ins imported for real. References: the same model trained w
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -40,10 +41,15 @@ def _use_adam(kind: str) -> None:
 
     if kind == "torch":
         return
-    if kind == "te":
-        from tests.doubles.te.transformer_engine.pytorch.optimizers.fused_adam import FusedAdam
-    else:
-        from tests.doubles.apex.apex.optimizers.fused_adam import FusedAdam
+    # The double's own file, without importing its package (which imports the whole library double
+    # by its real name, as the library does: that takes the library's world, tests/helpers/worlds.py).
+    doubles = Path(__file__).resolve().parents[1] / "doubles"
+    path = {"te": doubles / "te/transformer_engine/pytorch/optimizers/fused_adam.py",
+            "apex": doubles / "apex/apex/optimizers/fused_adam.py"}[kind]
+    spec = importlib.util.spec_from_file_location(f"{kind}_fused_adam_double", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    FusedAdam = module.FusedAdam
     mo.Adam, mo.USING_PYTORCH_OPTIMIZER = FusedAdam, False
     do.Adam, do.HAVE_APEX_OR_TE = FusedAdam, True
     do.USING_TE_OPTIMIZER, do.USING_APEX_OPTIMIZER = kind == "te", kind == "apex"

@@ -28,17 +28,29 @@ import numpy as np
 import torch
 
 
-def route_shape(hf_cfg: dict) -> tuple[int, int, int] | None:
-    """(MoE layers, experts per token, experts) of a model's config.json; None for a dense model."""
+def moe_layers(hf_cfg: dict) -> list[int]:
+    """The (0-based) layers with routed experts, in order; [] for a dense model. Routes keep one
+    column per MoE layer, in this order (megatron's moe_layer_freq: a per-layer list, or every n-th)."""
     from model_providers import family_for
 
     arch = family_for(hf_cfg).architecture(hf_cfg)
     if not arch.num_experts:
-        return None
+        return []
     t = arch.transformer
     freq = t["moe_layer_freq"] if "moe_layer_freq" in t else 1
-    layers = sum(freq) if isinstance(freq, list) else t["num_layers"]
-    return layers, t["moe_router_topk"], arch.num_experts
+    pattern = freq if isinstance(freq, list) else [int(i % freq == 0) for i in range(t["num_layers"])]
+    return [i for i, moe in enumerate(pattern) if moe]
+
+
+def route_shape(hf_cfg: dict) -> tuple[int, int, int] | None:
+    """(MoE layers, experts per token, experts) of a model's config.json; None for a dense model."""
+    from model_providers import family_for
+
+    layers = moe_layers(hf_cfg)
+    if not layers:
+        return None
+    arch = family_for(hf_cfg).architecture(hf_cfg)
+    return len(layers), arch.transformer["moe_router_topk"], arch.num_experts
 
 
 def replays(cfg, hf_cfg: dict) -> bool:
@@ -117,4 +129,4 @@ class RouteRecorder:
         return out.view(batch, tokens, *out.shape[1:])
 
 
-__all__ = ["RouteRecorder", "id_dtype", "pack_routes", "replays", "route_shape", "routed_positions", "sglang_routes"]
+__all__ = ["RouteRecorder", "id_dtype", "moe_layers", "pack_routes", "replays", "route_shape", "routed_positions", "sglang_routes"]

@@ -18,6 +18,9 @@ Checks (each calls the project's own code; a check is skipped only when its pack
   weight_sync     per preset, the actor streamed into an embedded engine on the device (and into a real
                   colocated sglang.Engine when sglang imports, GPU only): engine logits and
                   log-probs equal the trainer's; release/resume memory measured
+  routing_replay  per MoE preset (scripts/gpu_check_replay.py): the embedded engine on the device samples
+                  with its routes; the trainer's log-probs with routing replay are at least as close to
+                  the engine's as without, moe/routing_mismatch printed (SGLang's routes: not here)
   vapo_steps      `--steps` VAPO steps of the demo task through the trainer's Trainer, with
                   torch.cuda.memory_reserved before and after every phase switch's cache release
                   (mcore/memory.py's free_cached_memory, where rollout/generator.py calls it)
@@ -63,6 +66,7 @@ from gpu_check_models import (GIB, Env, check_model_logits, check_recompute, che
                               report, results)
 from gpu_check_checkpoint import check_checkpoint  # noqa: E402  (scripts/: the directory of this script)
 from gpu_check_offload import check_offload  # noqa: E402
+from gpu_check_replay import check_routing_replay  # noqa: E402
 
 TRAINING_PHASES = ("score", "critic_update", "actor_update")  # what vapo-plan's `training` peak covers
 
@@ -269,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             ("use", lambda name=name: use(name)),
             ("model_logits", lambda: check_model_logits(env)),
             *([("recompute", lambda: check_recompute(env))] if name == env.first_preset else []),
-            ("weight_sync", lambda: check_weight_sync(env)))]
+            ("weight_sync", lambda: check_weight_sync(env)),
+            *([("routing_replay", lambda: check_routing_replay(env))] if "num_experts" in preset(name) else []))]
         for name, check in (("collectives", lambda: check_collectives(env)),
                             ("wait_groups", lambda: check_wait_groups(env)),
                             ("wgrad_fusion", lambda: check_wgrad_fusion(env)),
@@ -280,14 +285,14 @@ def main(argv: list[str] | None = None) -> int:
                                                                                          Path(work) / "checkpoint")]),
                             ("vapo_steps", lambda: check_vapo_steps(env, args.steps)),
                             ("plan_memory", lambda: check_plan_memory(env, run))):
-            if not has("transformers") and name in ("model_logits", "recompute", "weight_sync", "vapo_steps"):
+            if not has("transformers") and name in ("model_logits", "recompute", "weight_sync", "routing_replay", "vapo_steps"):
                 report(name, "SKIP", "transformers is not installed")
                 continue
             try:
                 out = check()
                 run = out if name == "vapo_steps" else run
             except Exception as e:  # noqa: BLE001 - one failing check must not hide the others
-                shown = f"{name}:{env.preset}" if name in ("model_logits", "weight_sync") else name
+                shown = f"{name}:{env.preset}" if name in ("model_logits", "weight_sync", "routing_replay") else name
                 report(shown, "FAIL", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
                 traceback.print_exc(file=sys.stderr)
             # Megatron's modules hold reference cycles (DDP's hooks): a failed check's models would

@@ -55,7 +55,7 @@ def _checks():
     parallel.init_distributed(1, 1, seed=3)
     chunks = wrap_ddp(build_chunks(preset("tiny-qwen2"), params_dtype=torch.float32, critic=True, on_gpu=False),
                       distributed_optimizer=False)
-    model = SimpleNamespace(chunks=chunks)
+    model = SimpleNamespace(chunks=chunks, replay=None)  # a TrainModel's fields forward_only reads
     batch = _batch()
     out = {}
     # ---- values under dynamic batching

@@ -15,7 +15,7 @@ SCRIPT = ROOT / "scripts" / "gpu_check.py"
 FAMILIES = ("tiny-qwen2", "tiny-qwen3", "tiny-llama3", "tiny-qwen3-moe")  # gpu_check's default presets
 CHECKS = ("collectives", "wait_groups", "wgrad_fusion", "recompute", "vocab_parallel",
           *(f"{check}:{p}" for p in FAMILIES for check in ("model_logits", "weight_sync")),
-          "offload", "offload_memory", "adam_resume", "save_before_update",
+          "routing_replay:tiny-qwen3-moe", "offload", "offload_memory", "adam_resume", "save_before_update",
           "engine_memory", "sync_memory", "engine_signals", "vapo_steps", "phase_memory", "plan_memory")
 
 
@@ -39,7 +39,7 @@ def assert_cpu_mode_passes(run: subprocess.CompletedProcess) -> None:
     lines = run.stdout.splitlines()
     status = {line.split()[1]: line.split()[0] for line in lines if line[:4] in ("PASS", "FAIL", "SKIP")}
     assert run.returncode == 0 and "FAIL" not in status.values(), run.stdout + run.stderr[-4000:]
-    big = {"model_logits:qwen3-235b-a22b", "weight_sync:qwen3-235b-a22b"}
+    big = {"model_logits:qwen3-235b-a22b", "weight_sync:qwen3-235b-a22b", "routing_replay:qwen3-235b-a22b"}
     assert set(status) == set(CHECKS) | big, status
     assert {c for c, s in status.items() if s == "SKIP"} == {"engine_memory", "sync_memory", "engine_signals",
                                                               "phase_memory", "plan_memory", "offload_memory"} | big

@@ -81,6 +81,14 @@ def test_vapo_plan_accepts_the_qwen3_configs_and_names_a_bad_ep():
     actor, critic = naive_moe_count(critic=False) + 2 * padding, naive_moe_count(critic=True) + padding
     assert f"actor {actor:,}, critic {critic:,}" in out
     assert 30.5e9 < naive_moe_count(critic=False) < 30.6e9  # the model card's 30.5B
+    # Routing replay (on by default for MoE): the step's routes on each rank, at full length: 512
+    # prompts x 16 samples / DP=16 sequences of 2048 + 20480 tokens x 48 layers x top-8, one byte each, twice.
+    routes = 2 * (512 * 16 // 16) * 22528 * L * K
+    assert "routing replay (rollout.routing_replay): host memory per rank, at most" in out
+    (line,) = [x for x in out.splitlines() if f"host: the step's routes (512 sequences x 22,528 tokens x {L} MoE layers x {K})" in x]
+    assert line.split()[-1] == f"{routes / 2**30:.2f}", line
+    assert "routing replay ids [T/s, k], one MoE layer" in out  # in the training reserve
+    assert "routing replay" not in ok_dense[1]
 
     # An invalid parallel.ep: exit status 2, nothing built, one line naming parallel.ep.
     for (rc, out, err), says in ((not_dp, "parallel.ep=32 does not divide the data-parallel size 16"),
@@ -143,6 +151,25 @@ def test_moe_activation_items_follow_the_routed_tokens():
     kept = parts[MOE_ROUTER] + parts[MOE_DISPATCH] + parts[MOE_EXPERT_MLP]
     assert layer_activation_bytes(hf, tokens=T, tp=t, dtype_bytes=b, sequence_parallel=True) == attention + kept
     assert moe_layer_parts(preset("qwen3-32b"), tokens=T, tp=t, dtype_bytes=b) == {}
+
+
+def test_routing_replay_bytes_of_qwen3_235b_a22b():
+    """memory.route_parts written out for Qwen3-235B-A22B (94 MoE layers, top-8 of 128 experts: 752
+    one-byte ids per token) at DP=8, TP=4 with sequence parallelism, PP=4, full recomputation."""
+    from model_providers.presets import preset
+    from vapo_megatron.config import load_config
+    from vapo_megatron.sizing.memory import ROUTES_DEVICE_ITEM, route_parts
+
+    hf = preset("qwen3-235b-a22b")
+    assert (hf["num_hidden_layers"], hf["num_experts_per_tok"], hf["num_experts"]) == (94, 8, 128)
+    cfg = load_config(MOE, ["parallel.pp=4", "rollout.prompts_per_step=256"], check_paths=False)
+    parts = route_parts(cfg, hf, dp=8, inflight_microbatches=4)
+    seqs, tokens, T = 256 * 16 // 8, 2048 + 20480, 22528 // 4
+    assert list(parts.values()) == [2 * seqs * tokens * 94 * 8, 4 * 24 * T * 8 * 8, T * 8 * 12]
+    assert ROUTES_DEVICE_ITEM in parts
+    off = load_config(MOE, ["rollout.routing_replay=false"], check_paths=False)
+    assert route_parts(off, hf, dp=8, inflight_microbatches=1) == {}
+    assert route_parts(cfg, preset("qwen3-32b"), dp=8, inflight_microbatches=1) == {}  # dense: nothing to replay
 
 
 @pytest.mark.parametrize("tp,pp,dp,ep,gpn", [(4, 1, 16, 8, 8), (4, 1, 16, 2, 8), (2, 2, 16, 4, 8), (1, 1, 64, 16, 8),

@@ -1,6 +1,8 @@
 """vapo-train on a tiny Qwen3-MoE: torchrun, 2 ranks, the embedded engine, at EP=2 (TP=1, the two
-data-parallel ranks each holding two of the four experts) and at TP=2 (sequence parallelism on,
-which megatron's MoE layer needs at TP > 1), with the router's load-balancing loss on.
+data-parallel ranks each holding two of the four experts; VAPO, and DAPO: no critic, dynamic
+sampling) and at TP=2 (sequence parallelism on, which megatron's MoE layer needs at TP > 1), with
+the router's load-balancing loss on and routing replay on (the default for a MoE model), which
+logs moe/routing_mismatch.
 
 The demo data and tokenizer are the demo's (scripts/make_demo_data.py); its Qwen2 model is
 replaced by a random-init transformers Qwen3MoeForCausalLM sized to that tokenizer (4 experts,
@@ -54,7 +56,9 @@ def _overrides(data: Path, run_dir: Path) -> list[str]:
 
 
 EP2 = ["parallel.tp=1", "parallel.ep=2"]
-LAYOUTS = {"ep2": EP2, "tp2-sp": ["parallel.tp=2", "parallel.sequence_parallel=true"]}
+# name: (config, overrides). DAPO is configs/dapo.yaml (GRPO advantages, no critic, dynamic sampling): ~10 s.
+LAYOUTS = {"ep2": ("demo_cpu.yaml", EP2), "tp2-sp": ("demo_cpu.yaml", ["parallel.tp=2", "parallel.sequence_parallel=true"]),
+           "ep2-dapo": ("dapo.yaml", [*EP2, "rollout.max_sampling_rounds=2"])}
 
 
 @pytest.fixture(scope="module")
@@ -76,20 +80,28 @@ def test_vapo_train_runs_on_qwen3_moe_with_the_embedded_engine(moe_demo, ep2_run
         assert not noise, "\n".join(noise)
     else:
         run_dir = tmp_path / "run"
-        stdout = train_in_forks("demo_cpu.yaml", *_overrides(moe_demo, run_dir), *LAYOUTS[layout]).stdout
+        config, overrides = LAYOUTS[layout]
+        stdout = train_in_forks(config, *_overrides(moe_demo, run_dir), *overrides).stdout
     vapo = [r for r in records(run_dir) if r["phase"] == "vapo"]
     assert len(vapo) == 2, stdout[-3000:]
+    roles = ("actor",) if layout == "ep2-dapo" else ("actor", "critic")  # GRPO has no critic
     for r in vapo:
         # Mean |engine - trainer| log-prob over response tokens, float32 on both sides: rounding
         # only (a misrouted token or a misplaced expert weight gives ~1e-2 and more).
         assert 0.0 <= r["rollout/logprob_diff"] < 1e-6, r["rollout/logprob_diff"]
-        assert all(math.isfinite(r[k]) for k in ("actor/pg_loss", "critic/value_loss", "actor/grad_norm"))
+        # Routing replay is on (a MoE model): the engine's routes reach each trainer router at their
+        # tokens through scoring, micro-batches and EP. Both compute in float32, so the routers' own
+        # choice agrees with the engine's on (nearly) every token; misplaced routes disagree on most.
+        assert 0.0 <= r["moe/routing_mismatch"] < 0.01, r["moe/routing_mismatch"]
+        assert all(math.isfinite(r[k]) for k in ("actor/pg_loss", "actor/grad_norm") + ("critic/value_loss",) * (len(roles) > 1))
         # megatron's aux_loss is E * sum_i f_i * P_i with f_i the fraction of the top-k choices
         # that go to expert i and P_i its mean router probability: 1 for a balanced load, which a
         # random-init router (std 0.02, near-uniform) is close to. A reduction over the wrong
         # ranks (TP shards counted twice, stages or micro-batches not averaged) is off by >= 2x.
-        for role in ("actor", "critic"):
+        for role in roles:
             assert 0.95 < r[f"{role}/moe_aux_loss"] < 1.5, r[f"{role}/moe_aux_loss"]
+    if layout == "ep2-dapo":
+        assert all(r["rollout/sampling_rounds"] >= 1 for r in vapo) and not any("critic/value_loss" in r for r in vapo)
 
 
 def test_resume_at_ep2_reaches_the_same_state_and_exports_every_expert(moe_demo, ep2_run, tmp_path):

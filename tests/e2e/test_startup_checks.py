@@ -77,12 +77,20 @@ CASES = [
     (["eval.n_samples=0"], 1, "eval.n_samples=0 must be >= 1"),
     (["eval.every=0"], 1, "eval.every=0 must be >= 1"),
     (["eval.temperature=0"], 1, "eval.temperature=0.0 must be > 0 (or null)"),
+    (["rollout.routing_replay=true"], 1, "rollout.routing_replay=true: model.hf_path ("),  # the demo model is dense
 ]
 
 
 def test_moved_eval_keys_name_their_new_place(demo, tmp_path):
     assert "config key trainer.eval_every is now eval.every" in startup_report(demo, tmp_path, "trainer.eval_every=5")
     assert "config key data.eval_max_prompts is now eval.max_prompts" in startup_report(demo, tmp_path, "data.eval_max_prompts=5")
+
+
+def test_routing_replay_is_refused_for_a_dense_model_in_one_line(demo, tmp_path):
+    (line,) = startup_report(demo, tmp_path, "rollout.routing_replay=true")
+    assert line.endswith("is a dense model, which routes no token through experts: set rollout.routing_replay=null "
+                         "(on for mixture-of-experts models only)"), line
+    assert startup_report(demo, tmp_path, "rollout.routing_replay=false") == []  # off: nothing to say
 
 
 def test_files_the_run_will_not_read_are_not_required(demo, tmp_path):

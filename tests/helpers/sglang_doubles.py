@@ -22,6 +22,30 @@ def hf_state():
     return model, {k: v.clone() for k, v in model.state_dict().items()}
 
 
+def encode_routes(routes: torch.Tensor) -> str:
+    """meta_info["routed_experts"] of one request as SGLang writes it: the detokenizer's own
+    _b64_encode_per_request (detokenizer_manager.py) run from source on int32 [tokens, layers, k]."""
+    import pybase64
+
+    from tests.helpers.sglang_source import SRT, sglang_function
+
+    encode = sglang_function(SRT / "managers" / "detokenizer_manager.py", "_b64_encode_per_request",
+                             "DetokenizerManager", pybase64=pybase64)
+    return encode([routes.to(torch.int32)])[0]
+
+
+def decode_routes(encoded: str):
+    """SGLang's own decoder, extract_routed_experts_from_meta_info (state_capturer/routed_experts.py), from source."""
+    import numpy as np
+    import pybase64
+
+    from tests.helpers.sglang_source import SRT, sglang_function
+
+    decode = sglang_function(SRT / "state_capturer" / "routed_experts.py", "extract_routed_experts_from_meta_info",
+                             np=np, pybase64=pybase64)
+    return decode({"meta_info": {"routed_experts": encoded}})
+
+
 def sglang_rank_view(payloads, tp_rank):
     """What SGLang TP rank `tp_rank` does with load_format="flattened_bucket"
     (engine.py _serialize_tensors_per_rank, tp_worker.py deserialize_own_rank,
@@ -55,6 +79,7 @@ class FakeSGLangEngineForTests:
         from tests.helpers.sglang_source import sglang_param_names, stacked_params_mapping
 
         self.model, self.tp_size, self.calls = model, tp_size, []
+        self.route_shape = None  # (layers, k): what meta_info["routed_experts"] holds per token, when asked
         self.params = dict(model.named_parameters())  # tied embeddings: no lm_head.weight, as in SGLang
         self.mapping = stacked_params_mapping("qwen2", "_legacy_load_weights")
         self.sglang_params = sglang_param_names(self.params, self.mapping)
@@ -117,7 +142,8 @@ class FakeSGLangEngineForTests:
         from sglang.srt.sampling.sampling_params import SamplingParams as SGLangSamplingParams
 
         set_args = {k for k, v in args.items() if v != engine_signature("generate").parameters[k].default}
-        assert set_args <= {"input_ids", "sampling_params", "return_logprob"}, set_args
+        assert set_args <= {"input_ids", "sampling_params", "return_logprob", "return_routed_experts"}, set_args
+        assert not args["return_routed_experts"] or self.route_shape is not None
         assert isinstance(args["input_ids"], list) and len(args["sampling_params"]) == len(args["input_ids"])
         for sp in args["sampling_params"]:
             SGLangSamplingParams(**sp).verify(self.model.config.vocab_size)
@@ -127,8 +153,16 @@ class FakeSGLangEngineForTests:
         self.check_generate_args(args)
         self.calls.append(("generate", len(args["input_ids"])))
         return [{"output_ids": [7, 2], "meta_info": {"finish_reason": {"type": "stop", "matched": 2},
-                 "output_token_logprobs": [(-0.5, 7, None), (-0.25, 2, None)], "weight_version": "default"}}
-                for _ in args["input_ids"]]
+                 "output_token_logprobs": [(-0.5, 7, None), (-0.25, 2, None)], "weight_version": "default",
+                 **self.routes_meta(args, len(ids) + 1)}} for ids in args["input_ids"]]
+
+    def routes_meta(self, args, rows: int) -> dict:
+        """meta_info["routed_experts"] when the request asked: expert (token + layer + j) % 4 for j < k."""
+        if not args["return_routed_experts"]:
+            return {}
+        layers, k = self.route_shape
+        ids = (torch.arange(rows)[:, None, None] + torch.arange(layers)[None, :, None] + torch.arange(k)) % 4
+        return {"routed_experts": encode_routes(ids)}
 
 
 @dataclass

@@ -217,6 +217,14 @@ def _run_source(fn: ast.FunctionDef, path: Path):
     return namespace[fn.name]
 
 
+def sglang_function(path: Path, name: str, cls: str | None = None, **names):
+    """Function `name` (a method of `cls`) of an SGLang source file, run as plain Python with `names` as its globals."""
+    node = _method(_class(path, cls), name) if cls else next(n for n in _tree(path).body if getattr(n, "name", "") == name)
+    fn = _run_source(node, path)
+    fn.__globals__.update(names)
+    return fn
+
+
 def _self_attrs(path: Path, cls_name: str) -> dict[str, ast.expr]:
     """`self.X = value` assignments of <cls_name>.__init__ (`self.X, ... = value` too): X -> value."""
     out = {}

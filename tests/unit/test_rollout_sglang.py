@@ -7,11 +7,12 @@ import json
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers.sglang_doubles import FakeSGLangEngineForTests, hf_state, sglang_rank_view
+from tests.helpers.sglang_doubles import FakeSGLangEngineForTests, encode_routes, hf_state, sglang_rank_view
 from tests.helpers.sglang_source import check_request_body
 from vapo_megatron.rollout.base import SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket, group_into_buckets
@@ -86,13 +87,19 @@ REQUEST_STRUCTS = {
 }
 
 
-def _server_info(tp: int, dp: int = 1) -> dict:
+def _server_info(tp: int, dp: int = 1, routes: bool = False) -> dict:
     """What GET /server_info answers (http_server.py server_info), built by SGLang's own code."""
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.utils.common import build_server_info
     from sglang.srt.utils.msgspec_utils import msgspec_to_builtins
 
-    return msgspec_to_builtins(build_server_info(ServerArgs(model_path="/m", tp_size=tp, dp_size=dp), {}))
+    args = ServerArgs(model_path="/m", tp_size=tp, dp_size=dp, enable_return_routed_experts=routes)
+    return msgspec_to_builtins(build_server_info(args, {}))
+
+
+def routes_of(ids: list[int], layers: int, k: int) -> torch.Tensor:
+    """The stand-in's routes of a request: expert (token id + layer + j) % 4 for the j-th of k."""
+    return (torch.tensor(ids)[:, None, None] + torch.arange(layers)[None, :, None] + torch.arange(k)) % 4
 
 
 class _Recorder(BaseHTTPRequestHandler):
@@ -134,9 +141,11 @@ class _Recorder(BaseHTTPRequestHandler):
         if self.path == "/flush_cache":
             out, ctype = b"Cache flushed.\n", "text/plain"
         elif self.path == "/generate":
-            out = json.dumps([{"output_ids": [5], "meta_info": {"finish_reason": {"type": "length", "length": 1},
-                                                                "output_token_logprobs": [[-1.0, 5, None]], "weight_version": "9"}}
-                              for _ in body["input_ids"]]).encode()
+            asked = body.get("return_routed_experts", False)  # rows: the prompt and the one response token, less one
+            out = json.dumps([{"output_ids": [5], "meta_info": {
+                "finish_reason": {"type": "length", "length": 1}, "output_token_logprobs": [[-1.0, 5, None]],
+                "weight_version": "9", **({"routed_experts": encode_routes(routes_of(ids, *self.server.route_shape))} if asked else {})}}
+                for ids in body["input_ids"]]).encode()
             ctype = "application/json"
         elif self.path == "/update_weights_from_tensor" and self.server.fail_updates:
             return self._answer(400, json.dumps({"success": False, "message": "not in a weight-update session"}).encode())
@@ -156,6 +165,7 @@ def serve():
     def start(tp: int, dp: int = 1):
         srv = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
         srv.tp, srv.info, srv.requests, srv.fail_updates = tp, _server_info(tp, dp), [], False
+        srv.route_shape = (4, 2)  # (MoE layers, k) of the routes it answers when asked
         srv.loaded = [{} for _ in range(tp)]
         srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
         threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
@@ -168,15 +178,29 @@ def serve():
         srv.server_close()
 
 
-def _http_engine(monkeypatch, url: str):
+def _http_engine(monkeypatch, url: str, model: str = "", replay: bool | None = None):
     """The trainer's engine for rollout.engine=sglang_http, built where the trainer builds it."""
-    from vapo_megatron.config import Config, RolloutConfig
+    from vapo_megatron.config import Config, ModelConfig, RolloutConfig
     from vapo_megatron.mcore import parallel
+    from model_providers import read_hf_config
     from vapo_megatron.rollout.generator import build_engine
+    from vapo_megatron.rollout.routes import replays
 
     for name in ("tp_rank", "pp_rank", "dp_rank"):  # the replica's first rank holds the engine
         monkeypatch.setattr(parallel, name, lambda: 0)
-    return build_engine(Config(rollout=RolloutConfig(engine="sglang_http", sglang_urls=(url,))))
+    cfg = Config(model=ModelConfig(hf_path=model or _dense_dir()),
+                 rollout=RolloutConfig(engine="sglang_http", sglang_urls=(url,), routing_replay=replay))
+    return build_engine(cfg, routes=replays(cfg, read_hf_config(cfg.model.hf_path)))  # as the trainer resolves it
+
+
+def _dense_dir() -> str:
+    import tempfile
+
+    from tests.helpers.tiny_hf import qwen2_config
+
+    path = Path(tempfile.mkdtemp(prefix="dense-"))
+    qwen2_config(tied=False).save_pretrained(path)
+    return str(path)
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -229,3 +253,36 @@ def test_http_client_refuses_other_hosts():
         HttpEngine("http://10.1.2.3:30000")
     HttpEngine("http://localhost:30000")
     HttpEngine("http://[::1]:30000")
+
+
+def test_sglang_engines_return_the_routes_sglang_sends(serve, monkeypatch, tmp_path):
+    """Routing replay: a colocated engine (the double, real Engine.generate signature) and an HTTP
+    server (requests checked against GenerateReqInput) answer meta_info["routed_experts"] as SGLang
+    encodes it; the wrapper asks only when the sampling asks, and reads [prompt + response - 1, L, k]."""
+    from tests.helpers.tiny_hf import qwen3_moe_config
+
+    fake = FakeSGLangEngineForTests(hf_state()[0])
+    fake.route_shape = (3, 2)
+    eng = SGLangEngine(fake, routes=(3, 2, 4))
+    outs = eng.generate([[1, 2], [3]], SamplingParams(n=1, max_new_tokens=4, return_routes=True))
+    assert [tuple(o.routes.shape) for o in outs] == [(3, 3, 2), (2, 3, 2)]  # prompt + 2 output tokens - 1
+    assert outs[0].routes[2, 1].tolist() == [3, 0] and outs[0].routes.dtype == torch.uint8
+    assert eng.generate([[1]], SamplingParams(max_new_tokens=2))[0].routes is None
+    with pytest.raises(ValueError, match="not built for routing replay"):
+        SGLangEngine(fake).generate([[1]], SamplingParams(return_routes=True))
+    moe = tmp_path / "moe"
+    qwen3_moe_config(mlp_only_layers=()).save_pretrained(moe)  # 4 MoE layers (SGLang builds no dense ones)
+    server = serve(1)
+    server.info = _server_info(1, routes=True)
+    http = _http_engine(monkeypatch, server.url, str(moe))  # routing replay: on by default for a MoE model
+    assert http.routes == (4, 2, 4)
+    http.resume_memory(("kv_cache", "cuda_graph"))
+    (out,) = http.generate([[7, 8, 9]], SamplingParams(max_new_tokens=1, return_routes=True))
+    assert torch.equal(out.routes.long(), routes_of([7, 8, 9], 4, 2).long())
+    assert dict(server.requests)["/generate"]["return_routed_experts"] is True
+    from vapo_megatron.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"rollout.sglang_urls\[0\]: rollout.routing_replay is on, but the SGLang "
+                       r"server at .* --enable-return-routed-experts"):
+        _http_engine(monkeypatch, serve(1).url, str(moe))
+    assert _http_engine(monkeypatch, serve(1).url, str(moe), replay=False).routes is None

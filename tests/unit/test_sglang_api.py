@@ -23,9 +23,8 @@ from tests.helpers.sglang_source import (
 from tests.helpers.sglang_doubles import FakeColocatedSGLangEngineForTests, FakeSGLangEngineForTests, hf_state
 from tests.helpers.tiny_hf import qwen3_moe_config
 from vapo_megatron.rollout.base import SamplingParams
-from vapo_megatron.rollout.sglang_engine import (
-    SGLangEngineConfig, engine_kwargs, expand_requests, order_by_engine_rank, parse_output,
-)
+from vapo_megatron.rollout.sglang_engine import SGLangEngineConfig, engine_kwargs, order_by_engine_rank
+from vapo_megatron.rollout.sglang_requests import expand_requests, parse_output
 
 ENGINE_CALLS = ("generate", "begin_weight_update", "end_weight_update", "update_weights_from_tensor",
                 "release_memory_occupation", "resume_memory_occupation", "flush_cache")
@@ -38,8 +37,10 @@ def test_engine_kwargs_are_sglang_server_args():
 
     # dummy: what colocated engines start with; the handler: SGLang's SIGQUIT becomes EngineDied
     cfg = SGLangEngineConfig(model_path="/m", tp_size=2, base_gpu_id=4, mem_fraction_static=0.6, dtype="bfloat16",
-                             random_seed=3, deterministic=True, load_format="dummy", sigquit_handler=EngineDeath("e"))
+                             random_seed=3, deterministic=True, load_format="dummy", sigquit_handler=EngineDeath("e"),
+                             return_routes=True)
     kwargs = engine_kwargs(cfg)
+    assert kwargs["enable_return_routed_experts"] is True  # routing replay: the engine's capturer is on
     assert kwargs["custom_sigquit_handler"] is cfg.sigquit_handler and kwargs["load_format"] == "dummy"
     args = ServerArgs(**kwargs)  # what sglang.Engine(**kwargs) builds first; unknown names raise
     for name, value in kwargs.items():

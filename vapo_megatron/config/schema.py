@@ -135,6 +135,11 @@ class RolloutConfig:
     # groups or max_sampling_rounds rounds have run (then it trains on what it has; logged).
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 10  # generation rounds of one step at most, with dynamic_sampling
+    # Routing replay (R3, mixture-of-experts models): the engine returns the experts it routed each
+    # token to, and the actor's routers take them in every forward whose log-probs PPO uses (old
+    # log-probs, updates, the recomputed forward); the critic routes with its own router. null: on
+    # for a MoE model, off for a dense one (true is refused there). Logged: moe/routing_mismatch.
+    routing_replay: bool | None = None
     wait_timeout_s: float = 14400.0  # seconds a rank may wait, on a gloo group, for others' generation, engine start or weight update (docs/slurm.md, Timeouts)
 
 

@@ -34,6 +34,9 @@ class RolloutBatch:
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    # Routing replay (rollout/routes.py): [B, S, moe_layers, k] small ints, the experts the engine
+    # routed the token at each position to (filler where it routed none); None without replay.
+    routes: torch.Tensor | None = None
     extras: dict = field(default_factory=dict)
 
     @property
@@ -65,6 +68,7 @@ class RolloutBatch:
             correct=take(self.correct), group_ids=take(self.group_ids),
             old_logp=take(self.old_logp), values=take(self.values),
             advantages=take(self.advantages), returns=take(self.returns),
+            routes=None if self.routes is None else self.routes[idx, :width],
             extras={k: take(v) if isinstance(v, torch.Tensor) else [v[i] for i in idx.tolist()] for k, v in self.extras.items()},
         )
 

@@ -10,6 +10,7 @@
     schedule.py      one call of megatron's pipeline schedule; why the loss scaling is exactly global
     update.py        the mini-batch / optimizer-step loop shared by both roles
     moe_metrics.py   the router's load-balancing loss read back for the logs (MoE models)
+    routing_replay.py  the actor's MoE routers take the rollout engine's routes (R3)
     actor.py         the policy: old log-probs, PPO + positive-example NLL update
     critic.py        the value model: values, clipped value-loss update
     memory.py        GPU memory handed back at the trainer <-> rollout-engine phase switches

@@ -23,6 +23,7 @@ from vapo_megatron.algorithms.vocab_parallel import vocab_parallel_logprobs_entr
 from vapo_megatron.data.batch import RolloutBatch, shifted_targets
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.model import TrainModel
+from vapo_megatron.mcore.routing_replay import mismatch_share
 from vapo_megatron.mcore.update import UpdateSettings, forward_only, optimize
 
 
@@ -102,14 +103,19 @@ class Actor:
     def __init__(self, model: TrainModel, loss: PolicyLossSettings, update: UpdateSettings):
         self.model, self.loss, self.settings = model, loss, update
 
-    def log_probs(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def log_probs(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """Step 4: the trainer's own log-probs of the sampled tokens and their entropy, both
         [B, S] at prediction positions. PPO's old log-probs are recomputed here rather than taken
-        from the rollout engine (VAPO sec. 3)."""
+        from the rollout engine (VAPO sec. 3). With routing replay the forward takes the engine's
+        routes, and the logs hold moe/routing_mismatch (routing_replay.py)."""
         fn = partial(logprob_outputs, temperature=self.loss.temperature, vocab_size=self.model.vocab_size,
                      chunk_tokens=self.loss.chunk_tokens)
+        replay = self.model.replay
+        if replay is not None and batch.routes is not None:
+            replay.count()
         out = forward_only(self.model, batch, fn, ("logp", "entropy"), self.settings.max_tokens)
-        return out["logp"], out["entropy"]
+        logs = {"moe/routing_mismatch": mismatch_share(out["routing_mismatch"], batch)} if "routing_mismatch" in out else {}
+        return out["logp"], out["entropy"], logs
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """Step 7: PPO (clip-higher, token-level) + mu * positive-example NLL on `batch`

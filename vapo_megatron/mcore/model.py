@@ -23,6 +23,8 @@ from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.dtypes import torch_dtype
 from vapo_megatron.mcore.models import build_chunks
 from vapo_megatron.mcore.optimizer import build_lr_scheduler, build_optimizer
+from vapo_megatron.mcore.routing_replay import RouteReplay
+from vapo_megatron.rollout.routes import replays
 
 
 @dataclass
@@ -38,6 +40,7 @@ class TrainModel:
     critic: bool
     dtype: str                 # model.dtype
     consecutive_skips: int = 0  # optimizer steps skipped in a row (non-finite loss or gradient)
+    replay: object | None = None  # the actor's RouteReplay with rollout.routing_replay (routing_replay.py)
 
     @property
     def modules(self) -> list:
@@ -117,8 +120,10 @@ def build_model(cfg: Config, *, critic: bool) -> TrainModel:
     chunks = wrap_ddp(chunks, distributed_optimizer=optim.distributed_optimizer)
     optimizer = build_optimizer(chunks, optim, params_dtype=dtype)
     scheduler = build_lr_scheduler(optimizer, optim, planned_updates=planned_updates(cfg, critic=critic))
+    # Routing replay: the actor's routers take the engine's routes; the critic routes by itself.
+    replay = RouteReplay(chunks, hf_cfg) if not critic and replays(cfg, hf_cfg) else None
     return TrainModel(chunks=chunks, optimizer=optimizer, scheduler=scheduler, family=family, hf_cfg=hf_cfg,
-                      hf_dir=hf_dir, critic=critic, dtype=cfg.model.dtype)
+                      hf_dir=hf_dir, critic=critic, dtype=cfg.model.dtype, replay=replay)
 
 
 @torch.no_grad()

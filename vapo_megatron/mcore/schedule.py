@@ -14,6 +14,7 @@ that sum(loss_sum) / N is exactly the loss of the global mini-batch (actor.py, c
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from functools import partial
 from typing import Callable, Iterable
 
@@ -24,9 +25,10 @@ from vapo_megatron.data.batch import RolloutBatch
 from vapo_megatron.mcore import parallel
 
 
-def forward_step(loss_fn: Callable, data_iterator, model):
+def forward_step(loss_fn: Callable, data_iterator, model, *, replay=None):
     """Megatron's forward_step_func: the next micro-batch through `model`; the last stage's output
-    [b, S, ...] (logits for the actor, values for the critic) goes to `loss_fn(micro_batch, output)`."""
+    [b, S, ...] (logits for the actor, values for the critic) goes to `loss_fn(micro_batch, output)`.
+    replay: the actor's RouteReplay (routing_replay.py), which routes the call by the batch's routes."""
     mb: RolloutBatch = next(data_iterator)
     device = parallel.device()
     tokens = mb.tokens.to(device)  # [b, S]
@@ -36,7 +38,8 @@ def forward_step(loss_fn: Callable, data_iterator, model):
         # right padding changes no earlier position (causal attention); the loss sees [b, S] again.
         tokens = torch.nn.functional.pad(tokens, (0, -width % parallel.tp_size()))
     position_ids = torch.arange(tokens.shape[1], device=device).unsqueeze(0).expand_as(tokens)
-    output = model(tokens, position_ids, None)
+    with replay.forward(model, mb, tokens.shape[1]) if replay is not None else nullcontext():
+        output = model(tokens, position_ids, None)
     return output, partial(_unpadded, loss_fn, mb, width)
 
 
@@ -45,9 +48,10 @@ def _unpadded(loss_fn, mb: RolloutBatch, width: int, output: torch.Tensor):
 
 
 def forward_backward(model_chunks: list, loss_fn: Callable, micro_batches: list[RolloutBatch], *,
-                     forward_only: bool) -> list:
+                     forward_only: bool, replay=None) -> list:
     """Run megatron's schedule over `micro_batches`; returns the last stage's loss outputs.
-    `loss_fn(micro_batch, output)` -> (loss_sum, num_tokens, metrics)."""
+    `loss_fn(micro_batch, output)` -> (loss_sum, num_tokens, metrics). replay: the actor's
+    RouteReplay (routing_replay.py; None: the routers choose, as the critic's always do)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     for chunk in model_chunks:
@@ -61,15 +65,19 @@ def forward_backward(model_chunks: list, loss_fn: Callable, micro_batches: list[
     if not forward_only:
         for chunk in model_chunks:
             chunk.zero_grad_buffer()
-    return get_forward_backward_func()(
-        forward_step_func=partial(forward_step, loss_fn),
-        data_iterator=data,
-        model=model_chunks,
-        num_microbatches=len(micro_batches),
-        seq_length=longest,
-        micro_batch_size=widest,
-        forward_only=forward_only,
-    )
+    try:
+        return get_forward_backward_func()(
+            forward_step_func=partial(forward_step, loss_fn, replay=replay),
+            data_iterator=data,
+            model=model_chunks,
+            num_microbatches=len(micro_batches),
+            seq_length=longest,
+            micro_batch_size=widest,
+            forward_only=forward_only,
+        )
+    finally:
+        if replay is not None:
+            replay.finish()
 
 
 def reduce_metric_sums(outputs: list[dict]) -> dict[str, float]:

@@ -59,10 +59,12 @@ def global_counts(batch: RolloutBatch) -> GlobalCounts:
 def forward_only(model: TrainModel, batch: RolloutBatch, loss_fn: Callable, keys: tuple[str, ...],
                  max_tokens: int) -> dict[str, torch.Tensor]:
     """Step 4's forward passes: {key: [B, S] float32} on every pipeline stage, from the
-    last stage's per-micro-batch outputs (loss_fn returns them under `keys`)."""
+    last stage's per-micro-batch outputs (loss_fn returns them under `keys`). When the model's
+    routing replay is counting (routing_replay.py), also "routing_mismatch" [B, S]."""
     plan, micro = micro_batches(batch, max_tokens)
+    replay = model.replay
     with torch.no_grad():
-        outputs = forward_backward(model.chunks, loss_fn, micro, forward_only=True)
+        outputs = forward_backward(model.chunks, loss_fn, micro, forward_only=True, replay=replay)
     out = {}
     for key in keys:
         full = torch.zeros(batch.tokens.shape, dtype=torch.float32)
@@ -71,6 +73,8 @@ def forward_only(model: TrainModel, batch: RolloutBatch, loss_fn: Callable, keys
                 full[rows, : o[key].shape[1]] = o[key]
         broadcast_from_last_stage([full])
         out[key] = full * batch.mask
+    if replay is not None and replay.counts is not None:
+        out["routing_mismatch"] = replay.mismatch_flags(plan, batch.tokens.shape)
     return out
 
 
@@ -117,7 +121,8 @@ def optimize(model: TrainModel, role: str, batch: RolloutBatch, loss_for: Callab
             _, micro = micro_batches(part, settings.max_tokens)
             lr = current_lr(model.optimizer)
             moe_metrics.clear()
-            sums = reduce_metric_sums(forward_backward(model.chunks, loss_for(counts), micro, forward_only=False))
+            sums = reduce_metric_sums(forward_backward(model.chunks, loss_for(counts), micro, forward_only=False,
+                                                       replay=model.replay))
             aux_loss = moe_metrics.take_aux_loss(model.config, len(micro))
             applied, grad_norm = guarded_step(model, sums, role, settings.max_consecutive_skips)
             faults.fault_point(f"{role}_update")  # test-only (testing/faults.py): a crash mid-update

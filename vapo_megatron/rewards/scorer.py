@@ -5,7 +5,8 @@
     batch, logs = scorer.score(rollout)     RolloutBatch of this rank; reward/*, response_length/*
                                             (reward/errors, /timeouts: of the calls it made itself)
 
-The batch's rewards are the verifier's scores plus the overlong penalty (shaping.py), when on.
+The batch's rewards are the verifier's scores plus the overlong penalty (shaping.py), when on; its
+routes are the engine's (routing replay), when the outputs carry them.
 
 The evaluation (evaluation/sampled.py) judges its samples with the same decode and reward.
 """
@@ -19,6 +20,7 @@ from vapo_megatron.data.batch import RolloutBatch, pack_sequences
 from vapo_megatron.mcore import parallel
 from vapo_megatron.rewards import RewardFn, score_batch, summarize
 from vapo_megatron.rewards.shaping import OverlongShaping
+from vapo_megatron.rollout.routes import pack_routes
 
 
 class Scorer:
@@ -58,6 +60,8 @@ class Scorer:
             rewards=(scores + penalty if penalty is not None else scores).float(), correct=correct.bool(),
             group_ids=torch.tensor([o.prompt_index for o in rollout.outputs], dtype=torch.long),
         )
+        if rollout.outputs and all(o.routes is not None for o in rollout.outputs):  # routing replay
+            batch.routes = pack_routes([o.routes for o in rollout.outputs], tokens.shape[1], rollout.outputs[0].routes.shape[2])
         engine_logp = [o.logprobs for o in rollout.outputs]
         if all(lp is not None for lp in engine_logp):
             batch.extras["engine_logp"] = engine_logp

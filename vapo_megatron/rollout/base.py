@@ -33,6 +33,8 @@ class SamplingParams:
 
     temperature == 0 means greedy. top_k <= 0 and top_p >= 1 switch those filters off. Sample
     j of prompt i uses seed `seed + i * n + j`, so results do not depend on batching.
+    return_routes: each output also carries the experts every token was routed to (routing
+    replay, rollout/routes.py; mixture-of-experts models only).
     """
 
     n: int = 1
@@ -42,6 +44,7 @@ class SamplingParams:
     max_new_tokens: int = 32
     stop_token_ids: tuple[int, ...] = ()
     seed: int = 0
+    return_routes: bool = False
 
     def __post_init__(self):
         if self.n < 1:
@@ -60,13 +63,16 @@ class SamplingParams:
 @dataclass
 class RolloutOutput:
     """One sampled response. `logprobs[t]` = log_softmax(logits / temperature)[token t]
-    as the engine computed it (None when the engine did not return them)."""
+    as the engine computed it (None when the engine did not return them). `routes`: the experts
+    the engine routed each token to, [prompt + response - 1, moe_layers, k] (rollout/routes.py),
+    when asked for (SamplingParams.return_routes)."""
 
     prompt_index: int
     token_ids: list[int]
     finish_reason: Literal["stop", "length"]
     logprobs: list[float] | None = None
     weight_version: int | None = None
+    routes: torch.Tensor | None = None
 
 
 @dataclass

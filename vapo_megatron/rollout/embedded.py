@@ -4,6 +4,8 @@ The model is built once; weight updates copy full HF-named tensors into the exis
 (no rebuild). Sampling is a small batched loop over a DynamicCache with left padding. Every sample
 draws from its own torch.Generator seeded with SamplingParams.sample_seed, so sample j of prompt
 i gets the same response whatever else is in the batch, and a run is reproducible given the seed.
+A mixture-of-experts model's routers are watched (rollout/routes.py, RouteRecorder): asked for
+(SamplingParams.return_routes), each output carries the experts its tokens were routed to.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 
 from vapo_megatron.rollout.base import MEMORY_TAGS, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket
+from vapo_megatron.rollout.routes import RouteRecorder
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Set logits outside top-k / the top-p nucleus to -inf. logits: [B, V] (already / T)."""
@@ -57,6 +60,8 @@ class EmbeddedEngine(RolloutEngine):
         self._version = -1
         self._updating = False
         self._loaded: set[str] = set()
+        experts = getattr(model.config, "num_experts", None)
+        self.recorder = RouteRecorder(model, experts) if experts else None
 
     # ---- construction ---------------------------------------------------------------------
 
@@ -139,10 +144,19 @@ class EmbeddedEngine(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[RolloutOutput]:
+        if params.return_routes and (self.recorder is None or not self.recorder.routers):
+            raise ValueError(f"routes asked for, but the rollout model ({type(self.model).__name__}) has no "
+                             "mixture-of-experts routers")
         per_chunk = max(1, self.max_batch_size // params.n)
         outs: list[RolloutOutput] = []
-        for lo in range(0, len(prompt_ids), per_chunk):
-            outs += self._generate_chunk(list(prompt_ids[lo : lo + per_chunk]), lo, params)
+        if self.recorder is not None:
+            self.recorder.recording = params.return_routes
+        try:
+            for lo in range(0, len(prompt_ids), per_chunk):
+                outs += self._generate_chunk(list(prompt_ids[lo : lo + per_chunk]), lo, params)
+        finally:
+            if self.recorder is not None:
+                self.recorder.recording, self.recorder.calls = False, []
         return outs
 
     def _generate_chunk(self, prompts, first_index: int, p: SamplingParams) -> list[RolloutOutput]:
@@ -166,6 +180,9 @@ class EmbeddedEngine(RolloutEngine):
             input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
             use_cache=True, logits_to_keep=1,
         ).logits[:, -1, :].float()  # [P, V]
+        routes = p.return_routes
+        prompt_routes = self.recorder.take(P, L) if routes else None  # [P, L, moe_layers, k]
+        step_routes = []  # per decode step: [B, moe_layers, k] of the token it fed
         cache.batch_repeat_interleave(n)
         logits = logits.repeat_interleave(n, dim=0)  # [B, V], B = P * n
         mask = mask.repeat_interleave(n, dim=0)
@@ -196,17 +213,24 @@ class EmbeddedEngine(RolloutEngine):
                 input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                 past_key_values=cache, use_cache=True,
             ).logits[:, -1, :].float()
+            if routes:
+                step_routes.append(self.recorder.take(B, 1)[:, 0])
             next_pos = next_pos + 1
 
         res = []
         for b in range(B):
             k = int(lengths[b])
+            own = None
+            if routes:  # every prompt token, and each response token the loop fed back (all but the last)
+                fed = [s[b] for s in step_routes[: k - 1]]
+                own = torch.cat([prompt_routes[b // n, L - len(prompts[b // n]) :], *(x[None] for x in fed)])
             res.append(RolloutOutput(
                 prompt_index=first_index + b // n,
                 token_ids=out_tokens[b, :k].tolist(),
                 finish_reason="stop" if bool(stopped[b]) else "length",
                 logprobs=out_logp[b, :k].tolist(),
                 weight_version=self._version,
+                routes=own,
             ))
         return res
 

@@ -40,19 +40,25 @@ class Rollout:
     results: list | None = None  # the verifier's RewardResult per output, when already judged (dynamic sampling)
 
 
-def build_engine(cfg: Config, *, with_weights: bool = True) -> RolloutEngine | None:
+def build_engine(cfg: Config, *, with_weights: bool = True, routes: bool = False) -> RolloutEngine | None:
     """Collective (colocated SGLang starts its engines together). None on ranks with no engine.
     with_weights=False: model.hf_path holds only config and tokenizer (a trainer checkpoint's
     hf/); the engine starts with placeholder weights, which the first weight sync replaces.
     Colocated SGLang always starts so (load_format="dummy"): the trainer syncs its weights before
-    the first generation anyway, and reading a 32B checkpoint only to release it costs minutes."""
+    the first generation anyway, and reading a 32B checkpoint only to release it costs minutes.
+    routes (routing replay): SGLang engines are started (or their servers checked) to return the
+    routed experts; the embedded engine always can, for a MoE model."""
+    from model_providers import read_hf_config
+    from vapo_megatron.rollout.routes import route_shape
+
     r = cfg.rollout
+    routes = route_shape(read_hf_config(cfg.model.hf_path)) if routes and r.engine != "embedded" else None
     if r.engine == "sglang":
         from vapo_megatron.rollout.sglang_engine import SGLangEngine
 
         return SGLangEngine.colocated(model_path=cfg.model.hf_path, tp_size=r.sglang_tp, mem_fraction=r.sglang_mem_fraction,
                                       dtype=cfg.model.dtype, seed=cfg.trainer.seed,
-                                      deterministic=cfg.trainer.deterministic, load_format="dummy")
+                                      deterministic=cfg.trainer.deterministic, load_format="dummy", routes=routes)
     if not (parallel.tp_rank() == 0 and parallel.pp_rank() == 0):
         return None
     if r.engine == "embedded":
@@ -69,7 +75,8 @@ def build_engine(cfg: Config, *, with_weights: bool = True) -> RolloutEngine | N
 
     i = parallel.dp_rank() % len(r.sglang_urls)
     http = HttpEngine(r.sglang_urls[i])
-    return SGLangEngine(http, engine_tp=http.server_tp_size(f"rollout.sglang_urls[{i}]"))  # refuses a bad server
+    tp = http.server_tp_size(f"rollout.sglang_urls[{i}]", routes=routes is not None)  # refuses a bad server
+    return SGLangEngine(http, engine_tp=tp, routes=routes)
 
 
 def generating_ranks(engine: RolloutEngine | None) -> list[int]:
@@ -87,24 +94,30 @@ def generating_ranks(engine: RolloutEngine | None) -> list[int]:
 class Generator:
     """The rollout engines of this model replica, seen from one of its ranks."""
 
-    def __init__(self, engine: RolloutEngine | None, rollout: RolloutConfig, stop_token_ids: tuple[int, ...]):
-        self.engine, self.cfg, self.stop_token_ids = engine, rollout, stop_token_ids
+    def __init__(self, engine: RolloutEngine | None, rollout: RolloutConfig, stop_token_ids: tuple[int, ...], *,
+                 routes: bool = False):
+        """routes: the step's rollouts (collect) carry the experts each token was routed to (routing
+        replay, rollout/routes.py); evaluations never do."""
+        self.engine, self.cfg, self.stop_token_ids, self.routes = engine, rollout, stop_token_ids, routes
         self.generators = generating_ranks(engine)  # global ranks of this replica that generate, in share order
 
     @classmethod
-    def build(cls, cfg: Config, stop_token_ids: tuple[int, ...], *, with_weights: bool = True) -> "Generator":
-        """Collective: every rank's engines (build_engine), then the replica's generating ranks."""
-        return cls(build_engine(cfg, with_weights=with_weights), cfg.rollout, stop_token_ids)
+    def build(cls, cfg: Config, stop_token_ids: tuple[int, ...], *, with_weights: bool = True,
+              routes: bool = False) -> "Generator":
+        """Collective: every rank's engines (build_engine), then the replica's generating ranks.
+        routes: the trainer's rollouts carry the routed experts (rollout/routes.py, replays)."""
+        return cls(build_engine(cfg, with_weights=with_weights, routes=routes), cfg.rollout, stop_token_ids, routes=routes)
 
     def sampling(self, *, seed: int, greedy: bool = False, n: int | None = None,
-                 temperature: float | None = None) -> SamplingParams:
-        """The run's sampling settings (rollout.*); greedy: one sample at temperature 0."""
+                 temperature: float | None = None, routes: bool = False) -> SamplingParams:
+        """The run's sampling settings (rollout.*); greedy: one sample at temperature 0; routes:
+        return the routed experts (SamplingParams.return_routes)."""
         r = self.cfg
         if greedy:
             return SamplingParams(n=1, temperature=0.0, max_new_tokens=r.max_new_tokens, stop_token_ids=self.stop_token_ids, seed=seed)
         return SamplingParams(n=r.n_samples if n is None else n, temperature=r.temperature if temperature is None else temperature,
                               top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
-                              stop_token_ids=self.stop_token_ids, seed=seed)
+                              stop_token_ids=self.stop_token_ids, seed=seed, return_routes=routes)
 
     def generate(self, prompts: list[PromptRecord], params: SamplingParams) -> list[RolloutOutput]:
         """Collective over the replica. Each generating rank samples its contiguous share of
@@ -138,7 +151,7 @@ class Generator:
     def collect(self, global_prompts: list[PromptRecord], *, seed: int) -> Rollout:
         """Step 2: rollout.n_samples samples for each of this DP rank's prompts."""
         _, prompts = parallel.dp_share(global_prompts)
-        outputs = self.generate(prompts, self.sampling(seed=seed))
+        outputs = self.generate(prompts, self.sampling(seed=seed, routes=self.routes))
         # Replicas finish generating at different times; the first NCCL collective of the updates
         # (DP gradient and count reductions) would otherwise wait for the slowest one on the device.
         parallel.barrier(group=parallel.wait_group())

@@ -42,6 +42,7 @@ from vapo_megatron.mcore.memory import free_cached_memory
 from vapo_megatron.rollout.base import MEMORY_TAGS, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket
 from vapo_megatron.rollout.engine_signals import EngineDeath, kept_handlers
+from vapo_megatron.rollout.sglang_requests import expand_requests, parse_output
 
 
 # ---- payloads ----------------------------------------------------------------------------------
@@ -95,58 +96,6 @@ def deserialize_payload(data: bytes | str) -> list[tuple[str, torch.Tensor]]:
     return FlattenedTensorBucket(flattened_tensor=d["flattened_tensor"], metadata=d["metadata"]).reconstruct_tensors()
 
 
-# ---- output parsing --------------------------------------------------------------------------
-
-def sampling_params_dict(p: SamplingParams, prompt_index: int, sample_index: int) -> dict:
-    """SGLang's per-request sampling params for one sample (n=1 per request, own seed)."""
-    d = {
-        "max_new_tokens": p.max_new_tokens,
-        "temperature": p.temperature,
-        "top_p": p.top_p,
-        "top_k": p.top_k if p.top_k > 0 else -1,
-        "n": 1,
-        "sampling_seed": p.sample_seed(prompt_index, sample_index),
-        "skip_special_tokens": False,
-        "no_stop_trim": True,  # keep the stop token in the response: the policy learns to stop
-    }
-    if p.stop_token_ids:
-        d["stop_token_ids"] = list(p.stop_token_ids)
-    return d
-
-
-def expand_requests(prompt_ids: Sequence[Sequence[int]], p: SamplingParams) -> tuple[list[list[int]], list[dict], list[int]]:
-    """One request per sample, grouped by prompt: (input_ids, sampling params, prompt index)."""
-    ids, sps, owners = [], [], []
-    for i, prompt in enumerate(prompt_ids):
-        for j in range(p.n):
-            ids.append(list(prompt))
-            sps.append(sampling_params_dict(p, i, j))
-            owners.append(i)
-    return ids, sps, owners
-
-
-def parse_output(out: dict, prompt_index: int, version: int) -> RolloutOutput:
-    """One generate result: {"output_ids": [...], "meta_info": {"finish_reason": {"type": ...},
-    "output_token_logprobs": [(logprob, token_id, text or None), ...], ...}}
-    (tokenizer_manager.py: the output dict and detokenize_logprob_tokens). `version` is the
-    weight version the wrapper loaded: sglang.Engine has no call that sets meta_info's
-    "weight_version" (update_weights_from_tensor does not forward the request's field)."""
-    meta = out["meta_info"]
-    reason = meta["finish_reason"]["type"] if isinstance(meta["finish_reason"], dict) else meta["finish_reason"]
-    if reason not in ("stop", "length"):
-        raise RuntimeError(f"SGLang request for prompt {prompt_index} ended with finish_reason={meta['finish_reason']!r}")
-    token_ids = list(out["output_ids"])
-    logprobs = None
-    if "output_token_logprobs" in meta and meta["output_token_logprobs"] is not None:
-        pairs = meta["output_token_logprobs"]
-        if [int(x[1]) for x in pairs] != token_ids:
-            raise RuntimeError(f"SGLang output for prompt {prompt_index}: output_token_logprobs token ids "
-                               f"do not match output_ids ({len(pairs)} vs {len(token_ids)} tokens)")
-        logprobs = [float(x[0]) for x in pairs]
-    return RolloutOutput(prompt_index=prompt_index, token_ids=token_ids, finish_reason=reason, logprobs=logprobs,
-                         weight_version=version)
-
-
 def order_by_engine_rank(entries: Sequence[tuple[int | None, bytes | str]], base_gpu_id: int | None) -> list:
     """The payloads of an engine group's members, in engine TP rank order.
 
@@ -192,7 +141,7 @@ class EngineLike(Protocol):
     named_tensors (sglang_http.HttpEngine has it too). tests/test_sglang_api.py checks every
     call against sglang/srt/entrypoints/engine.py."""
 
-    def generate(self, *, input_ids, sampling_params, return_logprob): ...
+    def generate(self, *, input_ids, sampling_params, return_logprob, return_routed_experts): ...
     def begin_weight_update(self): ...
     def end_weight_update(self): ...
     def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True): ...
@@ -214,6 +163,7 @@ class SGLangEngineConfig:
     # anyway (SGLang's LoadFormat.DUMMY, sglang/srt/configs/load_config.py). "auto" reads the checkpoint.
     load_format: str = "dummy"
     sigquit_handler: Any = None  # ServerArgs.custom_sigquit_handler (engine_signals.EngineDeath)
+    return_routes: bool = False  # routing replay: the engine records the experts of every token
 
 
 def engine_kwargs(cfg: SGLangEngineConfig) -> dict:
@@ -225,8 +175,12 @@ def engine_kwargs(cfg: SGLangEngineConfig) -> dict:
     sampling_seed only then (sampling_batch_info.py builds the seed tensor only under it);
     without it samples depend on batching, as on any SGLang server.
     custom_sigquit_handler: SGLang installs it instead of its kill-the-process-tree handler
-    (engine.py, _set_envs_and_config); ServerArgs drops it before pickling for its schedulers."""
+    (engine.py, _set_envs_and_config); ServerArgs drops it before pickling for its schedulers.
+    enable_return_routed_experts (routing replay): its capturer keeps each token's top-k experts,
+    which a request with return_routed_experts=True gets back."""
     extra = {} if cfg.sigquit_handler is None else {"custom_sigquit_handler": cfg.sigquit_handler}
+    if cfg.return_routes:
+        extra["enable_return_routed_experts"] = True
     return dict(**extra,
         model_path=cfg.model_path, tp_size=cfg.tp_size, base_gpu_id=cfg.base_gpu_id,
         mem_fraction_static=cfg.mem_fraction_static, enable_memory_saver=True, dtype=cfg.dtype,
@@ -251,8 +205,11 @@ class SGLangEngine(RolloutEngine):
     them), so generate refuses to run until a weight update has loaded them again."""
 
     def __init__(self, engine: EngineLike | None, *, group=None, base_gpu_id: int | None = None,
-                 death: EngineDeath | None = None, engine_tp: int | None = None) -> None:
+                 death: EngineDeath | None = None, engine_tp: int | None = None,
+                 routes: tuple[int, int, int] | None = None) -> None:
+        """routes: (MoE layers, k, experts) of the served model, when generations may ask for them."""
         self.group = group
+        self.routes = routes
         self.base_gpu_id = base_gpu_id  # the owner's engine's base GPU (colocated engines)
         self.group_rank = dist.get_rank(group) if group is not None else 0
         self.group_size = dist.get_world_size(group) if group is not None else 1
@@ -273,7 +230,8 @@ class SGLangEngine(RolloutEngine):
 
     @classmethod
     def colocated(cls, *, model_path: str, tp_size: int, mem_fraction: float, dtype: str, seed: int,
-                  deterministic: bool = False, load_format: str = "dummy", start=start_engine) -> "SGLangEngine":
+                  deterministic: bool = False, load_format: str = "dummy", start=start_engine,
+                  routes: tuple[int, int, int] | None = None) -> "SGLangEngine":
         """Collective over the world. One engine per block of `tp_size` consecutive ranks of a
         TP group (parallel.init_engine_groups); the block's first rank starts it on its own GPU
         and the next tp_size - 1 ones. Everything the engine holds is released at once, so the
@@ -291,10 +249,10 @@ class SGLangEngine(RolloutEngine):
                 engine = start(SGLangEngineConfig(
                     model_path=model_path, tp_size=tp_size, base_gpu_id=base, mem_fraction_static=mem_fraction,
                     dtype=dtype, random_seed=seed, deterministic=deterministic, load_format=load_format,
-                    sigquit_handler=death,
+                    sigquit_handler=death, return_routes=routes is not None,
                 ))
         parallel.barrier(group=parallel.wait_group())  # every engine is up before any rank builds its models
-        wrapper = cls(engine, group=group, base_gpu_id=base_gpu_id, death=death)
+        wrapper = cls(engine, group=group, base_gpu_id=base_gpu_id, death=death, routes=routes)
         wrapper.release_memory()
         return wrapper
 
@@ -324,13 +282,17 @@ class SGLangEngine(RolloutEngine):
             raise RuntimeError("generate runs on the engine group's rank 0 (the Engine owner)")
         if self._weights_lost:
             raise RuntimeError("the engine's weights were released and not loaded again: run a weight update first")
+        if params.return_routes and self.routes is None:
+            raise ValueError("routes asked for, but this SGLang engine was not built for routing replay")
         ids, sps, owners = expand_requests(prompt_ids, params)
-        outs = self._call("generate", input_ids=ids, sampling_params=sps, return_logprob=True)  # a list for a list
+        routes = self.routes if params.return_routes else None
+        outs = self._call("generate", input_ids=ids, sampling_params=sps, return_logprob=True,  # a list for a list
+                          return_routed_experts=routes is not None)
         if isinstance(outs, dict):
             outs = [outs]
         if len(outs) != len(ids):
             raise RuntimeError(f"SGLang returned {len(outs)} outputs for {len(ids)} requests")
-        return [parse_output(o, i, self._version) for o, i in zip(outs, owners)]
+        return [parse_output(o, i, self._version, prompt_len=len(x), routes=routes) for o, i, x in zip(outs, owners, ids)]
 
     def begin_weight_update(self) -> None:
         self.sync_freed()  # the weights come back on GPUs every member has emptied its cache on

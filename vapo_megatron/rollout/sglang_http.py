@@ -55,13 +55,14 @@ class HttpEngine:
             return {"success": True, "message": raw.decode(errors="replace")}
         return json.loads(raw) if raw else None
 
-    def server_tp_size(self, key: str) -> int:
+    def server_tp_size(self, key: str, *, routes: bool = False) -> int:
         """The server's TP size, from GET /server_info (SGLang's resolved ServerArgs:
         entrypoints/http_server.py server_info). Every TP rank of the server deserializes entry
         tp_rank of an update's payload list (managers/tp_worker.py deserialize_own_rank), so an update
         needs one payload per rank. Refused at start-up, in one ConfigError naming `key`: a server
         that does not answer, that reports no TP size, or that runs data-parallel replicas (its
-        update_weights_from_tensor asserts dp_size == 1: managers/tokenizer_control_mixin.py)."""
+        update_weights_from_tensor asserts dp_size == 1: managers/tokenizer_control_mixin.py), or,
+        with `routes` (routing replay), one started without --enable-return-routed-experts."""
         from vapo_megatron.config import ConfigError
 
         try:
@@ -75,11 +76,18 @@ class HttpEngine:
         if dp not in (None, 1):
             raise ConfigError(f"{key}: the SGLang server at {self.url} runs dp_size={dp}, and SGLang updates "
                               "weights from tensors only at dp_size=1: start it without --dp-size")
+        if routes and info.get("enable_return_routed_experts") is not True:
+            raise ConfigError(f"{key}: rollout.routing_replay is on, but the SGLang server at {self.url} does not "
+                              "return routed experts: start it with --enable-return-routed-experts")
         return tp
 
-    def generate(self, *, input_ids: Sequence[Sequence[int]], sampling_params: Sequence[dict], return_logprob: bool):
-        return self._request("generate", {"input_ids": [list(x) for x in input_ids],
-                                          "sampling_params": list(sampling_params), "return_logprob": return_logprob})
+    def generate(self, *, input_ids: Sequence[Sequence[int]], sampling_params: Sequence[dict], return_logprob: bool,
+                 return_routed_experts: bool = False):
+        body = {"input_ids": [list(x) for x in input_ids], "sampling_params": list(sampling_params),
+                "return_logprob": return_logprob}
+        if return_routed_experts:
+            body["return_routed_experts"] = True
+        return self._request("generate", body)
 
     def begin_weight_update(self):
         return self._request("begin_weight_update", {"selector": "all"})

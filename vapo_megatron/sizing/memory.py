@@ -81,10 +81,11 @@ def sglang_stash_bytes(hf_cfg: dict) -> int:
 
 
 def reserve_parts(cfg: Config, *, world_size: int, dp: int, activations: int, phase: str,
-                  engine_stash: int = 0) -> dict[str, int]:
+                  engine_stash: int = 0, replay_bytes: int = 0) -> dict[str, int]:
     """Bytes one GPU needs besides the counted tensors in `phase` ("training" or "rollout");
     `activations` is the training peak's (the model being trained); `engine_stash` the colocated
-    engine's stashed buffers (sglang_stash_bytes), held while training. With EP > 1 the MoE layers
+    engine's stashed buffers (sglang_stash_bytes), held while training; `replay_bytes` routing
+    replay's device item (route_parts), while training. With EP > 1 the MoE layers
     add the EP group (the dispatcher's all-to-all), the TP x EP group (its token counts, TP > 1)
     and the expert-DP group (DDP's expert gradients, DP / EP > 1)."""
     tp, pp, ep, colocated = cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.ep, cfg.rollout.engine == "sglang"
@@ -99,6 +100,8 @@ def reserve_parts(cfg: Config, *, world_size: int, dp: int, activations: int, ph
         parts[f"allocator cache ({FRAGMENTATION_FRACTION:g} x activations)"] = int(FRAGMENTATION_FRACTION * activations)
         if colocated:
             parts[SGLANG_STASH_ITEM] = engine_stash
+        if replay_bytes:
+            parts[ROUTES_DEVICE_ITEM] = replay_bytes
     else:
         parts[ROLLOUT_CACHE_ITEM] = ROLLOUT_CACHE_BYTES
         if colocated:
@@ -225,6 +228,38 @@ def activation_bytes(hf_cfg: dict, **kwargs) -> int:
     return sum(activation_parts(hf_cfg, **kwargs).values())
 
 
+ROUTES_DEVICE_ITEM = "routing replay ids [T/s, k], one MoE layer"
+
+
+def route_parts(cfg: Config, hf_cfg: dict, *, dp: int, inflight_microbatches: int) -> dict[str, int]:
+    """Routing replay's routes on one rank ({} when off: rollout/routes.py, replays), at most (every
+    sequence at data.max_prompt_tokens + rollout.max_new_tokens):
+      host    the step's routes [tokens, moe_layers, k] in the smallest id dtype, held twice (the
+              rollout's outputs, on every rank of the replica after its all-gather, and the packed
+              batch), for every generation round of dynamic sampling; and the int64 ids [T/s, k] of
+              each MoE layer of the stage that the trainer hands the routers, for one micro-batch, or
+              for every in-flight one when recomputation queues them for the backward
+      device  one MoE layer's ids [T/s, k] as int64 and their float32 weights while it routes
+              (ROUTES_DEVICE_ITEM; s = TP with sequence parallelism), counted in the training reserve"""
+    from vapo_megatron.rollout.routes import id_dtype, replays, route_shape
+
+    shape = route_shape(hf_cfg)
+    if shape is None or not replays(cfg, hf_cfg):
+        return {}
+    layers, k, experts = shape
+    r, p = cfg.rollout, cfg.parallel
+    rounds = r.max_sampling_rounds if r.dynamic_sampling else 1
+    sequences = rounds * r.prompts_per_step * r.n_samples // max(dp, 1)
+    tokens = cfg.data.max_prompt_tokens + r.max_new_tokens
+    step = 2 * sequences * tokens * layers * k * id_dtype(experts).itemsize
+    local = cfg.trainer.micro_batch_tokens // (p.tp if p.sequence_parallel and p.tp > 1 else 1)
+    queued = inflight_microbatches if cfg.model.recompute_activations else 1
+    ids = queued * -(-layers // p.pp) * local * k * 8
+    return {f"host: the step's routes ({sequences:,} sequences x {tokens:,} tokens x {layers} MoE layers x {k})": step,
+            "host: replayed int64 ids of the stage's MoE layers" + (" (in-flight micro-batches)" if queued > 1 else ""): ids,
+            ROUTES_DEVICE_ITEM: local * k * 12}
+
+
 def kv_bytes_per_token(hf_cfg: dict, *, sglang_tp: int, dtype_bytes: int = 2) -> int:
     """SGLang's KV cache per token on one GPU: K and V of every layer, the rank's share of the KV
     heads (replicated when sglang_tp exceeds their number), bf16."""
@@ -232,7 +267,7 @@ def kv_bytes_per_token(hf_cfg: dict, *, sglang_tp: int, dtype_bytes: int = 2) ->
     return 2 * hf_cfg["num_hidden_layers"] * max(1, g // sglang_tp) * d * dtype_bytes
 
 
-__all__ = ["GIB", "MOE_COMBINE", "MOE_DISPATCH", "MOE_EXPERT_MLP", "MOE_ITEMS", "MOE_ROUTER", "ROLLOUT_CACHE_ITEM",
+__all__ = ["GIB", "MOE_COMBINE", "MOE_DISPATCH", "MOE_EXPERT_MLP", "MOE_ITEMS", "MOE_ROUTER", "ROLLOUT_CACHE_ITEM", "ROUTES_DEVICE_ITEM",
            "SGLANG_RUNTIME_ITEM", "activation_bytes", "activation_parts", "checkpoint_bytes", "kv_bytes_per_token",
-           "layer_activation_bytes", "logprob_buffer_bytes", "moe_architecture", "moe_layer_parts", "reserve_parts",
+           "layer_activation_bytes", "logprob_buffer_bytes", "moe_architecture", "moe_layer_parts", "reserve_parts", "route_parts",
            "state_bytes"]

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field, replace
 
 from vapo_megatron.config import Config
 from vapo_megatron.mcore.dtypes import torch_dtype
-from vapo_megatron.sizing.memory import (GIB, SGLANG_RUNTIME_ITEM, activation_parts, checkpoint_bytes, kv_bytes_per_token,
-                                         reserve_parts, sglang_stash_bytes, state_bytes)
+from vapo_megatron.sizing.memory import (GIB, ROUTES_DEVICE_ITEM, SGLANG_RUNTIME_ITEM, activation_parts, checkpoint_bytes,
+                                         kv_bytes_per_token, reserve_parts, route_parts, sglang_stash_bytes, state_bytes)
 from vapo_megatron.sizing.shards import ShardSize, shard_sizes
 
 
@@ -81,6 +81,9 @@ class Plan:
     # algo.estimator=grpo: the same config with algo.estimator=gae (a critic), its kv_compare at this
     # plan's rollout peak; None with a critic.
     with_critic: Plan | None = None
+    # Routing replay (memory.route_parts) on the worst rank: its host items ({} when off; the
+    # device item is in each rank's training reserve).
+    routes_host: dict = field(default_factory=dict)
 
 
 def _padded_vocab(hf_cfg: dict, tp: int) -> int:
@@ -121,7 +124,7 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     sp = cfg.parallel.sequence_parallel and tp > 1  # off at tp=1 (config/schema.py)
     offload = cfg.trainer.offload_during_rollout
 
-    ranks = []
+    ranks, routes_host = [], {}
     for s in shards:
         parts: dict[str, int] = {}
         for name, hf_cfg, optim in models:
@@ -143,9 +146,13 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
         state_names = [f"{m} {k}" for m in names for k in STATE]
         resident = sum(parts[k] for k in state_names)
         act = max(parts[f"{m} activations"] for m in names)
+        routes = route_parts(cfg, actor_hf, dp=dp, inflight_microbatches=s.inflight_microbatches)
+        routes_host = max(routes_host, {k: v for k, v in routes.items() if k != ROUTES_DEVICE_ITEM},
+                          key=lambda d: sum(d.values()))
         reserve = {ph: {"--reserve-gib": flat} if flat is not None else
                    reserve_parts(cfg, world_size=world_size, dp=dp, activations=act, phase=ph,
-                                 engine_stash=sglang_stash_bytes(actor_hf)) for ph in ("training", "rollout")}
+                                 engine_stash=sglang_stash_bytes(actor_hf), replay_bytes=routes.get(ROUTES_DEVICE_ITEM, 0))
+                   for ph in ("training", "rollout")}
         state = {k.replace("gradients", "gradient buffers (fp32 main_grad)"): parts[k] for k in state_names}
         kv_resume = {} if offload else dict(state)
         kv_resume.update({k: v for k, v in reserve["rollout"].items() if k != SGLANG_RUNTIME_ITEM})
@@ -193,7 +200,7 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
                                 reserve_gib=reserve_gib, peak=compare.get("peak"))
     return Plan(world_size, gpu, flat, (tp, pp, dp, vpp), shards, ranks, engine_weights, engine_share,
                 kv_cache, kv_tokens, sequence, ckpt, freed, problems, offload, compare, max(state), host, ep, names,
-                with_critic)
+                with_critic, routes_host)
 
 
 def _kv_compare(ranks: list[RankMemory], state: list[int], *, offload: bool, engine_share: int, engine_weights: int,

@@ -38,6 +38,15 @@ def _kv_resume_lines(plan: Plan, cfg: Config) -> list[str]:
     return lines
 
 
+def _routes_lines(plan: Plan) -> list[str]:
+    """Routing replay's host memory per rank (its GPU item is in the training reserve), at most."""
+    if not plan.routes_host:
+        return []
+    lines = [f"routing replay (rollout.routing_replay): host memory per rank, at most (every sequence at full length), "
+             f"{sum(plan.routes_host.values()) / GIB:.2f} GiB:"]
+    return lines + [f"  {k:<78}{_g(v):>8}" for k, v in plan.routes_host.items()]
+
+
 def _offload_lines(plan: Plan, cfg: Config, gpus_per_node: int) -> list[str]:
     """SGLang's KV cache with and without trainer.offload_during_rollout, at this config's rollout peak."""
     peak, fits = plan.kv_compare["peak"], not any(p.startswith("rollout") for p in plan.problems)
@@ -185,6 +194,7 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
         f"{KEEP_CHECKPOINTS} kept, the next written before the oldest goes: {(KEEP_CHECKPOINTS + 1) * ckpt / 1e12:,.2f} TB "
         f"of disk at peak in trainer.run_dir; every trainer.save_every={cfg.trainer.save_every} steps",
         engine_line,
+        *_routes_lines(plan),
         *offload_lines,
         *(_no_critic_lines(plan) if plan.with_critic is not None else []),
         (f"assumptions: {' and '.join(models)} parameters, gradients and optimizer state stay on every GPU during training "

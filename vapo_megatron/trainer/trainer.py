@@ -40,6 +40,7 @@ from vapo_megatron.rewards.scorer import Scorer
 from vapo_megatron.rewards.shaping import OverlongShaping
 from vapo_megatron.rollout.dynamic_sampling import StepRollouts
 from vapo_megatron.rollout.generator import Generator
+from vapo_megatron.rollout.routes import replays
 from vapo_megatron.testing import faults
 from vapo_megatron.trainer import dp_stats
 from vapo_megatron.trainer.deadline import Deadline, StepClock
@@ -73,7 +74,8 @@ class Trainer:
                                              incorrect_score=cfg.reward.incorrect_score, timeout_s=cfg.reward.timeout_s),
                              self.data.tokenizer, stop_token_ids(self.data.tokenizer),
                              OverlongShaping(cfg.rollout.max_new_tokens, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty))
-        self.generator = Generator.build(cfg, self.scorer.stop_token_ids)   # the rollout engines
+        # The rollout engines; with routing replay (MoE models) they return each token's experts.
+        self.generator = Generator.build(cfg, self.scorer.stop_token_ids, routes=replays(cfg, read_hf_config(cfg.model.hf_path)))
         # Steps 1-2: the step's prompts and rollouts (rollout.dynamic_sampling: DAPO's filter and refill)
         self.rollouts = StepRollouts(self.generator, self.scorer, cfg.rollout, mini_batches=cfg.algo.mini_batches)
         self.answers = AnswerKey(cfg.reward.fn, timeout_s=cfg.reward.timeout_s)  # maj@K; its pool starts at first use
@@ -217,7 +219,7 @@ class Trainer:
         with timed("reward"):
             batch, reward_logs = self.scorer.score(rollout)                                  # 3
         with timed("score"):
-            batch.old_logp, entropy = self.actor.log_probs(batch)                            # 4
+            batch.old_logp, entropy, replay_logs = self.actor.log_probs(batch)               # 4
             batch.values = self.critic.values(batch)
         batch.advantages, batch.returns, estimator_logs = self.estimate(batch, algo, value_pretrain=pretraining)  # 5
         if algo.whiten_advantages:
@@ -241,7 +243,7 @@ class Trainer:
         with timed("sync"):  # also while value pretraining (actor unchanged): the engine released its weights
             self.generator.sync_weights(self.actor.model, version=self.state.iteration + 1)   # 8
         self._log_step("value_pretrain" if pretraining else "vapo", batch, entropy, sampling_logs, reward_logs,
-                       estimator_logs, fit_logs, critic_logs, actor_logs, seconds=time.perf_counter() - t0)
+                       replay_logs, estimator_logs, fit_logs, critic_logs, actor_logs, seconds=time.perf_counter() - t0)
 
     def _log_step(self, phase: str, batch, entropy, *parts: dict, seconds: float) -> None:
         cfg = self.cfg

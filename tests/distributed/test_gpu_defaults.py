@@ -177,12 +177,18 @@ def test_deterministic_mode_reaches_megatron(decided):
 
 
 def test_vapo_train_sets_the_environment_before_it_imports_torch(monkeypatch):
-    """checked_config's order: the value checks, determinism_env, then `import torch`."""
+    """checked_config's order: the value checks, determinism_env, then what imports torch (the
+    hardware check imports it when a setting needs CUDA; the model files' check loads transformers).
+    Before determinism_env, torch is imported only on the way to refusing the start."""
     import vapo_megatron.train as train
 
     src = Path(train.__file__).read_text()
-    body = src[src.index("def checked_config"):src.index("def print_config")]
-    assert body.index("determinism_env(cfg.trainer.deterministic)") < body.index("import torch")
+    body = src[src.index("def checked_config"):src.index("def model_file_problems")]
+    env = body.index("determinism_env(cfg.trainer.deterministic)")
+    assert "import torch" not in body[:env]
+    assert env < body.index("problems = hardware_problems(cfg)") < body.index("model_file_problems(cfg)")
+    refusal = body.index("raise problems_error(problems + hardware_problems(cfg))")
+    assert refusal < env  # the only earlier call: torch imported, then the start refused
 
 
 # ---- 3. te_available is megatron's own HAVE_TE ---------------------------------------------------

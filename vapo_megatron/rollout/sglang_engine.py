@@ -39,9 +39,10 @@ import torch.distributed as dist
 
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.memory import free_cached_memory
-from vapo_megatron.rollout.base import MEMORY_TAGS, RolloutEngine, RolloutOutput, SamplingParams
+from vapo_megatron.rollout.base import MEMORY_TAGS, Continuation, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket
 from vapo_megatron.rollout.engine_signals import EngineDeath, kept_handlers
+from vapo_megatron.rollout.sglang_requests import continuation_requests, expand_requests
 
 
 # ---- payloads ----------------------------------------------------------------------------------
@@ -95,35 +96,7 @@ def deserialize_payload(data: bytes | str) -> list[tuple[str, torch.Tensor]]:
     return FlattenedTensorBucket(flattened_tensor=d["flattened_tensor"], metadata=d["metadata"]).reconstruct_tensors()
 
 
-# ---- output parsing --------------------------------------------------------------------------
-
-def sampling_params_dict(p: SamplingParams, prompt_index: int, sample_index: int) -> dict:
-    """SGLang's per-request sampling params for one sample (n=1 per request, own seed)."""
-    d = {
-        "max_new_tokens": p.max_new_tokens,
-        "temperature": p.temperature,
-        "top_p": p.top_p,
-        "top_k": p.top_k if p.top_k > 0 else -1,
-        "n": 1,
-        "sampling_seed": p.sample_seed(prompt_index, sample_index),
-        "skip_special_tokens": False,
-        "no_stop_trim": True,  # keep the stop token in the response: the policy learns to stop
-    }
-    if p.stop_token_ids:
-        d["stop_token_ids"] = list(p.stop_token_ids)
-    return d
-
-
-def expand_requests(prompt_ids: Sequence[Sequence[int]], p: SamplingParams) -> tuple[list[list[int]], list[dict], list[int]]:
-    """One request per sample, grouped by prompt: (input_ids, sampling params, prompt index)."""
-    ids, sps, owners = [], [], []
-    for i, prompt in enumerate(prompt_ids):
-        for j in range(p.n):
-            ids.append(list(prompt))
-            sps.append(sampling_params_dict(p, i, j))
-            owners.append(i)
-    return ids, sps, owners
-
+# ---- outputs (the requests: sglang_requests.py) --------------------------------------------------
 
 def parse_output(out: dict, prompt_index: int, version: int) -> RolloutOutput:
     """One generate result: {"output_ids": [...], "meta_info": {"finish_reason": {"type": ...},
@@ -320,11 +293,17 @@ class SGLangEngine(RolloutEngine):
         return self._version
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[RolloutOutput]:
+        return self._generate(*expand_requests(prompt_ids, params))
+
+    def extend(self, requests: Sequence[Continuation], params: SamplingParams) -> list[RolloutOutput]:
+        """Partial rollout: each response continued from prompt + its tokens (sglang_requests.py)."""
+        return self._generate(*continuation_requests(requests, params), list(range(len(requests))))
+
+    def _generate(self, ids: list, sps: list, owners: list[int]) -> list[RolloutOutput]:
         if not self.owner:
             raise RuntimeError("generate runs on the engine group's rank 0 (the Engine owner)")
         if self._weights_lost:
             raise RuntimeError("the engine's weights were released and not loaded again: run a weight update first")
-        ids, sps, owners = expand_requests(prompt_ids, params)
         outs = self._call("generate", input_ids=ids, sampling_params=sps, return_logprob=True)  # a list for a list
         if isinstance(outs, dict):
             outs = [outs]

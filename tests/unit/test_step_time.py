@@ -84,19 +84,21 @@ def test_a_partial_rollout_worked_by_hand():
     """rollout.partial (issue 47): the rollout above with one spare batch and max_staleness 1. In
     flight 2 x 5 samples per engine, of which the KV cache holds 3: the same 5/3 waves of 800 steps;
     the longest response gets those 1,333 steps in each of the 2 steps it may span, so it decodes
-    alone for 2,000 - 2,667 < 0 steps: no tail; prefill adds the 5 carried responses per engine
-    (100 + 400 tokens at 250 keys) to the prompt."""
+    alone for 2,000 - 2,667 < 0 steps: no tail; prefill adds the carried responses that were running
+    when the step stopped, 3 per engine (100 + 400 tokens at 250 keys), to the prompt."""
     llama = shapes_from_hf(preset("llama3.1-8b"))
     shape = dict(engine_tp=1, engines=2, samples=10, prompts=2, prompt_tokens=100, response_tokens=800,
                  max_response_tokens=2000, kv_tokens=3000)
     r = partial_rollout(H100, llama, **shape, spare_batches=1, max_staleness=1)
     assert (r.concurrency, r.waves) == (3, pytest.approx(5 / 3))
     bulk = 5 / 3 * 800 * decode_step_s(H100, llama, engine_tp=1, batch=3, context=500)
-    prefill = (100 * forward_flops_per_token(llama, context=50, lm_head=True)
-               + 5 * 500 * forward_flops_per_token(llama, context=250, lm_head=True)) / (0.40 * 989e12)
+    prompt = 100 * forward_flops_per_token(llama, context=50, lm_head=True)
+    prefill = (prompt + 3 * 500 * forward_flops_per_token(llama, context=250, lm_head=True)) / (0.40 * 989e12)
     assert r.prefill_s == pytest.approx(prefill) and r.seconds == pytest.approx(bulk + prefill)
+    prefill = (prompt + 5 * 500 * forward_flops_per_token(llama, context=250, lm_head=True)) / (0.40 * 989e12)
     # A bigger KV cache holds all 10 in flight: one wave of 800 steps at batch 10 (5/10 of the
-    # samples per step), and the longest response then has 2,000 - 2 x 400 = 1,200 steps alone.
+    # samples per step), and the longest response then has 2,000 - 2 x 400 = 1,200 steps alone;
+    # all 5 carried responses per engine were running.
     big = partial_rollout(H100, llama, **(shape | {"kv_tokens": 100_000}), spare_batches=1, max_staleness=1)
     assert (big.concurrency, big.waves) == (10, 0.5)
     tail = 1200 * decode_step_s(H100, llama, engine_tp=1, batch=1, context=1500)

@@ -229,8 +229,9 @@ def partial_rollout(gpu: GPU, s: Shapes, *, engine_tp: int, engines: int, sample
       tail      a response spans at most max_staleness + 1 steps and grows by a bulk's steps in each,
                 so the step waits, alone, only for what the longest response has left after that:
                 max(0, max_new_tokens - (max_staleness + 1) x bulk steps) steps at batch 1
-      prefill   the new prompts, and the carried responses once more (the weight sync drops their
-                KV cache): spare_batches x the samples per engine, each prompt + mean / 2 tokens."""
+      prefill   the new prompts, and the carried responses that had started once more (the weight
+                sync drops their KV cache): those running when the step stopped, min(spare_batches x
+                the samples per engine, the concurrency), each prompt + mean / 2 tokens."""
     per_engine = math.ceil(samples / engines)
     context = prompt_tokens + response_tokens
     concurrency = max(1, min((1 + spare_batches) * per_engine, int(kv_tokens // context)))
@@ -241,7 +242,8 @@ def partial_rollout(gpu: GPU, s: Shapes, *, engine_tp: int, engines: int, sample
                               context=prompt_tokens + (response_tokens + max_response_tokens) / 2)
     carried = prompt_tokens + response_tokens / 2
     flops = (math.ceil(prompts / engines) * prompt_tokens * forward_flops_per_token(s, context=prompt_tokens / 2, lm_head=True)
-             + spare_batches * per_engine * carried * forward_flops_per_token(s, context=carried / 2, lm_head=True))
+             + min(spare_batches * per_engine, concurrency) * carried
+             * forward_flops_per_token(s, context=carried / 2, lm_head=True))
     prefill = flops / (engine_tp * gpu.bf16_flops * mfu(s))
     return Rollout(waves * response_tokens * step + tail_steps * tail_step + prefill, concurrency, waves, step, tail_step,
                    prefill)

@@ -68,6 +68,12 @@ VARIANTS: dict[str, dict] = {
     "dapo": {"set": ["algo.estimator=grpo", "algo.value_pretrain_steps=0", "rollout.dynamic_sampling=true",
                      "reward.overlong_buffer=OVERLONG"], "unset": CRITIC_ONLY},
 }
+# Partial rollout's learning parity (issue 47; docs/benchmarks.md): each of these rows with
+# rollout.partial on, rounds of a third of the longest answer so that responses do carry over.
+for _row in ("vapo", "dapo"):
+    VARIANTS[f"{_row}_partial"] = {"set": VARIANTS[_row]["set"] + ["rollout.partial.enabled=true",
+                                                                   "rollout.partial.round_tokens=ROUND"],
+                                   "unset": VARIANTS[_row].get("unset", [])}
 BUCKETS = ("short", "long")
 
 
@@ -85,7 +91,7 @@ def resolve(variant: str, base: dict) -> tuple[list[str], list[str]]:
     """(overrides, unset keys) of a variant, its placeholders filled from the base settings."""
     r, a = base["rollout"], base["algo"]
     fill = {"EPS_LOW": str(a["eps_low"]), "PROMPTS_X_GROUP": str(r["prompts_per_step"] * r["n_samples"]),
-            "OVERLONG": str(max(1, r["max_new_tokens"] // 8))}
+            "OVERLONG": str(max(1, r["max_new_tokens"] // 8)), "ROUND": str(max(1, r["max_new_tokens"] // 3))}
     out = []
     for item in VARIANTS[variant]["set"]:
         key, value = item.split("=", 1)

@@ -1,20 +1,21 @@
 """Partial rollout's rollout time per trained sample against the synchronous rollout's, on the chain
 task, side by side in one process (issue 47; docs/benchmarks.md, "Partial rollout").
 
-    python scripts/bench_partial_rollout.py [--steps 8] [--sft-steps 300] [--seed 0] [--model DIR]
-                                            [--round-tokens 16] [--spare-batches 1] [--max-staleness 1]
+    python scripts/bench_partial_rollout.py [--steps 10] [--sft-steps 300] [--seed 0] [--model DIR]
+                                            [--round-tokens 32] [--spare-batches 1] [--max-staleness 1]
 
 1. The chain task's files (vapo_megatron/testing/chain_task.py: answers of 7-80 tokens) in --out,
    and, unless --model names a warm-started HF model directory, a short supervised warm start of
    its random-init model here (teacher-forced loss on the answers of sft.jsonl, AdamW, as the
-   trainer's warm start but without Megatron) so that the answers have the task's lengths.
+   trainer's warm start but without Megatron) so that the answers have the task's lengths; it is
+   saved to OUT/warm_model for --model.
 2. One embedded engine (rollout/embedded.py, the CPU engine) with those weights, the training
    prompts in the sampler's order (data.seed) and configs/chain_cpu.yaml's rollout settings
-   (16 prompts x 8 samples, max_new_tokens 96, temperature 1) runs --steps steps both ways, the
-   two alternating step by step so that both see the same machine load: synchronously (one
-   generate call of the step's prompts, as Generator.collect) and with partial rollout
-   (rollout/partial.py, the settings given here). The weights do not change (no update): only
-   the rollout phase is timed, and staleness is counted as if each step synced new weights.
+   (16 prompts x 8 samples, max_new_tokens 96, temperature 1) runs --steps steps both ways,
+   alternating step by step (and which goes first) so that both see the same machine load:
+   synchronously (one generate call of the step's prompts, as Generator.collect) and with
+   partial rollout (rollout/partial.py, the settings given here). The weights do not change (no
+   update): only the rollout phase is timed; staleness counts as if each step synced new weights.
 3. Printed: each way's rollout seconds, trained samples (finished groups x n), seconds per trained
    sample, and their ratio (synchronous / partial: above 1, partial rollout is faster).
 """
@@ -80,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/bench_partial", help="where the chain task's files go")
     ap.add_argument("--model", help="a warm-started HF model directory of the chain task (skips the warm start)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=8, help="rollout steps of each way")
+    ap.add_argument("--steps", type=int, default=10, help="rollout steps of each way")
     ap.add_argument("--sft-steps", type=int, default=300)
-    ap.add_argument("--round-tokens", type=int, default=16)
+    ap.add_argument("--round-tokens", type=int, default=32)
     ap.add_argument("--spare-batches", type=int, default=1)
     ap.add_argument("--max-staleness", type=int, default=1)
     ap.add_argument("--max-decode-steps", type=int, default=None)
@@ -108,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.model:
         t0 = time.perf_counter()
         loss = warm_start(model, tokenizer, out / "sft.jsonl", steps=args.sft_steps, seed=args.seed)
-        print(f"warm start: {args.sft_steps} steps, last loss {loss:.3f}, {time.perf_counter() - t0:.0f} s")
+        model.save_pretrained(out / "warm_model")
+        print(f"warm start: {args.sft_steps} steps, last loss {loss:.3f}, {time.perf_counter() - t0:.0f} s "
+              f"(saved: --model {out / 'warm_model'} reuses it)")
     base, problems = parse_config(str(ROOT / "configs" / "chain_cpu.yaml"), [])
     assert not problems, problems
     partial = PartialRolloutConfig(enabled=True, round_tokens=args.round_tokens, spare_batches=args.spare_batches,
@@ -129,15 +132,16 @@ def main(argv: list[str] | None = None) -> int:
     lengths: list[int] = []
     for step in range(args.steps):
         seed = base.trainer.seed * 1_000_003 + step * 7919
-        t0 = time.perf_counter()
-        outs = engine.generate([p.prompt_ids for p in sync_sampler.next_batch()], gen.sampling(seed=seed))
-        seconds["synchronous"] += time.perf_counter() - t0
-        trained["synchronous"] += len(outs)
+        for way in ("synchronous", "partial") if step % 2 == 0 else ("partial", "synchronous"):  # alternate who goes first
+            t0 = time.perf_counter()
+            if way == "synchronous":
+                outs = engine.generate([p.prompt_ids for p in sync_sampler.next_batch()], gen.sampling(seed=seed))
+                trained[way] += len(outs)
+            else:
+                rollout, logs = collector.collect(partial_sampler, carry, seed=seed, version=step)
+                trained[way] += len(rollout.outputs)
+            seconds[way] += time.perf_counter() - t0
         lengths += [len(o.token_ids) for o in outs]
-        t0 = time.perf_counter()
-        rollout, logs = collector.collect(partial_sampler, carry, seed=seed, version=step)
-        seconds["partial"] += time.perf_counter() - t0
-        trained["partial"] += len(rollout.outputs)
         print(f"step {step}: synchronous {len(outs)} samples, longest {max(len(o.token_ids) for o in outs)} tokens; "
               f"partial {len(rollout.outputs)} samples in {logs['partial/rounds']:.0f} rounds, "
               f"{logs['partial/groups_carried']:.0f} groups carried", flush=True)

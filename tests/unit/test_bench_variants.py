@@ -52,3 +52,11 @@ def test_grpo_rows_reset_the_critic_only_keys_to_their_defaults(tmp_path):
         got = resolved(variant, tmp_path)
         assert got["algo.estimator"] == "grpo" and got["algo.alpha"] == 0.05  # the schema default, not the base's 1.0
     assert resolved("dapo", tmp_path)["rollout.dynamic_sampling"] is True
+
+
+def test_partial_rollout_rows_are_their_rows_with_partial_rollout_on(tmp_path):
+    for row in ("vapo", "dapo"):
+        base, got = resolved(row, tmp_path), resolved(f"{row}_partial", tmp_path)
+        changed = {k for k in base if got[k] != base[k]}
+        assert changed == {"rollout.partial.enabled", "rollout.partial.round_tokens"}, changed
+        assert got["rollout.partial.round_tokens"] == base["rollout.max_new_tokens"] // 3

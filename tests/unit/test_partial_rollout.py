@@ -5,7 +5,6 @@ the step is the synchronous one (issue 47)."""
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, replace
 
 import pytest

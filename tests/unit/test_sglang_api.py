@@ -143,8 +143,8 @@ def test_sglang_samples_a_token_from_its_seed_and_position_only():
                   if isinstance(n, ast.ClassDef) and n.name == "ModelRunner")
     sample = next(n for n in runner.body if isinstance(n, ast.FunctionDef) and n.name == "sample")
     call = next(c for c in ast.walk(sample) if isinstance(c, ast.Call) and ast.unparse(c.func) == "self.sampler")
-    forward = next(n for n in ast.walk(tree(SRT / "layers" / "sampler.py"))
-                   if isinstance(n, ast.FunctionDef) and n.name == "forward" and any(a.arg == "positions" for a in n.args.args))
+    forward = next(n for n in ast.walk(tree(SRT / "layers" / "sampler.py")) if isinstance(n, ast.FunctionDef)
+                   and n.name == "forward" and any(a.arg == "positions" for a in n.args.args))
     at = [a.arg for a in forward.args.args[1:]].index("positions")  # Sampler.forward's parameter, by position
     assert ast.unparse(call.args[at]) == ("forward_batch.positions if forward_batch.forward_mode.is_decode() "
                                           "else forward_batch.seq_lens - 1")

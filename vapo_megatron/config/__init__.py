@@ -20,5 +20,5 @@ from vapo_megatron.config.schema import (AlgoConfig, Config, ConfigError, DataCo
                                          RolloutConfig, SFTConfig, TrainerConfig, WandbConfig)
 
 __all__ = ["AlgoConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig",
-           "ParallelConfig", "PartialRolloutConfig", "RewardConfig", "RolloutConfig", "SFTConfig", "TrainerConfig", "WandbConfig", "load_config",
-           "parse_config", "problems_error", "to_dict"]
+           "ParallelConfig", "PartialRolloutConfig", "RewardConfig", "RolloutConfig", "SFTConfig", "TrainerConfig",
+           "WandbConfig", "load_config", "parse_config", "problems_error", "to_dict"]

@@ -49,6 +49,12 @@ VARIANTS: dict[str, dict] = {
     "vapo_vp50": {"set": ["algo.value_pretrain_steps=50"]},
     "vapo_critic_4x": {"set": [], "critic": "4x"},
 }
+# Partial rollout's learning parity (issue 47; docs/benchmarks.md): each of these rows with
+# rollout.partial on, rounds of a third of the longest answer so that responses do carry over.
+for _row in ("vapo", "dapo"):
+    VARIANTS[f"{_row}_partial"] = {"set": VARIANTS[_row]["set"] + ["rollout.partial.enabled=true",
+                                                                   "rollout.partial.round_tokens=ROUND"],
+                                   "unset": VARIANTS[_row].get("unset", [])}
 # A critic trunk of its own: make_demo_data.py's size flags (after the --data-args, so they win)
 # for a random-init model of the seed, given the same warm start as the actor before RL.
 CRITIC_MODELS = {"4x": ["--hidden-size", "128", "--ffn-size", "512"]}  # 747k parameters against 189k
@@ -83,7 +89,8 @@ def resolve(variant: str, base: dict) -> tuple[list[str], list[str]]:
     """(overrides, unset keys) of a variant, its placeholders filled from the base settings."""
     r, a = base["rollout"], base["algo"]
     fill = {"EPS_LOW": str(a["eps_low"]), "PROMPTS_X_GROUP": str(r["prompts_per_step"] * r["n_samples"]),
-            "OVERLONG": str(max(1, r["max_new_tokens"] // 8))}
+            "OVERLONG": str(max(1, r["max_new_tokens"] // 8)),
+            "ROUND": str(max(1, r["max_new_tokens"] // 3))}
     out = []
     for item in VARIANTS[variant]["set"]:
         key, value = item.split("=", 1)

@@ -4,9 +4,14 @@ vapo_megatron/faults.py; docs/faults.md).
 The shortened demo (torchrun, 2 ranks, TP=2, embedded engine, deterministic) runs once
 uninterrupted. A second run on its own directory is SIGKILLed at each of the five kill points
 in turn, with a damaged newest checkpoint before two of the restarts, and must end with the same
-actor and critic (weights and Adam state), RNG states, run state and metrics, bitwise, as the
-uninterrupted run. NaN losses injected into a copy of the finished run are skipped and counted,
-and then stop the run with exit code 4.
+actor and critic (weights and Adam state), RNG states, run state, carried-over groups and metrics,
+bitwise, as the uninterrupted run. NaN losses injected into a copy of the finished run are skipped
+and counted, and then stop the run with exit code 4.
+
+Both runs use partial rollout (rollout.partial; issue 47) with one-token rounds and a one-token
+budget, so the checkpoints the kills resume from hold unfinished responses in the carry-over
+buffer: a resume neither skips nor repeats a prompt and continues those responses exactly.
+(The synchronous rollout's kill and resume: tests/e2e/test_offload_run.py, test_train.py.)
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.helpers.train_runs import Launch, checkpoint_tensors, launch, make_demo_data, records, train_in_forks
+from vapo_megatron.rollout import carry_over
 
 CONFIG = "demo_cpu.yaml"
 VAPO_STEPS = 4
@@ -40,7 +46,8 @@ def _settings(data: Path, run_dir: Path, *extra: str) -> list[str]:
         "data.eval_files=[]", "sft.files=[]", "sft.steps=0", "algo.value_pretrain_steps=1",
         "rollout.prompts_per_step=8", "rollout.n_samples=2", "rollout.max_new_tokens=4",
         f"trainer.total_steps={VAPO_STEPS}", "trainer.save_every=1", "trainer.deterministic=true",
-        "trainer.export_hf=false", "trainer.tensorboard=false", *extra,
+        "trainer.export_hf=false", "trainer.tensorboard=false", "rollout.partial.enabled=true",
+        "rollout.partial.round_tokens=1", "rollout.partial.max_decode_steps=1", *extra,
     ]
 
 
@@ -99,6 +106,12 @@ def _resumed_from(run: Launch, root: Path, name: str) -> bool:
     return f"[vapo] resumed from {root / name} at iteration {int(name[5:])}\n" in run.stdout
 
 
+def _unfinished(ckpt: Path) -> int:
+    """Carried-over responses of a checkpoint that have tokens and have not finished."""
+    _, groups = carry_over.read_groups(ckpt / carry_over.FILE)
+    return sum(bool(s.tokens) and s.finish is None for _, g in groups for s in g.samples)
+
+
 def _assert_same_run(want: Path, have: Path) -> None:
     """Same final checkpoint (all tensors of both dist checkpoints: weights, Adam moments and step;
     RNG states; run state) and the same metrics, each step once."""
@@ -113,6 +126,9 @@ def _assert_same_run(want: Path, have: Path) -> None:
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"rank {rank}'s RNG state differs"
     state = [json.loads((d / "checkpoints" / FINAL / "state.json").read_text())["state"] for d in (want, have)]
     assert state[0] == state[1]
+    carried = [carry_over.read_groups(d / "checkpoints" / FINAL / carry_over.FILE) for d in (want, have)]
+    assert carried[0][1] and [(r, carry_over.to_plain([g])) for r, g in carried[0][1]] == \
+        [(r, carry_over.to_plain([g])) for r, g in carried[1][1]], "the carried-over groups differ"
 
     def _comparable(r: dict) -> dict:  # timings differ; NaN != NaN, so compare the JSON text
         return json.dumps({k: v for k, v in r.items() if not k.startswith("perf/")}, sort_keys=True)
@@ -139,6 +155,7 @@ def test_killed_at_every_point_and_damaged_checkpoints_resume_to_the_same_run(re
     _assert_consistent(root)
     assert _latest(root) == "iter_0000002"
 
+    assert _unfinished(root / "iter_0000002") > 0  # what the next three restarts continue
     # 3. Killed after the first actor step of the same iteration (the critic had finished updating).
     run = _faulty(demo_data, run_dir, "actor_update@2")
     assert _resumed_from(run, root, "iter_0000002"), run.output[-3000:]

@@ -268,3 +268,39 @@ class SignalTakingEngineForTests(FakeColocatedSGLangEngineForTests):
     def resume_memory_occupation(self, tags):
         self.take_signals()
         super().resume_memory_occupation(tags=tags)
+
+
+class SeededSamplingEngineForTests(FakeSGLangEngineForTests):
+    """TEST DOUBLE for sglang.Engine under enable_deterministic_inference, sampling as SGLang's sampler
+    does there (layers/sampler.py multinomial_with_seed, read in tests/unit/test_sglang_api.py): each
+    token's Gumbel noise is a function of the request's sampling_seed and the position it is sampled
+    at only (SGLang hashes them with murmur_hash32, a CUDA/sgl_kernel op; a torch.Generator seeded
+    from the pair stands in), that position being the last input position of a prefill and the
+    input token's position of a decode step (model_executor/model_runner.py `sample`). Greedy at
+    temperature 0, stop tokens kept (no_stop_trim), logprobs of the temperature-scaled softmax."""
+
+    @engine_method
+    def generate(self, **args):
+        self.check_generate_args(args)
+        self.calls.append(("generate", len(args["input_ids"])))
+        outs = []
+        with torch.no_grad():
+            for ids, sp in zip(args["input_ids"], args["sampling_params"]):
+                seq, new, logps, reason = list(ids), [], [], "length"
+                for _ in range(sp["max_new_tokens"]):
+                    logits = self.model(torch.tensor([seq])).logits[0, -1].double()
+                    scaled = logits / max(sp["temperature"], 1e-6)
+                    g = torch.Generator().manual_seed(sp["sampling_seed"] * 1_000_003 + len(seq) - 1)
+                    u = torch.rand(len(logits), generator=g, dtype=torch.float64).clamp(1e-12, 1 - 1e-12)
+                    noise = -torch.log(-torch.log(u))
+                    tok = int(scaled.argmax()) if sp["temperature"] == 0 else int((scaled + noise).argmax())
+                    new.append(tok)
+                    logps.append(float(torch.log_softmax(scaled, -1)[tok]))
+                    seq.append(tok)
+                    if tok in sp.get("stop_token_ids", ()):
+                        reason = "stop"
+                        break
+                outs.append({"output_ids": new, "meta_info": {
+                    "finish_reason": {"type": reason} | ({"matched": new[-1]} if reason == "stop" else {"length": len(new)}),
+                    "output_token_logprobs": [(lp, t, None) for lp, t in zip(logps, new)], "weight_version": "default"}})
+        return outs

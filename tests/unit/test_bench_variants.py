@@ -73,3 +73,11 @@ def test_the_critic_studys_arms_switch_what_the_preregistration_says(tmp_path):
     study = STUDIES["critic"]
     assert len(study["seeds"]) >= 5 and 0 not in study["seeds"]  # not the docs' data seed 0
     assert all(v in bench.VARIANTS for v in study["primary"] + study["mechanism"])
+
+
+def test_partial_rollout_rows_are_their_rows_with_partial_rollout_on(tmp_path):
+    for row in ("vapo", "dapo"):
+        base, got = resolved(row, tmp_path), resolved(f"{row}_partial", tmp_path)
+        changed = {k for k in base if got[k] != base[k]}
+        assert changed == {"rollout.partial.enabled", "rollout.partial.round_tokens"}, changed
+        assert got["rollout.partial.round_tokens"] == base["rollout.max_new_tokens"] // 3

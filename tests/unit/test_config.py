@@ -161,3 +161,23 @@ def test_a_resume_never_changes_the_expert_parallel_size(tmp_path):
     assert resume.ep_change(to_dict(ep2), to_dict(ep2)) is None
     assert resume.ep_change({}, to_dict(ep2)).startswith("written at parallel.ep=1, not 2: a checkpoint cannot take")
     assert resume.ep_change(to_dict(ep2), to_dict(cfg)).endswith("(megatron lays the optimizer state out by EP); resume with parallel.ep=2")
+
+
+def test_partial_rollout_settings_are_checked_at_start_up():
+    """rollout.partial.*: every bad value in one message, each naming its key (issue 47)."""
+    with pytest.raises(ConfigError) as e:
+        load_config(DEMO, ["rollout.partial.enabled=true", "rollout.partial.round_tokens=0",
+                           "rollout.partial.max_decode_steps=0", "rollout.partial.spare_batches=-1",
+                           "rollout.partial.max_staleness=0", "rollout.partial.is_cap=0.5"], check_paths=False)
+    msg = str(e.value)
+    assert msg.startswith("5 invalid settings:"), msg
+    for text in ("rollout.partial.round_tokens=0 must be >= 1", "rollout.partial.max_decode_steps=0 must be >= 1",
+                 "rollout.partial.spare_batches=-1 must be >= 0", "rollout.partial.max_staleness=0 must be >= 1",
+                 "rollout.partial.is_cap=0.5 must be >= 1"):
+        assert text in msg, (text, msg)
+    cfg = load_config(DEMO, ["rollout.partial.enabled=true", "rollout.partial.round_tokens=8",
+                             "rollout.partial.max_decode_steps=16"], check_paths=False)
+    assert cfg.rollout.partial.enabled and cfg.rollout.partial.round_tokens == 8 and cfg.rollout.partial.max_staleness == 1
+    with pytest.raises(ConfigError, match=r"rollout.max_sampling_rounds is set, but with rollout.partial.enabled"):
+        load_config(DEMO, ["rollout.partial.enabled=true", "rollout.dynamic_sampling=true", "rollout.max_sampling_rounds=3"],
+                    check_paths=False)

@@ -95,3 +95,27 @@ def test_sglang_refuses_what_its_qwen3_moe_would_silently_drop(change, says):
             assert line.startswith(f"rollout.engine={engine}: model.hf_path (/m/config.json) ") and says in line
     cfg = load_config("configs/qwen3_30b_a3b_vapo.yaml", [], check_paths=False)
     assert moe_problems(cfg, [("model.hf_path", _cfg())]) == []  # the published config goes through
+
+
+def test_partial_rollout_with_routing_replay_is_refused_in_one_line():
+    """Routing replay records a response's routes in one generate call; partial rollout grows a
+    response over several (engine extend), so the two together are refused at start-up, unless
+    routing replay is off (or the policy is dense: nothing to replay)."""
+    from vapo_megatron.config.load import load_config
+    from vapo_megatron.config.preflight import moe_problems
+
+    def problems(*overrides, hf=None):
+        cfg = load_config("configs/qwen3_30b_a3b_vapo.yaml", ["rollout.partial.enabled=true", *overrides],
+                          check_paths=False)
+        return moe_problems(cfg, [("model.hf_path", hf or _cfg())])
+
+    for setting, shown in (([], "null"), (["rollout.routing_replay=true"], "true")):
+        (line,) = problems(*setting)
+        assert line.startswith(f"rollout.partial.enabled=true with rollout.routing_replay={shown}: model.hf_path "
+                               "(/m/config.json) is a mixture-of-experts model"), line
+        assert line.endswith("set rollout.routing_replay=false or rollout.partial.enabled=false"), line
+    assert problems("rollout.routing_replay=false") == []
+    dense = {"model_type": "qwen2", "_source": "/d/config.json"}
+    assert problems(hf=dense) == []  # null on a dense model: no replay, nothing to refuse
+    assert moe_problems(load_config("configs/qwen3_30b_a3b_vapo.yaml", [], check_paths=False),
+                        [("model.hf_path", _cfg())]) == []  # partial rollout off: replay as before

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from vapo_megatron.rollout.base import SamplingParams
+from vapo_megatron.rollout.base import Continuation, SamplingParams
 from vapo_megatron.rollout.buckets import group_into_buckets
 from vapo_megatron.rollout.embedded import EmbeddedEngine, filter_logits
 
@@ -93,6 +93,38 @@ def test_stop_token_ids_end_a_sample(engine):
         else:
             assert o.finish_reason == "length" and o.token_ids == f.token_ids
     assert outs[0].token_ids == free[0].token_ids[:3]
+
+
+@pytest.mark.parametrize("temperature", [0.9, 0.0])
+def test_a_response_grown_in_pieces_is_the_response_generated_in_one_go(engine, temperature):
+    """Partial rollout (issue 47): a carried-over response continued by prefilling prompt + response
+    so far, in pieces of 1 to 5 tokens, batched with other responses at other lengths, is the
+    one-go response of its seed: the same tokens and finish reason, and log-probs equal to a full
+    forward's (the prefill computes in other shapes than the decode, so to float tolerance)."""
+    prompts = random_prompts(6, seed=4)
+    p = SamplingParams(n=2, temperature=temperature, top_k=40, max_new_tokens=14, seed=21, stop_token_ids=(9,))
+    whole = engine.generate(prompts, p)
+    grown = [[] for _ in whole]
+    logps = [[] for _ in whole]
+    finish = [None] * len(whole)
+    for piece in range(99):
+        open_rows = [b for b, f in enumerate(finish) if f is None]
+        if not open_rows:
+            break
+        reqs = [Continuation(prompts[b // 2], grown[b], p.sample_seed(b // 2, b % 2),
+                             min(1 + (b + piece) % 5, p.max_new_tokens - len(grown[b]))) for b in open_rows]
+        for b, o in zip(open_rows, engine.extend(reqs, p)):
+            assert len(o.token_ids) <= reqs[open_rows.index(b)].max_new_tokens
+            grown[b] += o.token_ids
+            logps[b] += o.logprobs
+            if o.finish_reason == "stop" or len(grown[b]) == p.max_new_tokens:
+                finish[b] = o.finish_reason
+    assert grown == [o.token_ids for o in whole] and finish == [o.finish_reason for o in whole]
+    assert any(0 < len(o.token_ids) < p.max_new_tokens for o in whole) or temperature == 0  # some stopped early
+    for b, o in enumerate(whole):
+        if temperature > 0:
+            ref = naive_logprobs(engine.model, prompts[b // 2], o.token_ids, temperature)
+            assert torch.allclose(torch.tensor(logps[b]), torch.tensor(ref), atol=1e-5)
 
 
 def test_sampling_frequencies_follow_filtered_softmax():

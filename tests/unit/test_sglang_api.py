@@ -24,7 +24,7 @@ from tests.helpers.sglang_doubles import FakeColocatedSGLangEngineForTests, Fake
 from tests.helpers.tiny_hf import qwen3_moe_config
 from vapo_megatron.rollout.base import SamplingParams
 from vapo_megatron.rollout.sglang_engine import SGLangEngineConfig, engine_kwargs, order_by_engine_rank
-from vapo_megatron.rollout.sglang_requests import expand_requests, parse_output
+from vapo_megatron.rollout.sglang_requests import continuation_requests, expand_requests, parse_output
 
 ENGINE_CALLS = ("generate", "begin_weight_update", "end_weight_update", "update_weights_from_tensor",
                 "release_memory_occupation", "resume_memory_occupation", "flush_cache")
@@ -121,6 +121,69 @@ def test_sampling_params_are_sglang_sampling_params():
         assert s.top_k >= 1 << 30  # -1 -> SGLang's "whole vocabulary"
     greedy = SGLangSamplingParams(**expand_requests([[1]], SamplingParams(temperature=0.0))[1][0])
     assert greedy.top_k == 1  # SGLang turns temperature 0 into top_k=1
+
+
+def test_sglang_samples_a_token_from_its_seed_and_position_only():
+    """What makes a continuation (prompt + response so far as input_ids) draw the tokens the one-go
+    generation drew (rollout/sglang_requests.py), read from SGLang's source: the seeded sampler's
+    noise is murmur_hash32(seed, positions, columns), and ModelRunner.sample passes the last input
+    position of a prefill and the input token's position of a decode step."""
+    import ast
+
+    from tests.helpers.sglang_source import SRT
+
+    def tree(path):
+        return ast.parse(path.read_text())
+
+    fn = next(n for n in ast.walk(tree(SRT / "layers" / "sampler.py"))
+              if isinstance(n, ast.FunctionDef) and n.name == "multinomial_with_seed")
+    hashes = [ast.unparse(c) for c in ast.walk(fn) if isinstance(c, ast.Call) and ast.unparse(c.func) == "murmur_hash32"]
+    assert hashes == ["murmur_hash32(seed, positions, col_indices)"]
+    runner = next(n for n in ast.walk(tree(SRT / "model_executor" / "model_runner.py"))
+                  if isinstance(n, ast.ClassDef) and n.name == "ModelRunner")
+    sample = next(n for n in runner.body if isinstance(n, ast.FunctionDef) and n.name == "sample")
+    call = next(c for c in ast.walk(sample) if isinstance(c, ast.Call) and ast.unparse(c.func) == "self.sampler")
+    forward = next(n for n in ast.walk(tree(SRT / "layers" / "sampler.py")) if isinstance(n, ast.FunctionDef)
+                   and n.name == "forward" and any(a.arg == "positions" for a in n.args.args))
+    at = [a.arg for a in forward.args.args[1:]].index("positions")  # Sampler.forward's parameter, by position
+    assert ast.unparse(call.args[at]) == ("forward_batch.positions if forward_batch.forward_mode.is_decode() "
+                                          "else forward_batch.seq_lens - 1")
+    batch_info = (SRT / "sampling" / "sampling_batch_info.py").read_text()
+    assert "enable_deterministic = get_exec().deterministic.enable_deterministic_inference" in batch_info
+
+
+@pytest.mark.parametrize("temperature", [0.8, 0.0])
+def test_a_response_continued_through_sglangs_api_is_the_one_go_response(temperature):
+    """Partial rollout over SGLang (issue 47): SGLangEngine.extend sends prompt + response so far
+    with the response's own seed and the round's budget (SGLang's SamplingParams checks each), and
+    a sampler that draws as SGLang's does (seed and position only) continues each response to
+    exactly the one-go response: tokens, finish reasons and log-probs."""
+    from tests.helpers.sglang_doubles import SeededSamplingEngineForTests
+    from vapo_megatron.rollout.base import Continuation
+    from vapo_megatron.rollout.sglang_engine import SGLangEngine
+
+    model, _ = hf_state()
+    eng = SGLangEngine(SeededSamplingEngineForTests(model.eval()))
+    prompts = [[5, 9, 11], [12], [30, 31]]
+    p = SamplingParams(n=2, temperature=temperature, max_new_tokens=9, stop_token_ids=(40, 41, 42, 43, 44), seed=77)
+    whole = eng.generate(prompts, p)
+    grown = [[] for _ in whole]
+    logps = [[] for _ in whole]
+    done = [False] * len(whole)
+    for piece in range(20):
+        rows = [b for b in range(len(whole)) if not done[b]]
+        if not rows:
+            break
+        reqs = [Continuation(prompts[b // 2], grown[b], p.sample_seed(b // 2, b % 2),
+                             min(1 + (b + piece) % 3, p.max_new_tokens - len(grown[b]))) for b in rows]
+        for b, o in zip(rows, eng.extend(reqs, p)):
+            grown[b] += o.token_ids
+            logps[b] += o.logprobs
+            done[b] = o.finish_reason == "stop" or len(grown[b]) == p.max_new_tokens
+    assert grown == [o.token_ids for o in whole] and logps == [o.logprobs for o in whole]
+    assert [grown[b][-1] in p.stop_token_ids for b in range(len(whole))] == [o.finish_reason == "stop" for o in whole]
+    if temperature:
+        assert len({tuple(g) for g in grown}) > 3  # the samples differ
 
 
 def test_parse_output_reads_sglang_fields():

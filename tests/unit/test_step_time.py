@@ -28,7 +28,7 @@ from vapo_megatron.sizing.flops import Shapes, forward_flops_per_token, shapes_f
 from vapo_megatron.sizing.hardware import GPUS, gpu_from_device_name
 from vapo_megatron.sizing.step_config import (option_problems, predicted_step_and_save, setup_from_config,
                                               without_critic_delta)
-from vapo_megatron.sizing.step_time import decode_step_s, estimate, rollout
+from vapo_megatron.sizing.step_time import decode_step_s, estimate, partial_rollout, rollout
 
 H100 = GPUS["h100"]
 
@@ -78,6 +78,52 @@ def test_a_decode_step_and_a_rollout_worked_by_hand():
     # Prefill: one prompt per engine, 100 tokens at 50 keys on average, at the dense MFU 0.40.
     prefill = 100 * forward_flops_per_token(llama, context=50, lm_head=True) / (0.40 * 989e12)
     assert r.prefill_s == pytest.approx(prefill) and r.seconds == pytest.approx(bulk + tail + prefill)
+
+
+def test_a_partial_rollout_worked_by_hand():
+    """rollout.partial (issue 47): the rollout above with one spare batch and max_staleness 1. In
+    flight 2 x 5 samples per engine, of which the KV cache holds 3: the same 5/3 waves of 800 steps;
+    the longest response gets those 1,333 steps in each of the 2 steps it may span, so it decodes
+    alone for 2,000 - 2,667 < 0 steps: no tail; prefill adds the carried responses that were running
+    when the step stopped, 3 per engine (100 + 400 tokens at 250 keys), to the prompt."""
+    llama = shapes_from_hf(preset("llama3.1-8b"))
+    shape = dict(engine_tp=1, engines=2, samples=10, prompts=2, prompt_tokens=100, response_tokens=800,
+                 max_response_tokens=2000, kv_tokens=3000)
+    r = partial_rollout(H100, llama, **shape, spare_batches=1, max_staleness=1)
+    assert (r.concurrency, r.waves) == (3, pytest.approx(5 / 3))
+    bulk = 5 / 3 * 800 * decode_step_s(H100, llama, engine_tp=1, batch=3, context=500)
+    prompt = 100 * forward_flops_per_token(llama, context=50, lm_head=True)
+    prefill = (prompt + 3 * 500 * forward_flops_per_token(llama, context=250, lm_head=True)) / (0.40 * 989e12)
+    assert r.prefill_s == pytest.approx(prefill) and r.seconds == pytest.approx(bulk + prefill)
+    prefill = (prompt + 5 * 500 * forward_flops_per_token(llama, context=250, lm_head=True)) / (0.40 * 989e12)
+    # A bigger KV cache holds all 10 in flight: one wave of 800 steps at batch 10 (5/10 of the
+    # samples per step), and the longest response then has 2,000 - 2 x 400 = 1,200 steps alone;
+    # all 5 carried responses per engine were running.
+    big = partial_rollout(H100, llama, **(shape | {"kv_tokens": 100_000}), spare_batches=1, max_staleness=1)
+    assert (big.concurrency, big.waves) == (10, 0.5)
+    tail = 1200 * decode_step_s(H100, llama, engine_tp=1, batch=1, context=1500)
+    assert big.seconds == pytest.approx(0.5 * 800 * decode_step_s(H100, llama, engine_tp=1, batch=10, context=500)
+                                        + tail + prefill)
+    assert big.seconds < rollout(H100, llama, **(shape | {"kv_tokens": 100_000})).seconds
+
+
+def test_vapo_plan_prints_the_step_with_partial_rollout_beside_the_synchronous_one():
+    from vapo_megatron.sizing.report import format_step_time
+
+    hf = preset("qwen2.5-32b")
+    for name in ("qwen2.5_32b_vapo", "qwen2.5_32b_dapo", "qwen3_32b_vapo"):
+        for enabled in ("false", "true"):
+            cfg, problems = parse_config(f"configs/{name}.yaml", [f"rollout.partial.enabled={enabled}"])
+            assert problems == []
+            setup = setup_from_config(cfg, hf, hf if cfg.algo.estimator == "gae" else None, world=64, gpus_per_node=8,
+                                      gpu=H100)
+            est = estimate(H100, setup)
+            assert est.rollout_partial_s < est.rollout_sync_s
+            want = est.rollout_partial_s if enabled == "true" else est.rollout_sync_s
+            assert est.phases["rollout"].seconds == want
+            line = next(x for x in format_step_time(est, cfg).splitlines() if x.startswith("  partial rollout"))
+            assert f"rollout.partial.enabled={enabled}" in line
+            assert f"rollout {est.rollout_partial_s:,.1f} s against {est.rollout_sync_s:,.1f} s" in line
 
 
 # ---- NeMo-RL's published runs ------------------------------------------------------------------------------

@@ -29,8 +29,10 @@ def _policy_token_terms(
     eps_low: float,
     eps_high: float,
     dual_clip_c: float | None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per-token PPO loss [B, T] (0 on padding) and metric sums."""
+    """Per-token PPO loss [B, T] (0 on padding) and metric sums; `weights` [B, T] (no gradient)
+    multiply each token's term (partial rollout's importance weights, off_policy.py)."""
     if eps_low < 0 or eps_high < 0:
         raise ValueError(f"clip ranges must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
     if dual_clip_c is not None and dual_clip_c <= 1.0:
@@ -57,6 +59,8 @@ def _policy_token_terms(
         dual = (adv < 0) & (loss > bound)
         loss = torch.where(dual, bound, loss)
         metrics["dual_clipped_tokens"] = (dual & real).sum().float().detach()
+    if weights is not None:  # 1 on padding, so nothing there can reach the gradient
+        loss = loss * torch.where(real, weights.detach().float(), torch.ones((), device=logp.device))
     loss = torch.where(real, loss, zero)
     with torch.no_grad():
         # k3 estimator of KL(old || new): (r - 1) - log r >= 0, unbiased under the old policy.
@@ -75,17 +79,19 @@ def policy_loss_sum(
     eps_low: float,
     eps_high: float,
     dual_clip_c: float | None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Token-level PPO clip-higher loss, summed over real tokens (components 4 and 5).
 
     Per token: -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A), r = exp(logp - old_logp);
-    with dual_clip_c, tokens with A < 0 are further bounded by -c * A. Divide by the global
-    number of response tokens N to get L_PPO. logp, old_logp, advantages, mask: [B, T].
+    with dual_clip_c, tokens with A < 0 are further bounded by -c * A; with `weights`, each
+    token's term times its weight (decoupled PPO, off_policy.py). Divide by the global number of
+    response tokens N to get L_PPO. logp, old_logp, advantages, mask, weights: [B, T].
     Metrics (sums/counts): tokens, clipped_tokens, clipped_low_tokens, clipped_high_tokens,
     dual_clipped_tokens (only with dual clip), approx_kl_sum (k3), ratio_sum.
     """
     terms, metrics = _policy_token_terms(
-        logp, old_logp, advantages, _real(mask), eps_low, eps_high, dual_clip_c
+        logp, old_logp, advantages, _real(mask), eps_low, eps_high, dual_clip_c, weights
     )
     return terms.sum(), metrics
 
@@ -99,6 +105,7 @@ def sample_level_policy_loss_sum(
     eps_low: float,
     eps_high: float,
     dual_clip_c: float | None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The sample-level ablation of component 4: per-response token mean, summed over responses.
 
@@ -109,7 +116,7 @@ def sample_level_policy_loss_sum(
     policy_loss_sum (token sums), plus "responses" (responses with at least one token).
     """
     real = _real(mask)
-    terms, metrics = _policy_token_terms(logp, old_logp, advantages, real, eps_low, eps_high, dual_clip_c)
+    terms, metrics = _policy_token_terms(logp, old_logp, advantages, real, eps_low, eps_high, dual_clip_c, weights)
     lengths = real.sum(dim=1)  # [B]
     per_response = terms.sum(dim=1) / lengths.clamp(min=1).to(terms.dtype)
     metrics["responses"] = (lengths > 0).sum().float()

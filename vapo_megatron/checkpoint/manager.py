@@ -9,6 +9,7 @@ A checkpoint is run_dir/checkpoints/iter_NNNNNNN/ holding
                       vapo.json, so `vapo-convert mcore-to-hf --ckpt .../actor` works on it
     state.json        the RunState (trainer/state.py), each model's LR-schedule position, the config
     rng/rank_R.safetensors   each rank's torch RNG state (uint8 tensor)
+    carry_over.safetensors   partial rollout's groups in flight, every DP rank's (only when there are any)
 It is written under a temporary name, flushed, and renamed into place when complete; then the
 `latest` pointer file is replaced atomically (atomic.py). A crash at any point leaves the previous
 checkpoint as the latest; a damaged one is detected on load and the previous one is used
@@ -37,6 +38,7 @@ from vapo_megatron.config.resume import ep_change
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.model import TrainModel
 from vapo_megatron.mcore.optimizer import set_lr_steps
+from vapo_megatron.rollout import carry_over
 from vapo_megatron.testing import faults
 from vapo_megatron.trainer.state import RunState
 
@@ -139,6 +141,7 @@ class CheckpointManager:
                  keep: int = KEEP_CHECKPOINTS):
         self.root = Path(run_dir) / "checkpoints"
         self.models, self.config, self.keep = models, config, keep
+        self.carried = 0  # the groups the checkpoint being written carries over (all DP ranks)
 
     def _remove_leftovers(self) -> None:
         """A crashed save leaves `.iter_N.tmp` (or `.old`/`.del`) behind; nothing reads them."""
@@ -161,6 +164,7 @@ class CheckpointManager:
                 if sub == "actor":
                     faults.fault_point("checkpoint")  # test-only (testing/faults.py): a crash mid-write
             _agreed(partial(self._write_rng, tmp))
+            _agreed(partial(self._write_carry, tmp, state))
             _agreed(partial(self._commit, tmp, target, state))
         except CheckpointSaveError as e:
             free_then = _free_space(self.root)
@@ -200,13 +204,27 @@ class CheckpointManager:
         save_file(rng, str(rng_file))
         fsync_path(rng_file)  # each rank flushes what it wrote (megatron fsyncs its own .distcp files)
 
+    def _write_carry(self, tmp: Path, state: RunState) -> None:
+        """Collective over each DP group: rank 0 writes every DP rank's carried groups (every rank of a
+        replica holds its replica's alike), in the checkpoint beside the sampler's state."""
+        plain = carry_over.to_plain(state.carry.groups)
+        by_rank = [plain]
+        if parallel.dp_size() > 1:
+            by_rank = [None] * parallel.dp_size()
+            parallel.all_gather_object(by_rank, plain, group=parallel.wait_group("data_parallel"))
+        self.carried = sum(len(x) for x in by_rank)
+        if parallel.is_rank0() and self.carried:
+            carry_over.write_groups(tmp / carry_over.FILE, by_rank)
+            fsync_path(tmp / carry_over.FILE)
+
     def _commit(self, tmp: Path, target: Path, state: RunState) -> None:
         """Rank 0: state.json, the rename into place, `latest`, and the pruning of old ones."""
         if not parallel.is_rank0():
             return
         meta = {"state": state.to_json(), "lr_steps": {k: m.scheduler.num_steps for k, m in self.models.items()
                                                        if m.scheduler is not None},
-                "world_size": dist.get_world_size(), "config": self.config, "complete": True}
+                "world_size": dist.get_world_size(), "config": self.config, "carried_groups": self.carried,
+                "complete": True}
         (tmp / "state.json").write_text(json.dumps(meta, indent=1))
         commit_dir(tmp, target, writer="vapo-train checkpoint")  # the same iteration again (after a fallback) replaces it
         write_atomic(self.root / "latest", target.name + "\n")
@@ -216,6 +234,23 @@ class CheckpointManager:
             old.rename(dead)  # never a half-deleted iter_N
             shutil.rmtree(dead, ignore_errors=True)
         self._remove_leftovers()
+
+    @staticmethod
+    def _carried(path: Path, meta: dict) -> list:
+        """This DP rank's carried groups (rollout/carry_over.py); the file must hold as many as state.json says."""
+        count = meta["carried_groups"] if "carried_groups" in meta else 0
+        if not count:
+            return []
+        try:
+            saved_dp, saved = carry_over.read_groups(path / carry_over.FILE)
+        except ValueError as e:
+            raise CheckpointCorrupt(str(e)) from None
+        if len(saved) != count:
+            raise CheckpointCorrupt(f"{path / carry_over.FILE} holds {len(saved)} groups, state.json says {count}")
+        if saved_dp != parallel.dp_size() and parallel.is_rank0():
+            print(f"[vapo] {path}: the carried-over groups of {saved_dp} DP ranks are dealt over {parallel.dp_size()}",
+                  flush=True)
+        return carry_over.groups_for_rank(saved, saved_dp, parallel.dp_size(), parallel.dp_rank())
 
     def _rng_state(self, path: Path, meta: dict) -> dict | None:
         """This rank's RNG state; None when the checkpoint was written by another world size (then
@@ -270,6 +305,7 @@ class CheckpointManager:
                 for sub, model in self.models.items():
                     _on_every_rank(partial(load_model_state, model, path / sub))
                 rng = _on_every_rank(partial(self._rng_state, path, meta))
+                carried = _on_every_rank(partial(self._carried, path, meta))
             except CheckpointCorrupt as e:
                 if parallel.is_rank0():
                     print(f"[vapo] checkpoint {path} is damaged, falling back to an older one: {e}", flush=True)
@@ -284,6 +320,7 @@ class CheckpointManager:
                 print(f"[vapo] {path} was written by {n} rank{'' if n == 1 else 's'}, not {dist.get_world_size()}: "
                       "random number generators are not restored (the run continues, not bitwise as before)", flush=True)
             state.load_json(meta["state"])
+            state.carry.groups, state.carry.drain = carried, "carried_groups" in meta and meta["carried_groups"] > 0
             # Checkpoints written before the LR schedule existed have no lr_steps: their runs had
             # a constant learning rate, so the schedule starts at 0 updates.
             steps = meta["lr_steps"] if "lr_steps" in meta else {}

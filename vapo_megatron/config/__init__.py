@@ -16,9 +16,9 @@ Pure Python: vapo-train checks a command completely before it imports torch or m
 
 from vapo_megatron.config.load import load_config, parse_config, problems_error, run_record, to_dict
 from vapo_megatron.config.schema import (AlgoConfig, Config, ConfigError, DataConfig, EvalConfig, ModelConfig,
-                                         OptimConfig, ParallelConfig, RewardConfig, RolloutConfig, SFTConfig,
-                                         TrainerConfig, WandbConfig)
+                                         OptimConfig, ParallelConfig, PartialRolloutConfig, RewardConfig,
+                                         RolloutConfig, SFTConfig, TrainerConfig, WandbConfig)
 
 __all__ = ["AlgoConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig",
-           "ParallelConfig", "RewardConfig", "RolloutConfig", "SFTConfig", "TrainerConfig", "WandbConfig", "load_config",
-           "parse_config", "problems_error", "run_record", "to_dict"]
+           "ParallelConfig", "PartialRolloutConfig", "RewardConfig", "RolloutConfig", "SFTConfig", "TrainerConfig",
+           "WandbConfig", "load_config", "parse_config", "problems_error", "run_record", "to_dict"]

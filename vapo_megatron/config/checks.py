@@ -94,6 +94,27 @@ def estimator_problems(cfg: Config) -> list[str]:
     return out
 
 
+def partial_problems(cfg: Config) -> list[str]:
+    """rollout.partial.*: checked whether or not it is enabled (a resume may turn it on)."""
+    p, r = cfg.rollout.partial, cfg.rollout
+    out = []
+    if p.round_tokens < 1:
+        out.append(f"rollout.partial.round_tokens={p.round_tokens} must be >= 1")
+    if p.max_decode_steps is not None and p.max_decode_steps < 1:
+        out.append(f"rollout.partial.max_decode_steps={p.max_decode_steps} must be >= 1 (or null: no budget)")
+    if p.spare_batches < 0:
+        out.append(f"rollout.partial.spare_batches={p.spare_batches} must be >= 0")
+    if p.max_staleness < 1:
+        out.append(f"rollout.partial.max_staleness={p.max_staleness} must be >= 1 (0 would make every step wait "
+                   "for all its responses: turn rollout.partial.enabled off instead)")
+    if not p.is_cap >= 1:
+        out.append(f"rollout.partial.is_cap={p.is_cap} must be >= 1 (the importance weight's upper bound)")
+    if p.enabled and r.dynamic_sampling and r.max_sampling_rounds != _DEFAULTS.rollout.max_sampling_rounds:
+        out.append("rollout.max_sampling_rounds is set, but with rollout.partial.enabled a step generates no extra "
+                   "rounds (the next step admits new prompts instead): remove it from the config")
+    return out
+
+
 def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     """Every invalid value or combination of values, each message naming the key(s) and what is
     allowed. Also checks that the named files exist (cheap); preflight.py checks their contents."""
@@ -122,6 +143,7 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
             "never informative) and generates rollout.max_sampling_rounds rounds every step: set rollout.n_samples >= 2, "
             "or rollout.dynamic_sampling=false")
     require(r.max_sampling_rounds >= 1, f"rollout.max_sampling_rounds={r.max_sampling_rounds} must be >= 1")
+    out += partial_problems(cfg)
     require(cfg.reward.overlong_buffer >= 0, f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be >= 0 (0: off)")
     require(cfg.reward.overlong_buffer <= r.max_new_tokens,
             f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be <= rollout.max_new_tokens={r.max_new_tokens}")

@@ -158,14 +158,21 @@ def _sglang_moe_problems(key: str, hf_cfg: dict, engine: str) -> list[str]:
 
 
 def moe_problems(cfg: Config, models: list[tuple[str, dict | None]]) -> list[str]:
-    """Mixture-of-experts settings that megatron-core would refuse only mid-run, and routing replay
-    asked for a dense policy (rollout.routing_replay=true: a dense model has no routes to replay)."""
+    """Mixture-of-experts settings that megatron-core would refuse only mid-run, routing replay
+    asked for a dense policy (rollout.routing_replay=true: a dense model has no routes to replay),
+    and routing replay with partial rollout (a response continued over rounds has no whole routes)."""
     out = []
     for key, hf_cfg in models:
         moe = hf_cfg is not None and any(k in hf_cfg and hf_cfg[k] for k in ("num_experts", "num_local_experts"))
         if key == "model.hf_path" and hf_cfg is not None and not moe and cfg.rollout.routing_replay:
             out.append(f"rollout.routing_replay=true: {key} ({hf_cfg['_source']}) is a dense model, which routes no "
                        "token through experts: set rollout.routing_replay=null (on for mixture-of-experts models only)")
+        replay = cfg.rollout.routing_replay
+        if key == "model.hf_path" and moe and cfg.rollout.partial.enabled and replay is not False:
+            out.append(f"rollout.partial.enabled=true with rollout.routing_replay={'true' if replay else 'null'}: "
+                       f"{key} ({hf_cfg['_source']}) is a mixture-of-experts model, whose routes the engine records "
+                       "per generate call, not for a response continued over rounds: set rollout.routing_replay=false "
+                       "or rollout.partial.enabled=false")
         if moe and cfg.rollout.engine in ("sglang", "sglang_http"):
             out += _sglang_moe_problems(key, hf_cfg, cfg.rollout.engine)
         # megatron's MoELayer.forward raises in training when TP > 1 without sequence parallelism.

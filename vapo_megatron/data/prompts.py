@@ -352,14 +352,18 @@ class PromptSampler:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.records))
 
     def next_batch(self) -> list[PromptRecord]:
-        out: list[PromptRecord] = []
+        return [self.records[i] for i in self.next_indices()]
+
+    def next_indices(self) -> list[int]:
+        """The next batch as rows of `records` (partial rollout stores these)."""
+        out: list[int] = []
         while len(out) < self.batch_size:
             if self.position == len(self.records):
                 self.epoch += 1
                 self.position = 0
                 self._order = self._permutation(self.epoch)
             take = min(self.batch_size - len(out), len(self.records) - self.position)
-            out.extend(self.records[int(i)] for i in self._order[self.position : self.position + take])
+            out.extend(int(i) for i in self._order[self.position : self.position + take])
             self.position += take
         return out
 

@@ -73,7 +73,9 @@ def policy_loss(mb: RolloutBatch, logits: torch.Tensor, *, settings: PolicyLossS
     )
     mask = mb.mask.to(device)
     old_logp, adv = mb.old_logp.to(device), mb.advantages.to(device)
-    clip = dict(eps_low=settings.eps_low, eps_high=settings.eps_high, dual_clip_c=settings.dual_clip_c)
+    # Partial rollout: decoupled PPO's importance weight of each token (algorithms/off_policy.py).
+    weights = mb.extras["is_weights"].to(device) if "is_weights" in mb.extras else None
+    clip = dict(eps_low=settings.eps_low, eps_high=settings.eps_high, dual_clip_c=settings.dual_clip_c, weights=weights)
     if settings.loss_agg == "token":
         pg_sum, metrics = policy_loss_sum(logp, old_logp, adv, mask, **clip)
     else:

@@ -65,6 +65,8 @@ class Scorer:
         engine_logp = [o.logprobs for o in rollout.outputs]
         if all(lp is not None for lp in engine_logp):
             batch.extras["engine_logp"] = engine_logp
+        if rollout.outputs and all(o.token_versions is not None for o in rollout.outputs):  # partial rollout
+            batch.extras["token_versions"] = [o.token_versions for o in rollout.outputs]
         stats = torch.tensor([
             float(scores.sum()), float(correct.sum()), float(texts_count), float(rl.sum()),
             float(sum(o.finish_reason == "length" for o in rollout.outputs)),

@@ -2,6 +2,7 @@
 
     generator.py      what the loop calls: engines of this replica, generate/collect, release, sync
     dynamic_sampling.py  a step's prompts and rollouts: one round, or DAPO's dynamic sampling
+    partial.py        partial rollout: bounded generation per step, groups carried over (carry_over.py)
     base.py           the one interface every engine implements (RolloutEngine, SamplingParams)
     embedded.py       transformers in this process (the CPU engine; also a single GPU)
     sglang_engine.py  colocated sglang.Engine per block of a TP group (GPU); sglang_http.py: a server;

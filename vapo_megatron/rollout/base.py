@@ -73,6 +73,20 @@ class RolloutOutput:
     logprobs: list[float] | None = None
     weight_version: int | None = None
     routes: torch.Tensor | None = None
+    token_versions: list[int] | None = None  # partial rollout: the weight version of each token
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """One response to grow (partial rollout): its prompt, the tokens it has so far (maybe none),
+    its own sampling seed, and at most how many tokens to add now. Token t of a response is drawn
+    with the randomness the one-go generation of that seed draws it with, so a response grown in
+    pieces is the response generated in one go (with the same weights)."""
+
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    seed: int
+    max_new_tokens: int
 
 
 @dataclass
@@ -95,6 +109,12 @@ class RolloutEngine(abc.ABC):
     @abc.abstractmethod
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[RolloutOutput]:
         """n samples per prompt, grouped by prompt: outputs[i * n + j] is sample j of prompt i."""
+
+    def extend(self, requests: Sequence[Continuation], params: SamplingParams) -> list[RolloutOutput]:
+        """Each request's next tokens (at most its max_new_tokens; params gives the rest of the
+        sampling settings, its n, seed and max_new_tokens unused): outputs[i] holds only the new
+        tokens of request i, finish_reason "length" when its budget ended it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot continue responses (rollout.partial)")
 
     @abc.abstractmethod
     def begin_weight_update(self) -> None:

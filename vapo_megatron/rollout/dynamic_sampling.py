@@ -64,10 +64,17 @@ def deal(items: list, parts: int, index: int) -> list:
 
 class StepRollouts:
     def __init__(self, generator: Generator, scorer, rollout: RolloutConfig, *, mini_batches: int):
-        self.generator, self.scorer, self.cfg, self.mini_batches = generator, scorer, rollout, mini_batches
+        from vapo_megatron.rollout.partial import PartialRollouts
 
-    def collect(self, sampler: PromptSampler, seed: int) -> tuple[Rollout, dict[str, float]]:
-        """This DP rank's rollout of the step, and rollout/* figures (global)."""
+        self.generator, self.scorer, self.cfg, self.mini_batches = generator, scorer, rollout, mini_batches
+        self.partial = PartialRollouts(generator, scorer, rollout, mini_batches=mini_batches)
+
+    def collect(self, sampler: PromptSampler, seed: int, *, carry=None, version: int = 0) -> tuple[Rollout, dict[str, float]]:
+        """This DP rank's rollout of the step, and rollout/* figures (global). `carry`: the run's
+        carry-over buffer (RunState.carry), for rollout.partial (partial.py), which also drains a
+        resumed buffer when partial rollout is off; `version`: the weights the engine serves."""
+        if carry is not None and (self.cfg.partial.enabled or carry.drain):
+            return self.partial.collect(sampler, carry, seed=seed, version=version)
         if not self.cfg.dynamic_sampling:
             return self.generator.collect(sampler.next_batch(), seed=seed), {}
         return self._dynamic(sampler, seed)

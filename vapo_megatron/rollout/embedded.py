@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from vapo_megatron.rollout.base import MEMORY_TAGS, RolloutEngine, RolloutOutput, SamplingParams
+from vapo_megatron.rollout.base import MEMORY_TAGS, Continuation, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket
 from vapo_megatron.rollout.routes import RouteRecorder
 
@@ -153,19 +153,40 @@ class EmbeddedEngine(RolloutEngine):
             self.recorder.recording = params.return_routes
         try:
             for lo in range(0, len(prompt_ids), per_chunk):
-                outs += self._generate_chunk(list(prompt_ids[lo : lo + per_chunk]), lo, params)
+                chunk = list(prompt_ids[lo : lo + per_chunk])
+                rows = len(chunk) * params.n
+                seeds = [params.sample_seed(lo + b // params.n, b % params.n) for b in range(rows)]
+                outs += self._decode(chunk, params.n, seeds, [0] * rows, [params.max_new_tokens] * rows, lo, params)
         finally:
             if self.recorder is not None:
                 self.recorder.recording, self.recorder.calls = False, []
         return outs
 
-    def _generate_chunk(self, prompts, first_index: int, p: SamplingParams) -> list[RolloutOutput]:
-        """P prompts -> P * n samples (rows b = i * n + j). Each prompt is prefilled once and
-        its KV cache repeated n times."""
+    @torch.no_grad()
+    def extend(self, requests: Sequence[Continuation], params: SamplingParams) -> list[RolloutOutput]:
+        """Prefills prompt + response so far and samples on; each row's generator first skips the
+        draws of the tokens it already has, so token t gets the draw the one-go generation gave it."""
+        if any(r.max_new_tokens < 1 for r in requests):
+            raise ValueError("extend: every request needs max_new_tokens >= 1")
+        if params.return_routes:  # preflight refuses partial rollout with routing replay
+            raise ValueError("extend: a continued response's routes are not recorded (partial rollout with "
+                             "routing replay is refused at start-up)")
+        outs: list[RolloutOutput] = []
+        for lo in range(0, len(requests), self.max_batch_size):
+            chunk = list(requests[lo : lo + self.max_batch_size])
+            outs += self._decode([list(r.prompt_ids) + list(r.response_ids) for r in chunk], 1, [r.seed for r in chunk],
+                                 [len(r.response_ids) for r in chunk], [r.max_new_tokens for r in chunk], lo, params)
+        return outs
+
+    def _decode(self, prompts, n: int, seeds: list[int], skips: list[int], budgets: list[int], first_index: int,
+                p: SamplingParams) -> list[RolloutOutput]:
+        """P prompts -> P * n samples (rows b = i * n + j), row b drawing from its own generator
+        (seeds[b], advanced by skips[b] tokens' draws) for at most budgets[b] tokens. Each prompt
+        is prefilled once and its KV cache repeated n times."""
         from transformers import DynamicCache
 
         dev = self.device
-        P, n = len(prompts), p.n
+        P = len(prompts)
         if any(len(x) == 0 for x in prompts):
             raise ValueError("generate: every prompt needs at least one token")
         L = max(len(x) for x in prompts)
@@ -188,16 +209,20 @@ class EmbeddedEngine(RolloutEngine):
         mask = mask.repeat_interleave(n, dim=0)
         next_pos = pos[:, -1].repeat_interleave(n, dim=0) + 1
 
-        B = P * n
+        B, T = P * n, max(budgets)
         stop = torch.tensor(sorted(set(self.eos_token_ids) | set(p.stop_token_ids)), dtype=torch.long, device=dev)
         # One generator per sample: its draws do not depend on the rest of the batch.
-        gens = [torch.Generator(device=dev).manual_seed(p.sample_seed(first_index + b // n, b % n)) for b in range(B)]
-        out_tokens = torch.full((B, p.max_new_tokens), self.pad_token_id, dtype=torch.long, device=dev)
-        out_logp = torch.zeros((B, p.max_new_tokens), dtype=torch.float32, device=dev)
-        lengths = torch.full((B,), p.max_new_tokens, dtype=torch.long, device=dev)
+        gens = [torch.Generator(device=dev).manual_seed(seed) for seed in seeds]
+        if p.temperature > 0:
+            for g, k in zip(gens, skips):
+                _advance(g, k, logits.shape[-1], dev)
+        budget = torch.tensor(budgets, dtype=torch.long, device=dev)
+        out_tokens = torch.full((B, T), self.pad_token_id, dtype=torch.long, device=dev)
+        out_logp = torch.zeros((B, T), dtype=torch.float32, device=dev)
+        lengths = budget.clone()
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         stopped = torch.zeros(B, dtype=torch.bool, device=dev)
-        for step in range(p.max_new_tokens):
+        for step in range(T):
             tok, logp = self._sample(logits, gens, p)
             tok = torch.where(done, torch.full_like(tok, self.pad_token_id), tok)
             out_tokens[:, step] = tok
@@ -205,8 +230,8 @@ class EmbeddedEngine(RolloutEngine):
             hit = ~done & torch.isin(tok, stop)
             lengths = torch.where(hit, torch.full_like(lengths, step + 1), lengths)
             stopped |= hit
-            done |= hit
-            if step + 1 == p.max_new_tokens or bool(done.all()):
+            done |= hit | (budget <= step + 1)
+            if step + 1 == T or bool(done.all()):
                 break
             mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
             logits = self.model(
@@ -248,6 +273,18 @@ class EmbeddedEngine(RolloutEngine):
         # Gumbel-max: argmax(filtered + G) with G = -log(-log U) is a draw from softmax(filtered).
         tok = (filtered - torch.log(-torch.log(u))).argmax(-1)
         return tok, torch.log_softmax(scaled, -1).gather(-1, tok[:, None])[:, 0]
+
+
+def _advance(g: torch.Generator, k: int, vocab: int, device: torch.device) -> None:
+    """Spend the draws of k sampled tokens (one uniform vector of the vocabulary each). On the CPU
+    torch.rand(k, V) draws the same stream as k calls of torch.rand(V), so rows go in blocks."""
+    if device.type != "cpu":
+        for _ in range(k):
+            torch.rand(vocab, generator=g, device=device)
+        return
+    block = max(1, (1 << 22) // vocab)
+    for lo in range(0, k, block):
+        torch.rand(min(block, k - lo), vocab, generator=g)
 
 
 def _fused_experts(named: dict[str, torch.Tensor]) -> list[str]:

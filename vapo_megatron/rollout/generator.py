@@ -4,6 +4,7 @@
     rollout = gen.collect(prompts, seed=...)        step 2: n samples per prompt of this DP rank
     gen.release_weights()                           the engine's GPU memory goes to training
     gen.sync_weights(actor_model, version=...)      step 8: the new actor weights into the engines
+    gen.extend(requests, params); gen.end_rounds()  partial rollout's rounds (rollout/partial.py)
 
 Engine placement. The embedded engine and an SGLang HTTP server: one engine per model replica
 (DP rank), held by the replica's first rank (TP rank 0, PP stage 0). Colocated SGLang: one
@@ -26,7 +27,7 @@ from vapo_megatron.data.prompts import PromptRecord
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.dtypes import torch_dtype
 from vapo_megatron.mcore.memory import free_cached_memory
-from vapo_megatron.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from vapo_megatron.rollout.base import Continuation, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.testing import faults
 
 
@@ -123,7 +124,27 @@ class Generator:
         """Collective over the replica. Each generating rank samples its contiguous share of
         `prompts`; every rank of the replica gets all outputs, grouped by prompt. Seeds are offset
         by the share's start, so the samples do not depend on how many engines there are."""
-        per = -(-len(prompts) // len(self.generators))
+        def run(share: list[PromptRecord], start: int) -> list[RolloutOutput]:
+            outs = self.engine.generate([p.prompt_ids for p in share], replace(params, seed=params.seed + start * params.n))
+            self.engine.release_memory(("kv_cache", "cuda_graph"))
+            return outs
+
+        return self._spread(prompts, run)
+
+    def extend(self, requests: list[Continuation], params: SamplingParams) -> list[RolloutOutput]:
+        """Collective over the replica, as generate: each generating rank continues its share of the
+        responses (partial rollout: each request holds its own seed). The engine keeps its KV cache
+        until end_rounds."""
+        return self._spread(requests, lambda share, start: self.engine.extend(share, params))
+
+    def end_rounds(self) -> None:
+        """After partial rollout's last round: the KV cache goes, and every rank waits here (as collect)."""
+        if self.engine is not None and self.engine.generates:
+            self.engine.release_memory(("kv_cache", "cuda_graph"))
+        parallel.barrier(group=parallel.wait_group())
+
+    def _spread(self, items: list, run) -> list[RolloutOutput]:
+        per = -(-len(items) // len(self.generators))
         mine: list[RolloutOutput] = []
         # Weight-sync buckets, gathered shards and training leftovers go back to the driver on every
         # rank, and the owner takes its KV cache back only after every rank on its engine's GPUs
@@ -133,12 +154,10 @@ class Generator:
             self.engine.sync_freed()
         if self.engine is not None and self.engine.generates:
             start = self.generators.index(dist.get_rank()) * per
-            share = prompts[start : start + per]
+            share = items[start : start + per]
             if share:
                 self.engine.resume_memory(("kv_cache", "cuda_graph"))
-                outs = self.engine.generate([p.prompt_ids for p in share], replace(params, seed=params.seed + start * params.n))
-                self.engine.release_memory(("kv_cache", "cuda_graph"))
-                mine = [replace(o, prompt_index=o.prompt_index + start) for o in outs]
+                mine = [replace(o, prompt_index=o.prompt_index + start) for o in run(share, start)]
         # The replica's other ranks wait here for the whole generation: on the CPU (wait_group).
         mp_group = parallel.wait_group("model_parallel")
         if dist.get_world_size(mp_group) == 1:

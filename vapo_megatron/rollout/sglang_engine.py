@@ -39,10 +39,10 @@ import torch.distributed as dist
 
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.memory import free_cached_memory
-from vapo_megatron.rollout.base import MEMORY_TAGS, RolloutEngine, RolloutOutput, SamplingParams
+from vapo_megatron.rollout.base import MEMORY_TAGS, Continuation, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket
 from vapo_megatron.rollout.engine_signals import EngineDeath, kept_handlers
-from vapo_megatron.rollout.sglang_requests import expand_requests, parse_output
+from vapo_megatron.rollout.sglang_requests import continuation_requests, expand_requests, parse_output
 
 
 # ---- payloads ----------------------------------------------------------------------------------
@@ -278,14 +278,22 @@ class SGLangEngine(RolloutEngine):
         return self._version
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[RolloutOutput]:
+        if params.return_routes and self.routes is None:
+            raise ValueError("routes asked for, but this SGLang engine was not built for routing replay")
+        return self._generate(*expand_requests(prompt_ids, params), self.routes if params.return_routes else None)
+
+    def extend(self, requests: Sequence[Continuation], params: SamplingParams) -> list[RolloutOutput]:
+        """Partial rollout: each response continued from prompt + its tokens (sglang_requests.py)."""
+        if params.return_routes:  # preflight refuses partial rollout with routing replay
+            raise ValueError("extend: a continued response's routes are not recorded (partial rollout with "
+                             "routing replay is refused at start-up)")
+        return self._generate(*continuation_requests(requests, params), list(range(len(requests))), None)
+
+    def _generate(self, ids: list, sps: list, owners: list[int], routes) -> list[RolloutOutput]:
         if not self.owner:
             raise RuntimeError("generate runs on the engine group's rank 0 (the Engine owner)")
         if self._weights_lost:
             raise RuntimeError("the engine's weights were released and not loaded again: run a weight update first")
-        if params.return_routes and self.routes is None:
-            raise ValueError("routes asked for, but this SGLang engine was not built for routing replay")
-        ids, sps, owners = expand_requests(prompt_ids, params)
-        routes = self.routes if params.return_routes else None
         outs = self._call("generate", input_ids=ids, sampling_params=sps, return_logprob=True,  # a list for a list
                           return_routed_experts=routes is not None)
         if isinstance(outs, dict):

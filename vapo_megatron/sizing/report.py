@@ -248,6 +248,14 @@ def format_step_time(est, cfg: Config, *, critic_delta_s: float | None = None) -
                  f"{s.world} GPUs), NeMo-RL's definition)")
     if r.dynamic_sampling:
         lines.append("  rollout.dynamic_sampling: each extra generation round adds a rollout phase (one round assumed)")
+    other = est.rollout_sync_s if s.partial else est.rollout_partial_s
+    other_step = est.step_s - est.phases["rollout"].seconds + other
+    sync_step, partial_step = (other_step, est.step_s) if s.partial else (est.step_s, other_step)
+    lines.append(f"  partial rollout (rollout.partial.enabled={'true' if s.partial else 'false'}; spare_batches="
+                 f"{s.spare_batches}, max_staleness={s.max_staleness}): step {_duration(partial_step)} against "
+                 f"{_duration(sync_step)} synchronous (x{sync_step / partial_step:.2f}; rollout "
+                 f"{est.rollout_partial_s:,.1f} s against {est.rollout_sync_s:,.1f} s): the longest answer no longer "
+                 f"decodes alone at the end of every step")
     if critic_delta_s is not None:
         lines.append(f"  no critic (algo.estimator=grpo): a critic would add {critic_delta_s:,.1f} s per step "
                      "(its forward at scoring and its update)")

@@ -66,7 +66,8 @@ def setup_from_config(cfg, actor_hf: dict, critic_hf: dict | None, *, world: int
         distributed_optimizer=cfg.actor_optim.distributed_optimizer, offload_bytes_per_gpu=offload_bytes_per_gpu,
         checkpoint_bytes=checkpoint_bytes, save_every=t.save_every, storage_bytes_s=storage_bytes_s,
         bucket_bytes=r.weight_sync_bucket_mb << 20, value_pretrain_steps=a.value_pretrain_steps,
-        total_steps=t.total_steps, evals=evals, eval_prompts=eval_n, eval_samples=e.n_samples)
+        total_steps=t.total_steps, evals=evals, eval_prompts=eval_n, eval_samples=e.n_samples,
+        partial=r.partial.enabled, spare_batches=r.partial.spare_batches, max_staleness=r.partial.max_staleness)
 
 
 def predicted_step_and_save(cfg, actor_hf: dict, critic_hf: dict | None, *, world: int, gpus_per_node: int,

@@ -10,7 +10,7 @@ own (trainer/timing.py PHASES), so a prediction can be set beside a run's perf/<
   rollout           SGLang's generation: prefill as compute; decode memory-bound, every step reads
                     the engine's weights and the KV cache of the sequences running, as many as the
                     KV cache holds, in waves; then the tail, the longest response decoding alone
-                    to rollout.max_new_tokens
+                    to rollout.max_new_tokens (with rollout.partial: partial_rollout, a shorter tail)
   score             forward passes over every token: the actor's log-probs, the critic's values
   critic_update     forward + backward (+ the recomputed forward) of every token, ppo_epochs times,
   actor_update      at an MFU, with the pipeline bubble; the gradient reduce and parameter gather of
@@ -104,6 +104,9 @@ class Setup:
     # Forward passes of a reference policy at scoring (0 here: VAPO, GRPO and DAPO as configured
     # have no KL term; NeMo-RL's published GRPO runs have one, tests/unit/test_step_time.py).
     reference_forwards: int = 0
+    partial: bool = False  # rollout.partial.enabled: the step's rollout phase is partial_rollout's
+    spare_batches: int = 1  # rollout.partial.spare_batches
+    max_staleness: int = 1  # rollout.partial.max_staleness
 
     @property
     def dp(self) -> int:
@@ -136,6 +139,8 @@ class Estimate:
     phases: dict  # name -> Phase, in the trainer's order; the RL iteration's
     pretrain_step_s: float  # a value-pretraining iteration: no actor update
     eval_s: float  # one evaluation
+    rollout_sync_s: float = 0.0  # the rollout phase without partial rollout
+    rollout_partial_s: float = 0.0  # and with it (rollout.partial's settings, on or off in the config)
 
     @property
     def step_s(self) -> float:
@@ -211,6 +216,37 @@ def rollout(gpu: GPU, s: Shapes, *, engine_tp: int, engines: int, samples: int, 
     prefill = prefill_flops / (engine_tp * gpu.bf16_flops * mfu(s))
     seconds = waves * response_tokens * step + max(0.0, max_response_tokens - response_tokens) * tail_step + prefill
     return Rollout(seconds, concurrency, waves, step, tail_step, prefill)
+
+
+def partial_rollout(gpu: GPU, s: Shapes, *, engine_tp: int, engines: int, samples: int, prompts: int,
+                    prompt_tokens: float, response_tokens: float, max_response_tokens: int, kv_tokens: int,
+                    spare_batches: int, max_staleness: int) -> Rollout:
+    """The rollout phase with rollout.partial (rollout/partial.py), in the steady state where a step
+    trains as many samples as it admits:
+      bulk      the same decode work per trained sample as `rollout` (waves x mean steps), at the
+                concurrency of (1 + spare_batches) x the samples per engine in flight, as far as the
+                KV cache holds them: the spare groups keep the batch full
+      tail      a response spans at most max_staleness + 1 steps and grows by a bulk's steps in each,
+                so the step waits, alone, only for what the longest response has left after that:
+                max(0, max_new_tokens - (max_staleness + 1) x bulk steps) steps at batch 1
+      prefill   the new prompts, and the carried responses that had started once more (the weight
+                sync drops their KV cache): those running when the step stopped, min(spare_batches x
+                the samples per engine, the concurrency), each prompt + mean / 2 tokens."""
+    per_engine = math.ceil(samples / engines)
+    context = prompt_tokens + response_tokens
+    concurrency = max(1, min((1 + spare_batches) * per_engine, int(kv_tokens // context)))
+    waves = per_engine / concurrency
+    step = decode_step_s(gpu, s, engine_tp=engine_tp, batch=concurrency, context=prompt_tokens + response_tokens / 2)
+    tail_steps = max(0.0, max_response_tokens - (max_staleness + 1) * waves * response_tokens)
+    tail_step = decode_step_s(gpu, s, engine_tp=engine_tp, batch=1,
+                              context=prompt_tokens + (response_tokens + max_response_tokens) / 2)
+    carried = prompt_tokens + response_tokens / 2
+    flops = (math.ceil(prompts / engines) * prompt_tokens * forward_flops_per_token(s, context=prompt_tokens / 2, lm_head=True)
+             + min(spare_batches * per_engine, concurrency) * carried
+             * forward_flops_per_token(s, context=carried / 2, lm_head=True))
+    prefill = flops / (engine_tp * gpu.bf16_flops * mfu(s))
+    return Rollout(waves * response_tokens * step + tail_steps * tail_step + prefill, concurrency, waves, step, tail_step,
+                   prefill)
 
 
 def bubble(pp: int, vpp: int | None, micro_batches: int) -> float:
@@ -302,9 +338,15 @@ def checkpoint_save_s(gpu: GPU, setup: Setup) -> float:
 
 def estimate(gpu: GPU, setup: Setup) -> Estimate:
     """The phases of one RL iteration, a value-pretraining iteration and an evaluation."""
-    ro = rollout(gpu, setup.actor, engine_tp=setup.engine_tp, engines=setup.engines, samples=setup.samples,
-                 prompts=setup.prompts, prompt_tokens=setup.prompt_tokens, response_tokens=setup.response_tokens,
+    shape = dict(engine_tp=setup.engine_tp, engines=setup.engines, samples=setup.samples, prompts=setup.prompts,
+                 prompt_tokens=setup.prompt_tokens, response_tokens=setup.response_tokens,
                  max_response_tokens=setup.max_response_tokens, kv_tokens=setup.kv_tokens)
+    sync_ro = rollout(gpu, setup.actor, **shape)
+    partial_ro = partial_rollout(gpu, setup.actor, **shape, spare_batches=setup.spare_batches,
+                                 max_staleness=setup.max_staleness)
+    ro = partial_ro if setup.partial else sync_ro
+    tail = (max(0.0, setup.max_response_tokens - (setup.max_staleness + 1) * ro.waves * setup.response_tokens)
+            if setup.partial else max(0, setup.max_response_tokens - setup.response_tokens))
     move = host_copy_s(gpu, setup.offload_bytes_per_gpu)
     host = (f"{setup.offload_bytes_per_gpu / 2**30:,.1f} GiB per GPU over the host link at "
             f"{gpu.host_bytes_s * LINK_EFFICIENCY / 1e9:.0f} GB/s")
@@ -315,8 +357,8 @@ def estimate(gpu: GPU, setup: Setup) -> Estimate:
     phases["rollout"] = Phase(ro.seconds, (
         f"{setup.engines} engine(s) of TP {setup.engine_tp}, {per_engine:,} samples each, {ro.concurrency:,} at once "
         f"(KV cache {setup.kv_tokens:,} tokens): {ro.waves:.2f} waves x {setup.response_tokens:,.0f} steps of "
-        f"{ro.step_s * 1e3:.1f} ms + tail {max(0, setup.max_response_tokens - setup.response_tokens):,.0f} steps of "
-        f"{ro.tail_step_s * 1e3:.1f} ms; prefill {ro.prefill_s:.1f} s"))
+        f"{ro.step_s * 1e3:.1f} ms + tail {tail:,.0f} steps of {ro.tail_step_s * 1e3:.1f} ms; prefill {ro.prefill_s:.1f} s"
+        + (" (partial rollout)" if setup.partial else "")))
     if setup.offload_bytes_per_gpu:
         phases["onload"] = Phase(move, host + ", back")
     phases["score"] = Phase(*score_s(gpu, setup))
@@ -329,7 +371,8 @@ def estimate(gpu: GPU, setup: Setup) -> Estimate:
         f"{setup.checkpoint_bytes / 1e9:,.1f} GB at {setup.storage_bytes_s / 1e9:g} GB/s = {save:,.0f} s, "
         f"every {setup.save_every} steps"))
     pretrain = sum(p.seconds for name, p in phases.items() if name != "actor_update")
-    return Estimate(gpu, setup, phases, pretrain, evaluation_s(gpu, setup) + 2 * move if setup.evals else 0.0)
+    return Estimate(gpu, setup, phases, pretrain, evaluation_s(gpu, setup) + 2 * move if setup.evals else 0.0,
+                    rollout_sync_s=sync_ro.seconds, rollout_partial_s=partial_ro.seconds)
 
 
 def evaluation_s(gpu: GPU, setup: Setup) -> float:
@@ -344,4 +387,4 @@ def evaluation_s(gpu: GPU, setup: Setup) -> float:
 
 
 __all__ = ["Estimate", "Phase", "Rollout", "Setup", "bubble", "checkpoint_save_s", "decode_step_s", "estimate",
-           "evaluation_s", "rollout"]
+           "evaluation_s", "partial_rollout", "rollout"]

@@ -1,7 +1,9 @@
-"""Where a run stands: the loop's counters and the prompt sampler's position.
+"""Where a run stands: the loop's counters, the prompt sampler's position and partial rollout's
+carry-over buffer.
 
 Saved in every checkpoint's state.json (checkpoint/manager.py) and restored on resume; each field
-is named once, here.
+is named once, here. The buffer's groups go to their own file beside it (rollout/carry_over.py);
+state.json keeps its admission counter.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from vapo_megatron.data.prompts import PromptSampler
+from vapo_megatron.rollout.carry_over import CarryOver
 
 
 @dataclass
@@ -21,13 +24,16 @@ class RunState:
     pretrain_steps_done: int = 0
     pretrain_finished: bool = False
     finished: bool = False         # the final eval, export and save are done: a rerun has nothing to do
+    carry: CarryOver = field(default_factory=CarryOver, repr=False)  # partial rollout's groups in flight
 
     # Fields that checkpoints written before they existed lack; those load with the default.
-    ADDED_LATER = ("finished",)
+    ADDED_LATER = ("finished", "carry")
+    STRUCTURED = ("sampler", "carry")  # saved as dicts
 
     def to_json(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sampler"}
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in self.STRUCTURED}
         d["sampler"] = self.sampler.state_dict()
+        d["carry"] = {"admitted": self.carry.admitted}
         return d
 
     @classmethod
@@ -37,7 +43,7 @@ class RunState:
             if f.name in cls.ADDED_LATER and f.name not in d:
                 continue
             value = d[f.name]
-            want = dict if f.name == "sampler" else type(getattr(cls, f.name))
+            want = dict if f.name in cls.STRUCTURED else type(getattr(cls, f.name))
             if not isinstance(value, want) or (want is int and isinstance(value, bool)):
                 raise TypeError(f"{f.name}={value!r} is not a {want.__name__}")
 
@@ -46,6 +52,8 @@ class RunState:
         for f in dataclasses.fields(self):
             if f.name == "sampler":
                 self.sampler.load_state_dict(d["sampler"])
+            elif f.name == "carry":  # its groups: CheckpointManager.load, from their file
+                self.carry = CarryOver(admitted=int(d["carry"]["admitted"]) if "carry" in d else 0)
             elif f.name in self.ADDED_LATER and f.name not in d:
                 setattr(self, f.name, f.default)
             else:

@@ -212,7 +212,8 @@ class Trainer:
         faults.set_iteration(self.state.iteration)  # test-only fault injection (testing/faults.py)
         with self._offloaded(timed=True):  # trainer.offload_during_rollout: state on the host until scoring
             with timed("rollout"):
-                rollout, sampling_logs = self.rollouts.collect(self.state.sampler, seed=self._rollout_seed())  # 1, 2
+                rollout, sampling_logs = self.rollouts.collect(self.state.sampler, seed=self._rollout_seed(),  # 1, 2
+                                                               carry=self.state.carry, version=self.state.iteration)
                 self.generator.release_weights()  # colocated SGLang: its GPU memory goes to training until step 8
             faults.fault_point("rollout")
             faults.fault_point("usr1")
@@ -221,6 +222,11 @@ class Trainer:
         with timed("score"):
             batch.old_logp, entropy, replay_logs = self.actor.log_probs(batch)               # 4
             batch.values = self.critic.values(batch)
+        off_logs: dict[str, float] = {}
+        if "token_versions" in batch.extras:  # partial rollout: decoupled PPO's weights (algorithms/off_policy.py)
+            p = self.cfg.rollout.partial
+            batch.extras["is_weights"], off_logs = dp_stats.off_policy(batch, version=self.state.iteration, cap=p.is_cap,
+                                                                       max_staleness=p.max_staleness)
         batch.advantages, batch.returns, estimator_logs = self.estimate(batch, algo, value_pretrain=pretraining)  # 5
         if algo.whiten_advantages:
             batch.advantages = dp_stats.whiten_advantages(batch)
@@ -243,7 +249,8 @@ class Trainer:
         with timed("sync"):  # also while value pretraining (actor unchanged): the engine released its weights
             self.generator.sync_weights(self.actor.model, version=self.state.iteration + 1)   # 8
         self._log_step("value_pretrain" if pretraining else "vapo", batch, entropy, sampling_logs, reward_logs,
-                       replay_logs, estimator_logs, fit_logs, critic_logs, actor_logs, seconds=time.perf_counter() - t0)
+                       replay_logs, off_logs, estimator_logs, fit_logs, critic_logs, actor_logs,
+                       seconds=time.perf_counter() - t0)
 
     def _log_step(self, phase: str, batch, entropy, *parts: dict, seconds: float) -> None:
         cfg = self.cfg

@@ -33,7 +33,8 @@ PROJECT = str(Path(__file__).resolve().parents[2] / "vapo_megatron")
 # engine weight update (mcore/parallel.py, wait_group; docs/weight_sync.md). init_engine_groups is
 # parallel.py's own: its calls count as SGLangEngine.colocated's.
 WAITS = {"SGLangEngine.colocated", "SGLangEngine.load_bucket", "SGLangEngine.sync_freed",
-         "generating_ranks", "Generator.generate", "Generator.collect", "greedy_accuracy", "sample_eval"}
+         "generating_ranks", "Generator._spread", "Generator.end_rounds", "Generator.collect", "greedy_accuracy",
+         "sample_eval"}
 
 
 def _append(path: str, line: str) -> None:
@@ -152,7 +153,9 @@ def test_generation_spanning_waits_use_gloo_wait_groups_and_every_rank_frees_bef
         assert not wrong, f"rank {run['rank']}: waits not on a gloo group with the {WAIT_S} s timeout: {wrong}"
     seen = {c[0] for run in runs for c in run["calls"]}
     expected = {"SGLangEngine.colocated", "generating_ranks", "Generator.collect", "sample_eval"}
-    expected |= {"SGLangEngine.load_bucket", "SGLangEngine.sync_freed", "Generator.generate"} if tp == 2 else {"greedy_accuracy"}
+    # Generator._spread: generate's and extend's wait for the replica's generation (partial rollout's
+    # end_rounds is not used here).
+    expected |= {"SGLangEngine.load_bucket", "SGLangEngine.sync_freed", "Generator._spread"} if tp == 2 else {"greedy_accuracy"}
     assert expected <= seen, expected - seen  # none of the waits went unobserved
 
     if tp == 1:

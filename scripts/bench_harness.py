@@ -221,7 +221,9 @@ class Bench:
             self.add_time(run, "eval_", wall, cpu)
             if rc != 0:
                 return f"credit_diagnostics.py failed ({run / 'bench.log'})"
-        return json.loads((run / "credit.json").read_text())
+        credit = json.loads((run / "credit.json").read_text())
+        # The run's place relative to --out: a committed summary names no path of this machine.
+        return credit | {"run": str(run.relative_to(self.out)) if run.is_relative_to(self.out) else run.name}
 
     def do_run(self, variant: str, seed: int) -> dict:
         failed = {"variant": variant, "seed": seed, "status": "failed"}

@@ -52,6 +52,8 @@ def test_two_rows_run_evaluate_tabulate_and_are_not_redone(tmp_path):
     s = json.loads((tmp_path / "summaries" / "vapo_critic_4x_seed0.json").read_text())
     critic = json.loads((tmp_path / "bench" / "vapo_critic_4x" / "seed0" / "critic_hf" / "config.json").read_text())
     assert critic["hidden_size"] == 128 and s["credit"]["explained_variance_by_position"], s
+    # Summaries are committed: they name the run relative to --out, no path of this machine.
+    assert s["credit"]["run"] == "vapo_critic_4x/seed0", s["credit"]["run"]
     assert "credit" not in json.loads((tmp_path / "summaries" / "vapo_no_critic_seed0.json").read_text())
     table = (tmp_path / "bench" / "table.md").read_text()
     assert "| vapo_critic_4x | 0 | 4 |" in table and "| vapo_no_critic | 0 | 4 |" in table, table

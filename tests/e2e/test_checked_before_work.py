@@ -211,10 +211,14 @@ def test_a_file_that_parses_but_does_not_load_is_one_line_in_every_command(
     assert not [p for p in tmp_path.iterdir() if p.name not in ("hf", "ckpt")]  # no output, no run directory
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for a machine without CUDA")
-def test_eval_refuses_sglang_without_cuda_as_the_trainer_does(made, capsys, no_eval_work):
-    """Before: "internal error: ModuleNotFoundError: No module named 'uvloop'" (issue 44 item 4)."""
+def test_eval_refuses_sglang_without_cuda_as_the_trainer_does(made, capsys, no_eval_work, monkeypatch):
+    """Before: "internal error: ModuleNotFoundError: No module named 'uvloop'" (issue 44 item 4).
+    CUDA is hidden, so a machine with a GPU checks the same refusal."""
+    import torch
+
     from vapo_megatron import eval as vapo_eval
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
     code, message = answered(capsys, vapo_eval.main, eval_argv(made[0], made[0] / "hf", "--engine", "sglang"), "vapo-eval")
     assert code == 2 and message == ("vapo-eval: error: --engine sglang needs CUDA GPUs and none is visible; "

@@ -93,7 +93,9 @@ def paired(summaries: list[dict], a: str, b: str, key: str) -> dict[int, float]:
 
 def comparisons(study: dict, arms: list[str]) -> list[tuple[str, str]]:
     """The pre-registered pairs (a, b), read a - b: vapo minus each baseline, each mechanism arm
-    minus vapo and minus the no-critic arm."""
+    minus vapo and minus the no-critic arm; or the study's own "pairs"."""
+    if "pairs" in study:
+        return [(a, b) for a, b in study["pairs"] if a in arms and b in arms]
     base, rest = study["primary"][0], study["primary"][1:]
     out = [(base, b) for b in rest] + [(m, base) for m in study["mechanism"]] + [(m, rest[0]) for m in study["mechanism"]]
     return [(a, b) for a, b in out if a in arms and b in arms]

@@ -66,6 +66,16 @@ STUDIES = {
         "eval_k": 8,
         "summaries": "docs/benchmarks/critic",
     },
+    # Partial rollout's learning parity (issue 47; docs/benchmarks.md, "Learning parity"): the
+    # critic study's first three warm starts, so its vapo and dapo runs are shared; read with-minus-without.
+    "partial": {
+        "seeds": [101, 102, 103],
+        "primary": ["vapo", "vapo_partial", "dapo", "dapo_partial"],
+        "mechanism": [],
+        "pairs": [("vapo_partial", "vapo"), ("dapo_partial", "dapo")],
+        "eval_k": 8,
+        "summaries": "docs/benchmarks/partial",
+    },
 }
 
 

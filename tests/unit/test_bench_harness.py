@@ -152,6 +152,19 @@ def test_t_intervals_and_the_paired_table_against_hand_computed_values(tmp_path,
     assert (sums / "curves.png").stat().st_size > 0
 
 
+def test_the_partial_study_reads_each_row_with_minus_without_on_the_critic_studys_warm_starts(tmp_path):
+    study = STUDIES["partial"]
+    assert set(study["seeds"]) <= set(STUDIES["critic"]["seeds"])  # vapo and dapo runs are shared
+    b = made_with(tmp_path, "--study", "partial")
+    rows = [summary(b, v, s, x) for v, xs in (("vapo", (0.5, 0.6, 0.7)), ("vapo_partial", (0.52, 0.57, 0.71)),
+                                               ("dapo", (0.6, 0.6, 0.6)), ("dapo_partial", (0.5, 0.6, 0.6)))
+            for s, x in zip(study["seeds"], xs)]
+    text = study_report(rows, study, study["primary"])
+    # vapo_partial - vapo: +0.02, -0.03, +0.01; mean 0, sd 0.0264575, t(0.975, 2) = 4.303: ± 0.06573
+    assert "| vapo_partial - vapo | 3 | +0.000 | [-0.066, +0.066] | unresolved | 101: +0.020, 102: -0.030, 103: +0.010 |" in text
+    assert "| dapo_partial - dapo | 3 |" in text and "| vapo - " not in text, text
+
+
 def test_eval_and_curve_figures_against_hand_computed_values(tmp_path):
     prompts = ["a1+b2=", "a3+b4=", "a1+b1+c1+d1+e1=", "a1+b1+c1+d1+e1+f1+g1="]
     write = lambda name, ps: (tmp_path / name).write_text("".join(json.dumps({"prompt": p, "answer": "x"}) + "\n" for p in ps))  # noqa: E731

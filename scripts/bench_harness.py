@@ -284,7 +284,6 @@ class Bench:
             "variant": variant, "seed": seed, "status": "finished", "record": self.record(variant, seed),
             "overrides": resolve(variant, self.base)[0], "unset": resolve(variant, self.base)[1],
             "steps": cfg["trainer"]["total_steps"], "value_pretrain_steps": vp,
-            "samples": cfg["trainer"]["total_steps"] * r["prompts_per_step"] * r["n_samples"],
             "wall_s": round(t["wall_s"], 1), "cpu_s": round(t["cpu_s"], 1), "attempts": t["attempts"],
             "eval_wall_s": round(t["eval_wall_s"], 1), "eval_cpu_s": round(t["eval_cpu_s"], 1),
             "warm_start": self.warm_summary(seed) if self.warm else None,

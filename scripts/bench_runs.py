@@ -101,7 +101,13 @@ def curve_figures(records: list[dict], *, value_pretrain: int, steps: int, promp
     """The held-out greedy curve (iteration, accuracy), its area over RL steps 0..steps divided by
     steps (the mean accuracy during RL; the actor is the warm start until value pretraining ends,
     so an eval at iteration i is at RL step max(0, i - value_pretrain)), and samples generated
-    (value-pretraining steps and dynamic sampling's extra rounds included)."""
+    (value-pretraining steps and dynamic sampling's extra rounds included) and samples trained.
+
+    Samples generated: the trainer's rollout/samples_generated, or for a partial-rollout run made
+    before it logged that, partial/groups_admitted x n + partial/samples_restarted (responses begun;
+    those still carried at the end count too), or rollout/prompts_consumed x n (default: prompts x n).
+    Samples trained: partial/groups_trained x n for partial rollout (dynamic sampling may leave a step
+    short), else prompts x n per RL step."""
     curve = [[r["step"], r["eval/accuracy"]] for r in records if "eval/accuracy" in r]
     by_rl = {}
     for it, acc in curve:
@@ -111,8 +117,17 @@ def curve_figures(records: list[dict], *, value_pretrain: int, steps: int, promp
     if steps > 0 and xs and xs[0] == 0 and xs[-1] == steps:
         area = sum((x1 - x0) * (by_rl[x0] + by_rl[x1]) / 2 for x0, x1 in zip(xs, xs[1:])) / steps
     rollout = {r["step"]: r for r in records if r.get("phase") in ("value_pretrain", "vapo")}
-    generated = sum(r.get("rollout/prompts_consumed", prompts) for r in rollout.values()) * n_samples
-    return {"curve": curve, "auc": area, "samples_generated": int(generated)}
+
+    def begun(r: dict) -> float:
+        if "rollout/samples_generated" in r:
+            return r["rollout/samples_generated"]
+        if "partial/groups_admitted" in r:
+            return r["partial/groups_admitted"] * n_samples + r.get("partial/samples_restarted", 0)
+        return r.get("rollout/prompts_consumed", prompts) * n_samples
+
+    generated = sum(begun(r) for r in rollout.values())
+    trained = sum(r.get("partial/groups_trained", prompts) * n_samples for r in rollout.values() if r["phase"] == "vapo")
+    return {"curve": curve, "auc": area, "samples_generated": int(generated), "samples": int(trained)}
 
 
 def _prompts(path: Path) -> list[str]:

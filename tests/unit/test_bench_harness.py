@@ -186,6 +186,14 @@ def test_eval_and_curve_figures_against_hand_computed_values(tmp_path):
     got = curve_figures(records, value_pretrain=10, steps=20, prompts=16, n_samples=8)
     # RL steps 0/10/20 at 0.2/0.4/0.5: (10 x 0.3 + 10 x 0.45) / 20; 30 steps x 16 x 8, two of them 32 prompts
     assert got["auc"] == pytest.approx(0.375) and got["samples_generated"] == 30 * 16 * 8 + 2 * 16 * 8
+    assert got["samples"] == 20 * 16 * 8
+    # Partial rollout: the groups admitted (and samples restarted) are generated, the groups trained trained;
+    # the trainer's own rollout/samples_generated wins where logged.
+    part = [{"step": 1, "phase": "vapo", "partial/groups_admitted": 32, "partial/samples_restarted": 3, "partial/groups_trained": 15},
+            {"step": 2, "phase": "vapo", "partial/groups_admitted": 16, "partial/groups_trained": 16},
+            {"step": 3, "phase": "vapo", "partial/groups_admitted": 0, "rollout/samples_generated": 5, "partial/groups_trained": 14}]
+    got = curve_figures(part, value_pretrain=0, steps=3, prompts=16, n_samples=8)
+    assert (got["samples_generated"], got["samples"]) == (32 * 8 + 3 + 16 * 8 + 5, (15 + 16 + 14) * 8)
 
 
 def test_a_kill_9_of_the_harness_kills_its_children(tmp_path):

@@ -89,8 +89,10 @@ def admitted_order(sampler, carry) -> list[int]:
 def test_groups_train_whole_within_the_staleness_bound_and_every_prompt_once(engine):
     cfg, gen, collector, sampler = setup(engine, data=1000, max_staleness=2, spare_batches=2)
     carry, trained, carried_at_some_step, waited, n = CarryOver(), [], 0, 0, cfg.n_samples
+    begun = 0
     for it in range(8):
         rollout, logs = step(collector, sampler, carry, it)
+        begun += logs["rollout/samples_generated"]
         assert len(rollout.outputs) == n * len(rollout.prompts) and len(rollout.prompts) >= 2
         for k, o in enumerate(rollout.outputs):
             assert o.prompt_index == k // n
@@ -109,6 +111,7 @@ def test_groups_train_whole_within_the_staleness_bound_and_every_prompt_once(eng
     flight = [g.index for g in carry.groups]
     assert sorted(trained + flight) == sorted(admitted_order(sampler, carry))
     assert len(set(trained)) == len(trained)
+    assert begun == n * len(admitted_order(sampler, carry))  # each response counted once, when begun
 
 
 def one_go(engine, cfg, prompt_ids, seed):
@@ -197,6 +200,7 @@ def test_a_stale_buffer_restarts_and_a_drain_finishes_everything(engine):
     tight = PartialRollouts(gen, LengthJudge(), cfg2, mini_batches=2, dp=DataParallel(1, 0))
     rollout, logs = tight.collect(sampler, carry, seed=7, version=3)
     assert logs["partial/samples_restarted"] == len(old)
+    assert logs["rollout/samples_generated"] == logs["partial/groups_admitted"] * cfg.n_samples + len(old)
     assert all(o.token_versions[0] >= 2 for o in rollout.outputs) and all(
         s.oldest is None or s.oldest >= 2 for g in carry.groups for s in g.samples)
     # Drain: partial rollout off; the carried groups and one new batch are all trained.

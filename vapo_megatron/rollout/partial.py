@@ -116,6 +116,10 @@ class PartialRollouts:
         names = ["groups_admitted", "groups_trained", "groups_carried", "samples_carried", "samples_restarted", "rounds",
                  "decode_steps", "new_tokens", "groups_waited"]
         logs = {f"partial/{k}": v / (dp.size if k in ("rounds", "decode_steps") else 1) for k, v in zip(names, totals)}
+        # As the synchronous dynamic sampling counts them: prompts taken from the sampler this step, and
+        # responses begun (theirs and the restarted ones); a carried response counts once, when begun.
+        logs |= {"rollout/prompts_consumed": totals[0],
+                 "rollout/samples_generated": totals[0] * r.n_samples + totals[4]}
         if r.dynamic_sampling:
             logs |= {"rollout/groups_dropped": totals[9], "rollout/groups_topped_up": totals[10]}
         return self._assemble(chosen, sampler, version), logs

@@ -159,7 +159,10 @@ def test_the_partial_study_reads_each_row_with_minus_without_on_the_critic_study
     rows = [summary(b, v, s, x) for v, xs in (("vapo", (0.5, 0.6, 0.7)), ("vapo_partial", (0.52, 0.57, 0.71)),
                                                ("dapo", (0.6, 0.6, 0.6)), ("dapo_partial", (0.5, 0.6, 0.6)))
             for s, x in zip(study["seeds"], xs)]
+    for r, n in zip(rows[-3:], (6300, 6400, 6500)):  # dapo_partial: dynamic sampling left steps short or long
+        r["samples"] = n
     text = study_report(rows, study, study["primary"])
+    assert "| vapo | 101,102,103 | 6400 |" in text and "| dapo_partial | 101,102,103 | 6400 ± 100 [6300, 6500] |" in text, text
     # vapo_partial - vapo: +0.02, -0.03, +0.01; mean 0, sd 0.0264575, t(0.975, 2) = 4.303: ± 0.06573
     assert "| vapo_partial - vapo | 3 | +0.000 | [-0.066, +0.066] | unresolved | 101: +0.020, 102: -0.030, 103: +0.010 |" in text
     assert "| dapo_partial - dapo | 3 |" in text and "| vapo - " not in text, text

@@ -44,8 +44,8 @@ def table(summaries: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
                         + " |" + " |" * (len(columns) - 1))
             continue
         cells = [spread([s[c] for s in done if s.get(c) is not None]) for c in columns]
-        trained = sorted({s["samples"] for s in done})  # one figure, or a spread (partial rollout's can differ)
-        samples = str(trained[0]) if len(trained) == 1 else spread([s["samples"] for s in done])
+        trained = [s["samples"] for s in done]  # one figure, or a spread (partial rollout's can differ)
+        samples = str(trained[0]) if len(set(trained)) == 1 else spread(trained)
         rows.append(f"| {v} | {seeds} | {samples} | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 

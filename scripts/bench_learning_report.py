@@ -4,6 +4,7 @@
     figure(summaries, path)        PNG: held-out greedy accuracy vs RL step, mean and min-max band per variant
     t_interval(values)             mean and 95% t-interval
     study_report(summaries, ...)   a study's markdown: its arms, and the paired differences by warm start
+    decisions(summaries, study)    the critic study's pre-registered decision rules 1-5, applied (markdown)
     seed_figure(summaries, ...)    PNG: one panel per arm, one line per seed, held-out accuracy vs RL step
 """
 
@@ -103,6 +104,61 @@ def comparisons(study: dict, arms: list[str]) -> list[tuple[str, str]]:
     return [(a, b) for a, b in out if a in arms and b in arms]
 
 
+def reading(summaries: list[dict], a: str, b: str, key: str) -> tuple[str, tuple[float, float, float] | None]:
+    """("above 0" | "below 0" | "unresolved" | "-", (mean, low, high)) of the paired a - b."""
+    ci = t_interval(list(paired(summaries, a, b, key).values()))
+    if ci is None:
+        return "-", None
+    return ("unresolved" if ci[1] <= 0 <= ci[2] else "above 0" if ci[1] > 0 else "below 0"), ci
+
+
+def decisions(summaries: list[dict], study: dict) -> str:
+    """The critic study's decision rules (docs/benchmarks.md, "What does the critic buy?"), applied
+    mechanically to the primary endpoint, so that the reading is the rules' and not the analyst's.
+    Rule 5 is read per resolved mechanism comparison: it counts as a finding only if the paired mean
+    of the long-chain avg@K moves the same way (its interval is printed beside it)."""
+    done = [s for s in summaries if s["status"] == "finished"]
+    key, long = ENDPOINTS[0][0], "long_avg@K"
+    base, free = study["primary"][0], study["primary"][1]
+    fmt = lambda ci: f"{ci[0]:+.3f} [{ci[1]:+.3f}, {ci[2]:+.3f}]"  # noqa: E731
+    r1, g = reading(done, base, free, key)
+    if g is None:
+        return "Decision rules: not applicable (no paired runs of the primary arms).\n"
+    out = ["Decision rules (pre-registered), applied to the primary endpoint:", ""]
+    verdict = {"above 0": "helps", "below 0": "hurts", "unresolved": "is unresolved at this scale"}[r1]
+    out.append(f"1. `{base} - {free}` = {fmt(g)}: the critic {verdict}"
+               + (f" (the interval rules out effects outside [{g[1]:+.3f}, {g[2]:+.3f}])." if r1 == "unresolved" else "."))
+    mech = {m: (reading(done, m, base, key), reading(done, m, free, key)) for m in study["mechanism"]}
+    if r1 == "unresolved":
+        out.append(f"2. Rule 1 does not resolve: no arm explains anything; the mechanism arms are read as `M - {base}` alone.")
+    else:
+        opposite = "below 0" if r1 == "above 0" else "above 0"
+        parts = []
+        for m, ((rv, _), (rn, _)) in mech.items():
+            what = ("explains the gap" if rv == opposite and rn == "unresolved" else
+                    "partly explains the gap" if rv == opposite and rn == r1 else "does not explain the gap")
+            parts.append(f"`{m}` {what} (`{m} - {base}` {rv}, `{m} - {free}` {rn})")
+        out.append("2. " + "; ".join(parts) + ".")
+    for rule, arms, what in ((3, ["vapo_critic_4x"], "critic capacity"), (4, ["vapo_vp0", "vapo_vp50"], "value-pretraining length")):
+        arms = [m for m in arms if m in mech and mech[m][0][1] is not None]
+        resolved = [f"`{m} - {base}` {mech[m][0][0]}" for m in arms if mech[m][0][0] != "unresolved"]
+        if not arms:
+            out.append(f"{rule}. {what.capitalize()}: no paired runs.")
+            continue
+        out.append(f"{rule}. {what.capitalize()} " + (f"matters: {', '.join(resolved)}." if resolved else "does not resolve: "
+                   + ", ".join(f"`{m} - {base}` = {fmt(mech[m][0][1])}" for m in arms) + "."))
+    lines = []
+    for m, pair in mech.items():  # with rule 1 unresolved, only M - base is read (rule 2)
+        for (r, ci), b in zip(pair if r1 != "unresolved" else pair[:1], (base, free)):
+            if r in ("above 0", "below 0"):
+                lr, lci = reading(done, m, b, long)
+                same = lci is not None and (lci[0] > 0) == (r == "above 0") and lci[0] != 0
+                lines.append(f"`{m} - {b}` {r}: long-chain avg@K {fmt(lci) if lci else '-'} "
+                             + ("moves the same way: a finding" if same else "does not move the same way: reported, not a finding"))
+    out.append("5. " + ("; ".join(lines) + "." if lines else "No mechanism comparison resolves."))
+    return "\n".join(out) + "\n"
+
+
 def study_report(summaries: list[dict], study: dict, arms: list[str]) -> str:
     done = [s for s in summaries if s["status"] == "finished"]
     lines = ["Per arm: mean ± std [min, max] over the seeds listed; `samples` trained, `samples_generated` "
@@ -121,6 +177,8 @@ def study_report(summaries: list[dict], study: dict, arms: list[str]) -> str:
             cells = ["-", "-"] if ci is None else [f"{ci[0]:+.3f}", f"[{ci[1]:+.3f}, {ci[2]:+.3f}]"]
             lines.append(f"| {a} - {b} | {len(d)} | {cells[0]} | {cells[1]} | {reading} | {per} |")
         lines.append("")
+    if study.get("rules"):  # the critic study's pre-registered decision rules
+        lines += [decisions(summaries, study)]
     lines += ["Critic: explained variance of the return by response position (mean over seeds), and how often a "
               "wrong answer's most negative TD error is within 2 tokens of its first wrong token (all seeds):", "",
               "| arm | EV by position | within 2 of the first error |", "|---|---|---|"]

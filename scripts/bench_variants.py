@@ -63,6 +63,7 @@ STUDIES = {
         "seeds": [101, 102, 103, 104, 105],
         "primary": ["vapo", "vapo_no_critic", "grpo_paper", "dapo"],
         "mechanism": ["vapo_whiten", "vapo_lambda1", "vapo_vp0", "vapo_vp50", "vapo_critic_4x"],
+        "rules": True,  # its decision rules are applied in the report (bench_learning_report.decisions)
         "eval_k": 8,
         "summaries": "docs/benchmarks/critic",
     },

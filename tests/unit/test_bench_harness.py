@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import bench_learning as bench  # noqa: E402
-from bench_learning_report import paired, study_report, t_interval  # noqa: E402
+from bench_learning_report import decisions, paired, study_report, t_interval  # noqa: E402
 from bench_runs import curve_figures, eval_figures  # noqa: E402
 from bench_variants import STUDIES  # noqa: E402
 
@@ -150,6 +150,41 @@ def test_t_intervals_and_the_paired_table_against_hand_computed_values(tmp_path,
     assert rc == 0 and "| vapo - vapo_no_critic | 5 | +0.040 | [+0.020, +0.060] | above 0 |" in out, out + err
     assert "| dapo |  | - | not run |" in out and (sums / "report.md").read_text() == out, out
     assert (sums / "curves.png").stat().st_size > 0
+
+
+def test_the_critic_studys_decision_rules_are_applied_as_written():
+    """Rules 1-5 of docs/benchmarks.md on hand-built per-seed values, every branch named: the gap
+    resolves (+0.040 [+0.020, +0.060]); whitening takes VAPO to the no-critic level (explains),
+    lambda 1 takes part of the gap (partly), vp0 is noise, vp50 adds +0.02 but not on long chains."""
+    seeds, free = STUDIES["critic"]["seeds"], 0.5
+    g = [0.02, 0.05, 0.03, 0.04, 0.06]
+    noise = [0.01, -0.01, 0.0, 0.01, -0.01]  # mean 0: unresolved against anything it is added to
+    arms = {"vapo_no_critic": [free] * 5, "vapo": [free + x for x in g],
+            "vapo_whiten": [free + n for n in noise],
+            "vapo_lambda1": [free + x - d for x, d in zip(g, (0.01, 0.012, 0.011, 0.009, 0.01))],
+            "vapo_vp0": [free + x + n for x, n in zip(g, noise)],
+            "vapo_vp50": [free + x + 0.02 + n / 10 for x, n in zip(g, noise)]}
+    rows = [{"variant": v, "seed": s, "status": "finished", "heldout_avg@K": x,
+             "long_avg@K": (arms["vapo"][i] - 0.01 if v == "vapo_vp50" else x)}  # vp50: long chains move the other way
+            for v, xs in arms.items() for i, (s, x) in enumerate(zip(seeds, xs))]
+    text = decisions(rows, STUDIES["critic"])
+    assert "1. `vapo - vapo_no_critic` = +0.040 [+0.020, +0.060]: the critic helps." in text, text
+    assert "`vapo_whiten` explains the gap (`vapo_whiten - vapo` below 0, `vapo_whiten - vapo_no_critic` unresolved)" in text
+    assert "`vapo_lambda1` partly explains the gap (`vapo_lambda1 - vapo` below 0, `vapo_lambda1 - vapo_no_critic` above 0)" in text
+    assert "`vapo_vp0` does not explain the gap (`vapo_vp0 - vapo` unresolved" in text
+    assert "`vapo_vp50` does not explain the gap (`vapo_vp50 - vapo` above 0" in text
+    assert "3. Critic capacity: no paired runs." in text
+    assert "4. Value-pretraining length matters: `vapo_vp50 - vapo` above 0." in text
+    assert "`vapo_whiten - vapo` below 0: long-chain avg@K -0.040 [" in text and "moves the same way: a finding" in text
+    assert "`vapo_vp50 - vapo` above 0: long-chain avg@K -0.010 [-0.010, -0.010] does not move the same way: reported, not a finding" in text
+    # Rule 1 unresolved: nothing explains; the mechanism arms are read against vapo alone.
+    rows = [r | {"heldout_avg@K": free + n} if r["variant"] == "vapo" else r for r, n in zip(rows, noise * 6)]
+    text = decisions(rows, STUDIES["critic"])
+    # noise: sd 0.01, t(0.975, 4) = 2.776: ± 0.0124
+    assert "the critic is unresolved at this scale (the interval rules out effects outside [-0.012, +0.012])." in text, text
+    assert "2. Rule 1 does not resolve: no arm explains anything" in text and "explains the gap" not in text
+    assert "4. Value-pretraining length matters: `vapo_vp0 - vapo` above 0, `vapo_vp50 - vapo` above 0." in text
+    assert "- vapo_no_critic` above 0:" not in text  # rule 5 reads M - vapo alone
 
 
 def test_the_partial_study_reads_each_row_with_minus_without_on_the_critic_studys_warm_starts(tmp_path):

@@ -48,6 +48,9 @@ VARIANTS: dict[str, dict] = {
     "vapo_vp0": {"set": ["algo.value_pretrain_steps=0"]},
     "vapo_vp50": {"set": ["algo.value_pretrain_steps=50"]},
     "vapo_critic_4x": {"set": [], "critic": "4x"},
+    # The critic study's follow-up (docs/benchmarks.md, "At DAPO's generation"): GRPO generating and
+    # training on as many samples per step as DAPO generates (2x the prompts), the same 50 steps.
+    "grpo_dapo_volume": {"set": [*NO_CRITIC, "rollout.prompts_per_step=PROMPTS_X2"], "unset": CRITIC_ONLY},
 }
 # Partial rollout's learning parity (issue 47; docs/benchmarks.md): each of these rows with
 # rollout.partial on, rounds of a third of the longest answer so that responses do carry over.
@@ -77,6 +80,16 @@ STUDIES = {
         "eval_k": 8,
         "summaries": "docs/benchmarks/partial",
     },
+    # The critic study's follow-up, designed after its results (so exploratory; docs/benchmarks.md,
+    # "At DAPO's generation"): its five warm starts, its dapo, vapo_no_critic and vapo runs shared.
+    "volume": {
+        "seeds": [101, 102, 103, 104, 105],
+        "primary": ["dapo", "grpo_dapo_volume", "vapo_no_critic", "vapo"],
+        "mechanism": [],
+        "pairs": [("dapo", "grpo_dapo_volume"), ("grpo_dapo_volume", "vapo_no_critic"), ("vapo", "grpo_dapo_volume")],
+        "eval_k": 8,
+        "summaries": "docs/benchmarks/volume",
+    },
 }
 
 
@@ -100,7 +113,7 @@ def resolve(variant: str, base: dict) -> tuple[list[str], list[str]]:
     """(overrides, unset keys) of a variant, its placeholders filled from the base settings."""
     r, a = base["rollout"], base["algo"]
     fill = {"EPS_LOW": str(a["eps_low"]), "PROMPTS_X_GROUP": str(r["prompts_per_step"] * r["n_samples"]),
-            "OVERLONG": str(max(1, r["max_new_tokens"] // 8)),
+            "OVERLONG": str(max(1, r["max_new_tokens"] // 8)), "PROMPTS_X2": str(2 * r["prompts_per_step"]),
             "ROUND": str(max(1, r["max_new_tokens"] // 3))}
     out = []
     for item in VARIANTS[variant]["set"]:

@@ -37,6 +37,9 @@ def test_each_row_switches_only_its_component_and_keeps_the_sample_budget(tmp_pa
     for variant in bench.VARIANTS:
         got = resolved(variant, tmp_path)
         changed = {k for k in vapo if got[k] != vapo[k]}
+        if variant == "grpo_dapo_volume":  # the one row that doubles the budget, on purpose (DAPO's generation)
+            assert got["rollout.prompts_per_step"] * got["rollout.n_samples"] == 2 * budget
+            continue  # what else it changes: test_the_volume_follow_up_...
         assert got["rollout.prompts_per_step"] * got["rollout.n_samples"] == budget, variant
         assert not changed & {"actor_optim.lr", "trainer.total_steps", "sft.steps", "rollout.temperature"}, variant
         if variant == "no_clip_higher":
@@ -73,6 +76,13 @@ def test_the_critic_studys_arms_switch_what_the_preregistration_says(tmp_path):
     study = STUDIES["critic"]
     assert len(study["seeds"]) >= 5 and 0 not in study["seeds"]  # not the docs' data seed 0
     assert all(v in bench.VARIANTS for v in study["primary"] + study["mechanism"])
+
+
+def test_the_volume_follow_up_shares_the_critic_studys_warm_starts_and_runs(tmp_path):
+    study, critic = STUDIES["volume"], STUDIES["critic"]
+    assert study["seeds"] == critic["seeds"] and set(study["primary"]) - {"grpo_dapo_volume"} <= set(critic["primary"])
+    no_critic, got = resolved("vapo_no_critic", tmp_path), resolved("grpo_dapo_volume", tmp_path)
+    assert {k: got[k] for k in no_critic if got[k] != no_critic[k]} == {"rollout.prompts_per_step": 2 * no_critic["rollout.prompts_per_step"]}
 
 
 def test_partial_rollout_rows_are_their_rows_with_partial_rollout_on(tmp_path):

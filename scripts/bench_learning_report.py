@@ -135,6 +135,8 @@ def decisions(summaries: list[dict], study: dict) -> str:
         opposite = "below 0" if r1 == "above 0" else "above 0"
         parts = []
         for m, ((rv, _), (rn, _)) in mech.items():
+            if rv == "-":  # no paired runs: nothing to read
+                continue
             what = ("explains the gap" if rv == opposite and rn == "unresolved" else
                     "partly explains the gap" if rv == opposite and rn == r1 else "does not explain the gap")
             parts.append(f"`{m}` {what} (`{m} - {base}` {rv}, `{m} - {free}` {rn})")
@@ -171,11 +173,10 @@ def study_report(summaries: list[dict], study: dict, arms: list[str]) -> str:
                   "| a - b | n | mean | 95% interval | reading | per seed |", "|---|---|---|---|---|---|"]
         for a, b in comparisons(study, arms):
             d = paired(done, a, b, key)
-            ci = t_interval(list(d.values()))
-            reading = "-" if ci is None else "unresolved" if ci[1] <= 0 <= ci[2] else "above 0" if ci[1] > 0 else "below 0"
+            said, ci = reading(done, a, b, key)
             per = ", ".join(f"{k}: {v:+.3f}" for k, v in d.items())
             cells = ["-", "-"] if ci is None else [f"{ci[0]:+.3f}", f"[{ci[1]:+.3f}, {ci[2]:+.3f}]"]
-            lines.append(f"| {a} - {b} | {len(d)} | {cells[0]} | {cells[1]} | {reading} | {per} |")
+            lines.append(f"| {a} - {b} | {len(d)} | {cells[0]} | {cells[1]} | {said} | {per} |")
         lines.append("")
     if study.get("rules"):  # the critic study's pre-registered decision rules
         lines += [decisions(summaries, study)]

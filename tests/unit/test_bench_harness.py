@@ -173,7 +173,7 @@ def test_the_critic_studys_decision_rules_are_applied_as_written():
     assert "`vapo_lambda1` partly explains the gap (`vapo_lambda1 - vapo` below 0, `vapo_lambda1 - vapo_no_critic` above 0)" in text
     assert "`vapo_vp0` does not explain the gap (`vapo_vp0 - vapo` unresolved" in text
     assert "`vapo_vp50` does not explain the gap (`vapo_vp50 - vapo` above 0" in text
-    assert "3. Critic capacity: no paired runs." in text
+    assert "3. Critic capacity: no paired runs." in text and "`vapo_critic_4x` does not explain" not in text  # not run: not read
     assert "4. Value-pretraining length matters: `vapo_vp50 - vapo` above 0." in text
     assert "`vapo_whiten - vapo` below 0: long-chain avg@K -0.040 [" in text and "moves the same way: a finding" in text
     assert "`vapo_vp50 - vapo` above 0: long-chain avg@K -0.010 [-0.010, -0.010] does not move the same way: reported, not a finding" in text

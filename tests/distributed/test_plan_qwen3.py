@@ -87,7 +87,7 @@ def test_vapo_plan_accepts_the_qwen3_configs_and_names_a_bad_ep():
     assert "routing replay (rollout.routing_replay): host memory per rank, at most" in out
     (line,) = [x for x in out.splitlines() if f"host: the step's routes (512 sequences x 22,528 tokens x {L} MoE layers x {K})" in x]
     assert line.split()[-1] == f"{routes / 2**30:.2f}", line
-    assert "routing replay ids [T/s, k], one MoE layer" in out  # in the training reserve
+    assert "routing replay ids [L, T/s, k], this stage" in out  # in the training reserve
     assert "routing replay" not in ok_dense[1]
 
     # An invalid parallel.ep: exit status 2, nothing built, one line naming parallel.ep.
@@ -165,7 +165,10 @@ def test_routing_replay_bytes_of_qwen3_235b_a22b():
     cfg = load_config(MOE, ["parallel.pp=4", "rollout.prompts_per_step=256"], check_paths=False)
     parts = route_parts(cfg, hf, dp=8, inflight_microbatches=4)
     seqs, tokens, T = 256 * 16 // 8, 2048 + 20480, 22528 // 4
-    assert list(parts.values()) == [2 * seqs * tokens * 94 * 8, 4 * 24 * T * 8 * 8, T * 8 * 12]
+    stage = 24 * T * 8  # one micro-batch's ids of a stage's 24 MoE layers, one byte each
+    # host: the step's routes twice, the pinned micro-batch; device: its copy, the int64 ids of the
+    # 4 in-flight micro-batches (queued for the recomputed forward), one layer's float32 weights
+    assert list(parts.values()) == [2 * seqs * tokens * 94 * 8, stage, stage + 4 * stage * 8 + T * 8 * 4]
     assert ROUTES_DEVICE_ITEM in parts
     off = load_config(MOE, ["rollout.routing_replay=false"], check_paths=False)
     assert route_parts(off, hf, dp=8, inflight_microbatches=1) == {}

@@ -70,19 +70,69 @@ def _used_routes(replay, seen: list) -> list:
             for routers in replay.routers for column, router in routers]
 
 
-def _engine_map(mb, column: int, width: int, num_experts: int) -> torch.Tensor:
-    """The engine's routes of a micro-batch as megatron's routing map on this rank: [tokens, E], sequence-
-    major, this TP rank's positions under sequence parallelism (independent of routing_replay.py)."""
+def _mine(x: torch.Tensor, width: int) -> torch.Tensor:
+    """This TP rank's sequence positions of x [width, ...] under sequence parallelism."""
     from vapo_megatron.mcore import parallel
 
+    part = width // parallel.tp_size()
+    return x[parallel.tp_rank() * part:(parallel.tp_rank() + 1) * part]
+
+
+def _unrouted(mb, width: int) -> torch.Tensor:
+    """[tokens] bool, sequence-major, this TP rank's positions: the tokens the engine did not route
+    (position >= sequence length - 1: the last token and the padding)."""
+    return _mine(torch.arange(width).unsqueeze(1) >= (mb.seq_lens - 1).unsqueeze(0), width).reshape(-1)
+
+
+def _engine_map(mb, column: int, width: int, num_experts: int) -> torch.Tensor:
+    """The engine's routes of a micro-batch as megatron's routing map on this rank: [tokens, E], sequence-
+    major, this TP rank's positions under sequence parallelism; the c-th token (in the micro-batch's
+    sequence-major order) that the engine did not route goes to experts (c k + j) mod E (issue 55
+    item 4). Independent of routing_replay.py."""
     routes = mb.routes[:, :, column].long()
     k = routes.shape[-1]
-    routes = torch.cat([routes, torch.arange(k).expand(mb.size, width - routes.shape[1], k)], dim=1)
-    if parallel.tp_size() > 1:
-        part = width // parallel.tp_size()
-        routes = routes[:, parallel.tp_rank() * part:(parallel.tp_rank() + 1) * part]
-    idx = routes.transpose(0, 1).reshape(-1, k)
+    routes = torch.cat([routes, torch.zeros(mb.size, width - routes.shape[1], k, dtype=torch.long)], dim=1)
+    seq = routes.transpose(0, 1)  # [S, b, k]
+    unrouted = torch.arange(width).unsqueeze(1) >= (mb.seq_lens - 1).unsqueeze(0)  # [S, b]
+    c = (unrouted.flatten().cumsum(0) - 1).view(width, mb.size, 1)
+    seq = torch.where(unrouted.unsqueeze(-1), (c * k + torch.arange(k)) % num_experts, seq)
+    idx = _mine(seq, width).reshape(-1, k)
     return torch.zeros(idx.shape[0], num_experts, dtype=torch.bool).scatter_(1, idx, True)
+
+
+def _transfers(replay, chunk, mb, width: int) -> dict:
+    """Issue 55 item 3, with the routers' device played by the meta device (there is no second
+    device here): the copies between devices while a forward replays mb's routes and the backward's
+    recomputed forward replays them again, each router taking its indices as megatron's do
+    (RouterReplay.get_replay_topk: `top_indices.to(scores.device)`, then a gather)."""
+    from torch.overrides import TorchFunctionMode
+
+    copies: list = []
+
+    class Copies(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if func in (torch.Tensor.to, torch.Tensor.copy_, torch.Tensor.cuda) and isinstance(out, torch.Tensor):
+                src = args[1] if func is torch.Tensor.copy_ else args[0]
+                if src.device != out.device:
+                    copies.append(bool(kwargs.get("non_blocking")))
+            return out
+
+    routers = [router.router_replay for _, router in replay.routers[0]]
+    replay.device, targets = torch.device("meta"), []
+    try:
+        with torch.enable_grad(), Copies():
+            with replay.forward(chunk, mb, width):
+                for r in routers:
+                    targets.append(r.target_topk_idx)
+                    r.get_replay_topk(torch.zeros(r.target_topk_idx.shape[0], 4, device="meta"), 2)
+            for r in routers:  # the recomputed forward, in the backward
+                r.get_replay_topk(torch.zeros(r.replay_backward_list[0].shape[0], 4, device="meta"), 2)
+    finally:
+        replay.finish()
+        replay.device = torch.device("cpu")
+    return {"routers": len(routers), "copies": copies, "targets": [(str(t.device), t.dtype) for t in targets]}
 
 
 def _layout(hf_dir, batch, tp, pp, ep, sp=False, recompute=False) -> dict:
@@ -126,8 +176,12 @@ def _layout(hf_dir, batch, tp, pp, ep, sp=False, recompute=False) -> dict:
         mb = b.select(plan_micro_batches(b.seq_lens.tolist(), 10**6)[0])  # the micro-batch's row order
         width = -(-mb.tokens.shape[1] // tp) * tp
         differ = [int((m != _engine_map(mb, c, width, 4)).any(-1).sum()) for c, m in seen]
-        out["on" if on else "off"] = dict(logp=logp, mismatch=logs["moe/routing_mismatch"], used=differ, rows=list(rows))
+        padding = sum((m[_unrouted(mb, width)].sum(0) for _, m in seen), torch.zeros(4, dtype=torch.long))  # [E]
+        out["on" if on else "off"] = dict(logp=logp, mismatch=logs["moe/routing_mismatch"], used=differ, rows=list(rows),
+                                          padding=padding.tolist())
     replay.enabled = True
+    if sp:
+        out["transfers"] = _transfers(replay, chunks[0], mb, width)
     counts = global_counts(b)
     loss = partial(policy_loss, settings=settings, counts=counts, vocab_size=VOCAB)
     for name, budget in (("one", 10**6), ("budget", BUDGET)):
@@ -196,6 +250,28 @@ def test_replayed_routes_are_the_engines_and_give_its_log_probs(rollout, runs, l
         diff_off = ((off["logp"] - b.old_logp).abs() * b.mask).max()
         assert diff_on < 2e-5, diff_on  # float32 rounding: the same network as the engine's
         assert diff_off > 1e-2, diff_off
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_padding_routes_spread_over_the_ep_ranks(runs, layout):
+    """Issue 55 item 4: the tokens the engine did not route (each sequence's last token, the padding)
+    are routed by the routers over every expert: at EP=2 (experts 0-1 on EP rank 0, 2-3 on rank 1)
+    each EP rank takes about half (experts 0..k-1 for all of them put every rank's on rank 0)."""
+    per_expert = [sum(rank[layout]["on"]["padding"][e] for rank in runs) for e in range(4)]  # both ranks' tokens
+    halves = [sum(per_expert[:2]), sum(per_expert[2:])]
+    assert min(halves) / max(halves) > 0.6, per_expert
+
+
+def test_a_micro_batchs_routes_reach_the_device_in_one_non_blocking_copy(runs):
+    """Issue 55 item 3: one copy to the device per micro-batch forward, non-blocking, for every router
+    and for the recomputed forward too (TP=2 with sequence parallelism and recomputation); each router's
+    indices are int64 already on the device, which megatron's `.to(scores.device)` leaves alone. Before:
+    one blocking copy per router per forward (2 x 3 MoE layers per micro-batch with recomputation)."""
+    for rank in runs:
+        t = rank["tp2_sp"]["transfers"]
+        assert t["routers"] == 3, t  # the tiny Qwen3-MoE's MoE layers (4 layers, layer 2 dense)
+        assert t["copies"] == [True], t  # one copy, non_blocking
+        assert t["targets"] == [("meta", torch.int64)] * 3, t
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

@@ -66,13 +66,42 @@ def test_batch_routes_sit_at_their_tokens_and_follow_micro_batches():
     assert routes.shape == (3, 6, 3, 2) and routes.dtype == torch.uint8
     for b, r in enumerate(rows):
         assert torch.equal(routes[b, : len(r)], r)
-        assert (routes[b, len(r):] == torch.tensor([0, 1], dtype=torch.uint8)).all()  # the filler: experts 0..k-1
+        assert (routes[b, len(r):] == torch.tensor([0, 1], dtype=torch.uint8)).all()  # placeholders, never routed
     batch = RolloutBatch(tokens=tokens, prompt_lens=pl, response_lens=rl, rewards=torch.zeros(3),
                          correct=torch.zeros(3, dtype=torch.bool), group_ids=torch.arange(3), routes=routes)
     part = batch.select([2, 0])  # trimmed to its longest sequence (5 tokens)
     assert part.routes.shape == (2, 5, 3, 2) and torch.equal(part.routes[1, :4], rows[0])
     # The response tokens the engine routed: P .. P + R - 2.
     assert routed_positions(pl, rl, 6).tolist() == [[0, 0, 0, 1, 0, 0], [0, 0, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("experts,k,ep", [(4, 2, 2), (6, 4, 3), (128, 8, 8)])
+def test_positions_without_a_route_spread_over_the_experts_and_the_ep_ranks(experts, k, ep):
+    """Issue 55 item 4: a micro-batch's routes as its routers take them (replay_routes, megatron's
+    sequence-major token order): the engine's where it routed, and where it did not (the last
+    token, padding) k distinct experts per token, spread so that every EP rank (E / EP contiguous
+    experts each) gets its share of the padding; experts 0..k-1 sent all of it to EP rank 0."""
+    from vapo_megatron.rollout.routes import id_dtype, replay_routes
+
+    b, width, layers = 4, 40, 3
+    seq_lens = torch.tensor([9, 40, 3, 17])
+    gen = torch.Generator().manual_seed(0)
+    routes = torch.randint(0, experts, (b, 40, layers, k), generator=gen).to(id_dtype(experts))
+    out = replay_routes(routes, seq_lens, width, experts)
+    assert out.shape == (layers, width * b, k) and out.dtype == routes.dtype and out.is_contiguous()
+    tokens = out.view(layers, width, b, k)  # token s * b + i
+    unrouted = []
+    for i in range(b):
+        n = int(seq_lens[i]) - 1  # the engine routed positions 0 .. n - 1
+        assert torch.equal(tokens[:, :n, i], routes[i, :n].transpose(0, 1))
+        unrouted.append(tokens[:, n:, i])
+    pad = torch.cat(unrouted, dim=1).long()  # [L, padded tokens, k]
+    assert all(len(set(row.tolist())) == k for row in pad.reshape(-1, k))  # k distinct experts each
+    per_rank = torch.bincount((pad // (experts // ep)).flatten(), minlength=ep).float()
+    assert per_rank.min() / per_rank.max() > 0.8, per_rank  # before: everything on rank 0
+    # Under sequence parallelism a TP rank takes its positions' tokens, the same ids.
+    half = replay_routes(routes, seq_lens, width, experts, part=(20, 20))
+    assert torch.equal(half, tokens[:, 20:].reshape(layers, -1, k))
 
 
 def test_sglang_routes_decode_what_sglang_encodes():

@@ -35,7 +35,7 @@ class RolloutBatch:
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     # Routing replay (rollout/routes.py): [B, S, moe_layers, k] small ints, the experts the engine
-    # routed the token at each position to (filler where it routed none); None without replay.
+    # routed the token at each position to (placeholders where it routed none); None without replay.
     routes: torch.Tensor | None = None
     extras: dict = field(default_factory=dict)
 

@@ -22,13 +22,24 @@ gradients on) and is cleared by `finish`.
 Token order: a MoE layer routes its hidden states [S, b, h] flattened sequence-major (token s * b + i);
 with sequence parallelism each TP rank routes its S / TP positions. Each pipeline stage routes its
 own layers (router.layer_number is the layer's global number). Expert parallelism does not change
-what a rank routes: its own tokens, before the all-to-all.
+what a rank routes: its own tokens, before the all-to-all. Positions without a route (a sequence's
+last token, padding) get experts spread over all of them (rollout/routes.py, filler_experts), so
+that no EP rank gets every rank's padding.
+
+One copy to the device per forward: megatron's RouterReplay.get_replay_topk moves the indices it
+is given to the scores' device with a blocking `.to(device)`, once per router per forward (and
+again in the recomputed forward): 2 x MoE layers host syncs per micro-batch. `forward` instead
+shapes the micro-batch's routes on the host (routes.py, replay_routes: [L, T, k] in the compact id
+dtype), copies them once, from pinned memory, without blocking (to_device), and widens them to
+int64 on the device; each router gets its layer's row, already there, which megatron's `.to`
+leaves as it is. Those int64 ids stay on the device while queued for the backward.
 
 The critic's routers are never touched: the engine's routes are the policy's choices.
 
 moe/routing_mismatch: while `counting` (step 4), a forward hook on each router also takes the
 router's own choice (megatron's topk_routing_with_score_function, no replay) and marks the tokens
-whose top-k set differs from the engine's in any MoE layer; `mismatch_share` is the share of the
+whose top-k set differs from the engine's in any MoE layer (counted on the device, brought to the
+host once, in mismatch_flags); `mismatch_share` is the share of the
 response tokens the engine routed (rollout/routes.py, routed_positions), over every DP rank.
 """
 
@@ -48,9 +59,11 @@ class RouteReplay:
         from megatron.core.transformer.moe.router import TopKRouter
         from megatron.core.transformer.moe.router_replay import RouterReplay
 
-        from vapo_megatron.rollout.routes import moe_layers
+        from vapo_megatron.rollout.routes import moe_layers, route_shape
 
         column = {layer: i for i, layer in enumerate(moe_layers(hf_cfg))}  # global layer -> routes' column
+        self.num_experts = route_shape(hf_cfg)[2]
+        self.device = parallel.device()  # where the routers' scores are
         self.chunks = chunks
         self.routers: list[list[tuple[int, object]]] = []  # per chunk: (routes' column, router)
         for chunk in chunks:
@@ -92,23 +105,23 @@ class RouteReplay:
         if mb.routes is None or not routers:
             yield
             return
-        routes = mb.routes
-        k = routes.shape[-1]
-        if routes.shape[1] < width:  # schedule.py's padding for SP: filler experts, as pack_routes
-            pad = torch.arange(k, dtype=routes.dtype).expand(routes.shape[0], width - routes.shape[1], routes.shape[2], k)
-            routes = torch.cat([routes, pad], dim=1)
-        seq = routes.transpose(0, 1)  # [S, b, L, k]: megatron's token order
+        from vapo_megatron.rollout.routes import replay_routes
+
+        b = mb.routes.shape[0]
+        part = None
         self._offset = 0
         if self.sequence_parallel:
-            part = width // parallel.tp_size()
-            self._offset = parallel.tp_rank() * part
-            seq = seq[self._offset : self._offset + part]
+            length = width // parallel.tp_size()
+            self._offset = parallel.tp_rank() * length
+            part = (self._offset, length)
+        # [L, T, k] int64 on the device, from one non-blocking copy (the module's docstring)
+        ids = to_device(replay_routes(mb.routes, mb.seq_lens, width, self.num_experts, part=part), self.device).long()
         if self.counts is not None:
-            self._acc = torch.zeros(width, routes.shape[0])
+            self._acc = torch.zeros(width, b, device=self.device)
             self.counts[index].append(self._acc)
         queued = self.recompute and torch.is_grad_enabled()  # a backward will recompute this forward
         for column, router in routers:
-            target = seq[:, :, column].reshape(-1, k).long()
+            target = ids[column]  # [T, k], contiguous
             self._targets[id(router)] = target
             if self.enabled:
                 replay = router.router_replay
@@ -145,8 +158,8 @@ class RouteReplay:
                 logits, module.topk, use_pre_softmax=c.moe_router_pre_softmax, num_groups=c.moe_router_num_groups,
                 group_topk=c.moe_router_group_topk, scaling_factor=c.moe_router_topk_scaling_factor,
                 score_function=module.score_function, expert_bias=module.expert_bias)
-            engine = torch.zeros_like(own).scatter_(1, target.to(own.device), True)
-            differ = (own != engine).any(-1).view(-1, self._acc.shape[1]).float().cpu()  # [S_local, b]
+            engine = torch.zeros_like(own).scatter_(1, target, True)
+            differ = (own != engine).any(-1).view(-1, self._acc.shape[1]).float()  # [S_local, b], on the device
         self._acc[self._offset : self._offset + differ.shape[0]] += differ
 
     def mismatch_flags(self, plan: list[list[int]], shape: torch.Size) -> torch.Tensor:
@@ -156,13 +169,25 @@ class RouteReplay:
         for k, rows in enumerate(plan):
             parts = [c[k] for c in self.counts if len(c) > k]
             if parts:
-                flags = (sum(parts) > 0).float().t()  # [b, S_padded]
+                flags = (sum(parts) > 0).float().t().cpu()  # [b, S_padded]
                 width = min(flags.shape[1], shape[1])
                 full[rows, :width] = flags[:, :width]
         self.counts = None
         if parallel.tp_size() * parallel.pp_size() > 1:  # TP ranks saw their positions (SP), stages their layers
             parallel.all_reduce(full, op=dist.ReduceOp.MAX, group=parallel.model_parallel_group())
         return full
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`host` on `device` in one copy that does not block the host: from pinned (page-locked)
+    memory, which a CUDA copy needs to run asynchronously (a pageable source makes torch stage it
+    and wait). The caching host allocator keeps the pinned block until the copy is done. On the
+    CPU: `host` itself."""
+    if device.type == "cpu":
+        return host
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
 
 
 def mismatch_share(flags: torch.Tensor, batch: RolloutBatch) -> float:
@@ -177,4 +202,4 @@ def mismatch_share(flags: torch.Tensor, batch: RolloutBatch) -> float:
     return float(sums[0] / sums[1].clamp(min=1))
 
 
-__all__ = ["RouteReplay", "mismatch_share"]
+__all__ = ["RouteReplay", "mismatch_share", "to_device"]

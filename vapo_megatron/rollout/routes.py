@@ -15,7 +15,9 @@ stored in the smallest integer type that holds num_experts - 1 (one byte for up 
     route_shape(hf_cfg)          (moe_layers, top-k, experts), None for a dense model
     replays(cfg, hf_cfg)         rollout.routing_replay resolved: null is on for a MoE model
     pack_routes(rows, width, k)  a batch's [B, width, moe_layers, k]; positions without a route
-                                 (the last token, padding) get the filler experts 0..k-1
+                                 (the last token, padding) hold placeholders 0..k-1
+    filler_experts(tokens, k, E) the experts the trainer gives positions without a route: spread
+    replay_routes(...)           a micro-batch's routes as its routers take them, host side
     sglang_routes(...)           meta_info["routed_experts"] of an SGLang answer as a tensor
     RouteRecorder                forward hooks on a transformers Qwen3-MoE's routers (embedded engine)
 """
@@ -69,13 +71,46 @@ def id_dtype(num_experts: int) -> torch.dtype:
 
 def pack_routes(rows: list[torch.Tensor], width: int, k: int) -> torch.Tensor:
     """[B, width, L, k] from each sequence's routes [n_b, L, k] (n_b <= width), at their sequence
-    positions. Positions without a route get experts 0..k-1: the sequence's last token and the
-    right padding, whose outputs no kept position reads (causal attention)."""
+    positions. Positions without a route (the sequence's last token and the right padding, whose
+    outputs no kept position reads: causal attention) hold the placeholders 0..k-1; the routers
+    never take them (replay_routes gives those positions filler_experts)."""
     layers, dtype = rows[0].shape[1], rows[0].dtype
     out = torch.arange(k, dtype=dtype).expand(len(rows), width, layers, k).clone()
     for b, r in enumerate(rows):
         out[b, : r.shape[0]] = r[:width]
     return out
+
+
+def filler_experts(tokens: int, k: int, num_experts: int) -> torch.Tensor:
+    """int64 [tokens, k]: the experts of a micro-batch's positions without a route, numbered c = 0,
+    1, ... in the order the router sees them: experts (c * k + j) mod E, j < k. A token's k experts
+    are distinct (k <= E) and consecutive ones take consecutive blocks, so the padding spreads
+    evenly over the experts, and so over the EP ranks, which hold contiguous blocks of E / EP
+    experts (megatron-core 0.19.2 transformer/moe/moe_layer.py ~187-195, local_expert_indices).
+    Experts 0..k-1 for every such position sent all of it to the first EP rank."""
+    c = torch.arange(tokens).unsqueeze(1)
+    return (c * k + torch.arange(k)) % num_experts
+
+
+def replay_routes(routes: torch.Tensor, seq_lens: torch.Tensor, width: int, num_experts: int, *,
+                  part: tuple[int, int] | None = None) -> torch.Tensor:
+    """[L, T, k] contiguous, routes' dtype: a micro-batch's routes [b, R, L, k] (R <= width) as its
+    routers take them, layer by layer, in megatron's token order (a MoE layer routes its hidden
+    states [S, b, h] flattened sequence-major: token s * b + i). Positions without a route (s >=
+    seq_len - 1: the last token and the padding up to `width`) get filler_experts, numbered in that
+    order: a function of the micro-batch alone, so a forward and its recomputation route alike.
+    `part` = (start, length): only those sequence positions (this TP rank's under sequence
+    parallelism), T = length * b; else T = width * b. Host-side work, so that the device gets one
+    copy."""
+    b, R, L, k = routes.shape
+    assert R <= width, (R, width)
+    seq = torch.zeros(width, b, L, k, dtype=routes.dtype)
+    seq[:R] = routes.transpose(0, 1)
+    unrouted = torch.arange(width).unsqueeze(1) >= (seq_lens - 1).unsqueeze(0)  # [S, b]
+    seq[unrouted] = filler_experts(int(unrouted.sum()), k, num_experts).to(routes.dtype).unsqueeze(1)
+    if part is not None:
+        seq = seq[part[0]: part[0] + part[1]]
+    return seq.permute(2, 0, 1, 3).reshape(L, -1, k).contiguous()
 
 
 def routed_positions(prompt_lens: torch.Tensor, response_lens: torch.Tensor, width: int) -> torch.Tensor:
@@ -129,4 +164,5 @@ class RouteRecorder:
         return out.view(batch, tokens, *out.shape[1:])
 
 
-__all__ = ["RouteRecorder", "id_dtype", "moe_layers", "pack_routes", "replays", "route_shape", "routed_positions", "sglang_routes"]
+__all__ = ["RouteRecorder", "filler_experts", "id_dtype", "moe_layers", "pack_routes", "replay_routes", "replays",
+           "route_shape", "routed_positions", "sglang_routes"]

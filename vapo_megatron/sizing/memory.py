@@ -228,7 +228,7 @@ def activation_bytes(hf_cfg: dict, **kwargs) -> int:
     return sum(activation_parts(hf_cfg, **kwargs).values())
 
 
-ROUTES_DEVICE_ITEM = "routing replay ids [T/s, k], one MoE layer"
+ROUTES_DEVICE_ITEM = "routing replay ids [L, T/s, k], this stage"
 
 
 def route_parts(cfg: Config, hf_cfg: dict, *, dp: int, inflight_microbatches: int) -> dict[str, int]:
@@ -236,11 +236,12 @@ def route_parts(cfg: Config, hf_cfg: dict, *, dp: int, inflight_microbatches: in
     sequence at data.max_prompt_tokens + rollout.max_new_tokens):
       host    the step's routes [tokens, moe_layers, k] in the smallest id dtype, held twice (the
               rollout's outputs, on every rank of the replica after its all-gather, and the packed
-              batch), for every generation round of dynamic sampling; and the int64 ids [T/s, k] of
-              each MoE layer of the stage that the trainer hands the routers, for one micro-batch, or
-              for every in-flight one when recomputation queues them for the backward
-      device  one MoE layer's ids [T/s, k] as int64 and their float32 weights while it routes
-              (ROUTES_DEVICE_ITEM; s = TP with sequence parallelism), counted in the training reserve"""
+              batch), for every generation round of dynamic sampling; and a micro-batch's routes of
+              the stage's MoE layers [L, T/s, k], pinned for the copy to the GPU
+      device  that copy, the int64 ids [L, T/s, k] made from it (the routers' indices: one
+              micro-batch's, or every in-flight one's when recomputation queues them for the
+              backward) and one layer's float32 weights [T/s, k] while it routes (ROUTES_DEVICE_ITEM;
+              s = TP with sequence parallelism; mcore/routing_replay.py), in the training reserve"""
     from vapo_megatron.rollout.routes import id_dtype, replays, route_shape
 
     shape = route_shape(hf_cfg)
@@ -251,13 +252,14 @@ def route_parts(cfg: Config, hf_cfg: dict, *, dp: int, inflight_microbatches: in
     rounds = r.max_sampling_rounds if r.dynamic_sampling else 1
     sequences = rounds * r.prompts_per_step * r.n_samples // max(dp, 1)
     tokens = cfg.data.max_prompt_tokens + r.max_new_tokens
-    step = 2 * sequences * tokens * layers * k * id_dtype(experts).itemsize
+    width = id_dtype(experts).itemsize
+    step = 2 * sequences * tokens * layers * k * width
     local = cfg.trainer.micro_batch_tokens // (p.tp if p.sequence_parallel and p.tp > 1 else 1)
     queued = inflight_microbatches if cfg.model.recompute_activations else 1
-    ids = queued * -(-layers // p.pp) * local * k * 8
+    stage = -(-layers // p.pp) * local * k  # ids of one micro-batch, the stage's MoE layers
     return {f"host: the step's routes ({sequences:,} sequences x {tokens:,} tokens x {layers} MoE layers x {k})": step,
-            "host: replayed int64 ids of the stage's MoE layers" + (" (in-flight micro-batches)" if queued > 1 else ""): ids,
-            ROUTES_DEVICE_ITEM: local * k * 12}
+            "host: a micro-batch's routes, pinned for the copy": stage * width,
+            ROUTES_DEVICE_ITEM: stage * width + queued * stage * 8 + local * k * 4}
 
 
 def kv_bytes_per_token(hf_cfg: dict, *, sglang_tp: int, dtype_bytes: int = 2) -> int:

@@ -1,7 +1,8 @@
 """The arithmetic of TE's and Apex's multi_tensor_adam kernel, in plain torch (test double).
 
 Both libraries' FusedAdam hand their kernel (TE: transformer_engine/common/multi_tensor/adam.cu,
-Apex: csrc/multi_tensor_adam.cu) one step count per parameter GROUP, and compute in float32:
+lines 125-142 at d0067d0; Apex: csrc/multi_tensor_adam.cu, lines 78-95 at 6424da3) one step count
+per parameter GROUP, and compute in float32:
 
     mode 0 (L2):     g += wd * p
     m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g^2

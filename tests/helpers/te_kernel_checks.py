@@ -88,6 +88,45 @@ def check_fused_adam():
     assert ours.state[p]["exp_avg"].dtype == torch.float32 and not ours.state[idle]["exp_avg"].any()
 
 
+def check_fused_adam_counts_an_empty_group():
+    """optimizers/fused_adam.py step, lines 560-586 (release_v2.19 and main, TE PR #3318): every
+    group's step count advances, an empty one's too, before the empty group is skipped; so a group
+    empty on one DP rank keeps the count of the ranks where it is not."""
+    from transformer_engine.pytorch.optimizers import FusedAdam
+
+    p = torch.nn.Parameter(rand(3, seed=32))
+    ours = FusedAdam([{"params": [p]}, {"params": []}], lr=0.01)
+    for step in range(3):
+        p.grad = rand(3, seed=33 + step)
+        ours.step()
+    assert [g["step"] for g in ours.param_groups] == [3, 3]
+
+
+def check_fused_adam_zero_grad():
+    """optimizers/fused_adam.py zero_grad, lines 231-262: set_to_none defaults to True; False is
+    torch's zeroing; the deprecated set_grad_none of the constructor (222-229: a DeprecationWarning)
+    decides instead, and a zero_grad that contradicts it raises ValueError."""
+    import warnings
+
+    from transformer_engine.pytorch.optimizers import FusedAdam
+
+    p = torch.nn.Parameter(rand(3, seed=34))
+    opt = FusedAdam([p])
+    p.grad = torch.ones(3)
+    opt.zero_grad(set_to_none=False)
+    assert torch.equal(p.grad, torch.zeros(3))
+    opt.zero_grad()
+    assert p.grad is None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kept = FusedAdam([p], set_grad_none=False)
+    assert any(issubclass(w.category, DeprecationWarning) for w in caught)
+    p.grad = torch.ones(3)
+    kept.zero_grad()
+    assert torch.equal(p.grad, torch.zeros(3))
+    _raises(ValueError, lambda: kept.zero_grad(set_to_none=True), "zero_grad against set_grad_none")
+
+
 def check_general_gemm():
     """cpp_extensions/gemm.py general_gemm (megatron's te_general_gemm for the MoE router):
     D = op(B) @ op(A) for layouts TN, NN, NT, float32 accumulation into out_dtype, bias added."""

@@ -14,6 +14,7 @@ import traceback
 import pytest
 import torch
 
+from tests.helpers.apex_adam_checks import CHECKS as ADAM_CHECKS
 from tests.helpers.worlds import drive_in_world
 
 CHECKS = {}
@@ -334,6 +335,9 @@ def megatron_linear_accumulates_its_weight_gradient_through_apex():
     torch.testing.assert_close(acc.float(), (want - start.double()).float(), rtol=2e-2, atol=5e-2)
     raises(wgrad.wgrad_gemm_accum_fp16, x.detach().bfloat16(), dy.bfloat16(), torch.zeros(6, 8), match="expected scalar type")
     raises(wgrad.wgrad_gemm_accum_fp32, x.detach(), dy.bfloat16(), torch.zeros(6, 8), match="expected scalar type")
+
+
+CHECKS.update(ADAM_CHECKS)  # FusedAdam's, one behaviour each (tests/helpers/apex_adam_checks.py)
 
 
 def run_checks(names: list[str]) -> dict[str, str]:

@@ -1,19 +1,31 @@
-"""Test double of transformer_engine.pytorch.optimizers.FusedAdam (TE 2.20.2,
-transformer_engine/pytorch/optimizers/fused_adam.py), pure torch.
+"""Test double of transformer_engine.pytorch.optimizers.FusedAdam, pure torch. Source: NVIDIA/
+TransformerEngine transformer_engine/pytorch/optimizers/fused_adam.py, the same file in release_v2.19
+and main (2.20.0.dev0, d0067d0); line numbers are main's.
 
 What megatron-core and this project depend on, as TE has it:
-- the step count lives in the param GROUP (`group["step"]`, an int set to 1 at the first step and
-  incremented after; fused_adam.py `step`, "assume same step across group now"); per-parameter
-  state holds only `exp_avg` and `exp_avg_sq` (and `master_param` with master_weights);
-- at a step, a parameter with empty state gets zero moments BEFORE the check for a missing
-  gradient (so every parameter of a stepped group has state), float32 by default;
-- `state_dict()` returns the moments unscaled in float32; `load_state_dict` sets them again
-  (with float32 moments: a plain copy);
-- AMSGrad is refused; capturable mode, FP8 and non-float32 state dtypes are not modelled here and
-  refused, so a path that would need them fails loudly instead of passing untested.
+- __init__ (lines 112-230): AMSGrad refused; the state dtypes checked; `set_grad_none` deprecated
+  (a DeprecationWarning, then zero_grad must agree with it);
+- zero_grad (231-262): set_to_none defaults to True (or to set_grad_none); True sets every grad to
+  None, False is torch's zero_grad;
+- step (546-): for EVERY group, the step count (`group["step"]`, an int, 1 at the first step) is
+  advanced first, and only then an empty group skipped (560-586, TE PR #3318: "a param group can be
+  empty on some data-parallel ranks and populated on others"; counting only populated groups
+  desynchronized the step across the ranks that share an optimizer state shard); then per
+  parameter, state created when empty (629-630) BEFORE the check for a missing gradient (637-638),
+  so every parameter of a stepped group has state; per-parameter state holds only `exp_avg` and
+  `exp_avg_sq` (initialize_state, 452-460), float32 by default;
+- state_dict (478-509) returns the moments unscaled in float32; load_state_dict (511-544) sets
+  them again after torch's load, which casts them to the parameter's dtype (a plain float32 copy
+  with float32 moments);
+- the kernel's arithmetic: tests/doubles/fused_adam_math.py.
+Capturable mode, master weights, decoupled gradients, FP8 and non-float32 state dtypes are not
+modelled and refused (NotImplementedError), so a path that would need them fails loudly instead
+of passing untested.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -38,14 +50,31 @@ class FusedAdam(torch.optim.Optimizer):
         self.adam_w_mode = 1 if adam_w_mode else 0
         self.capturable = capturable
         self.master_weights = master_weights
+        self.use_decoupled_grad = use_decoupled_grad
         self.store_param_remainders = store_param_remainders and master_weights
+        self.set_grad_none = set_grad_none  # lines 222-229
+        if self.set_grad_none is not None:
+            warnings.warn("set_grad_none kwarg in FusedAdam constructor is deprecated. "
+                          "Use set_to_none kwarg in zero_grad instead.", DeprecationWarning)
 
     def initialize_state(self, param, store_param_remainders=False):
         self.state[param]["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
         self.state[param]["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
 
     def zero_grad(self, set_to_none=None):
-        super().zero_grad(set_to_none=True if set_to_none is None else set_to_none)
+        if self.set_grad_none is not None:
+            if set_to_none is not None and set_to_none != self.set_grad_none:
+                raise ValueError(f"Called zero_grad with set_to_none={set_to_none}, "
+                                 f"but FusedAdam was initialized with set_grad_none={self.set_grad_none}")
+            set_to_none = self.set_grad_none
+        if set_to_none is None:
+            set_to_none = True
+        if not set_to_none:  # use_decoupled_grad is refused above
+            super().zero_grad(set_to_none=set_to_none)
+            return
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
 
     def state_dict(self):
         sd = super().state_dict()
@@ -67,9 +96,10 @@ class FusedAdam(torch.optim.Optimizer):
     def step(self, closure=None, grad_scaler=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            if len(group["params"]) == 0:
-                continue  # TE does not count steps for an empty group (megatron aligns them)
+            # Lines 560-586: the count first, for every group, then an empty group is skipped.
             group["step"] = group["step"] + 1 if "step" in group else 1
+            if len(group["params"]) == 0:
+                continue
             beta1, beta2 = group["betas"]
             for p in group["params"]:
                 state = self.state[p]

@@ -62,3 +62,20 @@ def test_decision_needs_gpu_te_and_apex():
         for te in (False, True):
             for apex in (False, True):
                 assert wgrad_fusion(on_gpu=on_gpu, te=te, apex=apex) == (on_gpu and te and apex)
+
+
+def test_the_te_and_apex_world_fuses_on_the_cpu_and_no_other_does(monkeypatch):
+    """Issue 55 item 6: the tests' world with TE and Apex (an NGC image's) builds its models with
+    gradient_accumulation_fusion as a GPU node with both does (mcore/models.py WGRAD_FUSION_ON_CPU,
+    set by worlds.world_env), so tests/distributed/test_te_world.py trains, resumes and syncs with
+    TE's fused accumulation into main_grad; a model built on the CPU on purpose (on_gpu=False:
+    vapo-convert, vapo-plan) never fuses, and the commands never set the switch."""
+    from tests.helpers.worlds import WORLDS, world_env
+    from vapo_megatron.mcore import models
+
+    monkeypatch.delenv(models.WGRAD_FUSION_ON_CPU, raising=False)
+    assert not models.wgrad_fusion_hardware(None) and models.wgrad_fusion_hardware(True)
+    for value, on in (("1", True), ("0", False)):
+        monkeypatch.setenv(models.WGRAD_FUSION_ON_CPU, value)
+        assert models.wgrad_fusion_hardware(None) is on and not models.wgrad_fusion_hardware(False)
+    assert [w for w in WORLDS if world_env(w).get(models.WGRAD_FUSION_ON_CPU) == "1"] == ["te_apex"]

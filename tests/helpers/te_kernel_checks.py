@@ -9,7 +9,7 @@ import contextlib
 
 import torch
 
-from tests.helpers.te_double_checks import close_to, rand
+from tests.helpers.te_double_checks import B, H, S, close_to, rand
 
 
 def _raises(exc, fn, what: str) -> None:
@@ -127,6 +127,77 @@ def check_fused_adam_zero_grad():
     _raises(ValueError, lambda: kept.zero_grad(set_to_none=True), "zero_grad against set_grad_none")
 
 
+def check_wgrad_fusion():
+    """fuse_wgrad_accumulation in Linear, LayerNormLinear and GroupedLinear (module/linear.py
+    _linear_backward lines 1226-1266, 1354-1376; layernorm_linear.py 1012-1040, 1169-1183;
+    grouped_linear.py 1152-1157, 1203-1246): the weight gradient dy^T x is ADDED to the weight's
+    main_grad (written over it for the first micro-batch, or with overwrite_main_grad); a weight
+    with megatron DDP's `grad_added_to_main_grad` gets it set and a dummy gradient (zeros with
+    `zero_out_wgrad`), one without gets None; biases and norm weights get their gradients as
+    usual. Unfused, the weight gets its gradient and main_grad is left alone. Reference: the
+    gradient autograd computes for F.linear."""
+    import torch.nn.functional as F
+    import transformer_engine.pytorch as te
+
+    x, dy = rand(S, B, H, seed=80), rand(S, B, 6, seed=81)
+
+    def reference(layer, weight="weight", norm=False):
+        w = getattr(layer, weight).detach().clone().requires_grad_()
+        inp = x
+        if norm:
+            inp = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + layer.eps) * layer.layer_norm_weight.detach()
+        F.linear(inp, w).backward(dy)
+        return w.grad
+
+    def run(layer, *, first, ddp=True, zero=False, overwrite=False, weight="weight", **fwd):
+        p = getattr(layer, weight)
+        start = rand(*p.shape, seed=82)
+        p.main_grad, p.grad = start.clone(), None
+        if ddp:
+            p.grad_added_to_main_grad = False
+        if zero:
+            p.zero_out_wgrad = True
+        if overwrite:
+            p.overwrite_main_grad = True
+        layer(x, is_first_microbatch=first, **fwd).backward(dy)
+        return start, p
+
+    for make, norm in ((lambda: te.Linear(H, 6, bias=True, device="cpu", fuse_wgrad_accumulation=True), False),
+                       (lambda: te.LayerNormLinear(H, 6, bias=False, normalization="RMSNorm", device="cpu",
+                                                   fuse_wgrad_accumulation=True), True)):
+        layer = make()
+        want = reference(layer, norm=norm)
+        start, p = run(layer, first=False)
+        close_to(p.main_grad, start + want, "accumulated into main_grad")
+        assert p.grad_added_to_main_grad and p.grad is not None and p.grad.shape == p.shape  # TE's dummy
+        if norm:
+            assert layer.layer_norm_weight.grad is not None and layer.layer_norm_weight.grad.abs().sum() > 0
+        else:
+            close_to(layer.bias.grad, dy.reshape(-1, 6).sum(0), "bias gradient")
+        _, p = run(layer, first=True)
+        close_to(p.main_grad, want, "written over main_grad at the first micro-batch")
+        _, p = run(layer, first=False, zero=True)
+        assert torch.equal(p.grad, torch.zeros_like(p))  # zero_out_wgrad: a zeroed dummy
+        _, p = run(make(), first=None, ddp=False)
+        assert p.grad is None and not hasattr(p, "grad_added_to_main_grad")  # no megatron DDP: None
+    overwrite = te.Linear(H, 6, bias=False, device="cpu", fuse_wgrad_accumulation=True)
+    _, p = run(overwrite, first=False, overwrite=True)
+    close_to(p.main_grad, reference(overwrite), "overwrite_main_grad")
+    unfused = te.Linear(H, 6, bias=False, device="cpu")
+    start, p = run(unfused, first=False)
+    assert torch.equal(p.main_grad, start)
+    close_to(p.grad, reference(unfused), "unfused weight gradient")
+    grouped = te.GroupedLinear(2, H, 6, bias=False, device="cpu", fuse_wgrad_accumulation=True)
+    rows = x.reshape(-1, H)
+    starts = [rand(6, H, seed=83 + i) for i in range(2)]
+    for i in range(2):
+        w = getattr(grouped, f"weight{i}")
+        w.main_grad, w.grad_added_to_main_grad = starts[i].clone(), False
+    grouped(rows, [S * B, 0], is_first_microbatch=False).backward(dy.reshape(-1, 6))
+    close_to(grouped.weight0.main_grad, starts[0] + dy.reshape(-1, 6).T @ rows, "expert 0 accumulated")
+    assert torch.equal(grouped.weight1.main_grad, starts[1]) and grouped.weight1.grad_added_to_main_grad  # no tokens
+
+
 def check_general_gemm():
     """cpp_extensions/gemm.py general_gemm (megatron's te_general_gemm for the MoE router):
     D = op(B) @ op(A) for layouts TN, NN, NT, float32 accumulation into out_dtype, bias added."""
@@ -169,7 +240,6 @@ def check_unmodelled():
         assert not FP8GlobalStateManager.is_fp8_enabled()
     for fn in (lambda: contextlib.ExitStack().enter_context(te.fp8_autocast(enabled=True)), recipe.DelayedScaling,
                lambda: permutation.moe_permute(None, None), lambda: te.Linear(4, 4, device="cpu", ub_overlap_ag=True),
-               lambda: te.Linear(4, 4, device="cpu", fuse_wgrad_accumulation=True),
                lambda: te.get_cpu_offload_context(True)):
         _raises(NotImplementedError, fn, "an unmodelled path")
     ctx, sync = te.get_cpu_offload_context(False)  # cpu_offload.py ~815: a null context, identity

@@ -1,13 +1,19 @@
-"""The TE world's acceptance runs (tests/distributed/test_te_world.py), driven from ONE TE-world
-interpreter (worlds.drive_in_world): every trainer run, conversion, load, eval and plan forks its
-ranks from that interpreter's forkserver, so the world's start-up is paid once.
+"""The TE world's acceptance runs (tests/distributed/test_te_world.py), driven from ONE interpreter of
+the world with Transformer Engine and Apex (worlds.drive_in_world("te_apex"), as NGC images have
+both): every trainer run, conversion, load, eval and plan forks its ranks from that interpreter's
+forkserver, so the world's start-up is paid once. Its models accumulate weight gradients into
+main_grad (gradient_accumulation_fusion, TE's fuse_wgrad_accumulation), as a GPU node with TE and
+Apex does; `unfused` runs turn that off (mcore/models.py WGRAD_FUSION_ON_CPU="0": what a node with
+TE and no Apex runs).
 
 Each stage's outcome is recorded on its own ({"error": traceback} when it failed), so that a stage
 that fails (the resume, before the Adam-state fix of issue 43) does not hide the others."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import time
 import traceback
@@ -17,8 +23,12 @@ import torch
 
 from tests.helpers.train_runs import checkpoint_tensors, hf_weights, records, small_run_overrides, train_in_forks
 
-DENSE = ["parallel.tp=2", "parallel.sequence_parallel=true"]  # TE's TP and SP communication
-MOE = ["parallel.tp=1", "parallel.ep=2", "model.moe_aux_loss_coeff=0.01"]  # grouped-GEMM experts over EP
+# Micro-batches of at most 40 tokens (one full sequence: data.max_prompt_tokens + rollout.max_new_tokens):
+# a mini-batch of 4 demo sequences takes several, so the fused wgrad GEMM both writes main_grad (the
+# first micro-batch) and adds to it (the others).
+MICRO = "trainer.micro_batch_tokens=40"
+DENSE = ["parallel.tp=2", "parallel.sequence_parallel=true", MICRO]  # TE's TP and SP communication
+MOE = ["parallel.tp=1", "parallel.ep=2", "model.moe_aux_loss_coeff=0.01", MICRO]  # grouped-GEMM experts over EP
 SAVE_BOTH = ["trainer.save_every=1", "trainer.export_hf=true"]  # iterations 1 and 2 saved, the final HF export
 
 
@@ -56,32 +66,61 @@ def object_keys(ckpt: Path) -> list[str]:
     return sorted(k for k, m in meta.items() if isinstance(m, BytesStorageMetadata))
 
 
+FUSED_LINE = "[vapo] gradient_accumulation_fusion=True"  # mcore/models.py announces the fusion
+
+
+@contextlib.contextmanager
+def fusion(on: bool):
+    """Ranks forked meanwhile (dist_utils.run_ranks passes this environment on) build their models
+    with gradient_accumulation_fusion on or off."""
+    from vapo_megatron.mcore.models import WGRAD_FUSION_ON_CPU
+
+    before = os.environ.get(WGRAD_FUSION_ON_CPU)
+    os.environ[WGRAD_FUSION_ON_CPU] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[WGRAD_FUSION_ON_CPU]
+        else:
+            os.environ[WGRAD_FUSION_ON_CPU] = before
+
+
 def train(model: Path, data: Path, run_dir: Path, layout: list[str]) -> dict:
-    """Two VAPO steps; the engine's and the trainer's log-probs of every rollout (rollout/logprob_diff)
-    agree only if the weights synced into the engine are the trainer's."""
-    run = train_in_forks("demo_cpu.yaml", *small_run_overrides(data, run_dir), f"model.hf_path={model}", *layout,
-                         *SAVE_BOTH)
+    """Two VAPO steps, wgrad fusion on; the engine's and the trainer's log-probs of every rollout
+    (rollout/logprob_diff) agree only if the weights synced into the engine are the trainer's."""
+    with fusion(True):
+        run = train_in_forks("demo_cpu.yaml", *small_run_overrides(data, run_dir), f"model.hf_path={model}", *layout,
+                             *SAVE_BOTH)
     vapo = [r for r in records(run_dir) if r["phase"] == "vapo"]
     return {"vapo": [{k: r[k] for k in ("rollout/logprob_diff", "actor/pg_loss", "critic/value_loss", "actor/grad_norm")}
-                     for r in vapo],
+                     for r in vapo], "fused": FUSED_LINE in run.stdout,
             "extra_state": object_keys(run_dir / "checkpoints" / "iter_0000002" / "actor"), "tail": run.stdout[-2000:]}
 
 
-def resume(model: Path, data: Path, full: Path, run_dir: Path, layout: list[str]) -> dict:
-    """The full run as it was after iteration 1, resumed: iteration 2's checkpoints (weights and
-    Adam moments of actor and critic) against the uninterrupted run's, tensor by tensor."""
+def resume(model: Path, data: Path, full: Path, run_dir: Path, layout: list[str], fused: bool = True) -> dict:
+    """The full run as it was after iteration 1, resumed (wgrad fusion on, or off: `fused`):
+    iteration 2's checkpoints (weights and Adam moments of actor and critic) against the
+    uninterrupted run's, tensor by tensor: the names of those not bitwise equal, and the largest
+    difference of each relative to the largest magnitude of its tensor."""
     shutil.copytree(full, run_dir)
     shutil.rmtree(run_dir / "checkpoints" / "iter_0000002")
     (run_dir / "checkpoints" / "latest").write_text("iter_0000001\n")
-    run = train_in_forks("demo_cpu.yaml", *small_run_overrides(data, run_dir), f"model.hf_path={model}", *layout,
-                         *SAVE_BOTH)
-    out = {"resumed": "resumed from" in run.stdout + run.stderr, "differ": [], "moments": 0}
+    with fusion(fused):
+        run = train_in_forks("demo_cpu.yaml", *small_run_overrides(data, run_dir), f"model.hf_path={model}", *layout,
+                             *SAVE_BOTH)
+    out = {"resumed": "resumed from" in run.stdout + run.stderr, "fused": FUSED_LINE in run.stdout, "differ": [],
+           "relative": {}, "moments": 0}
     for role in ("actor", "critic"):
         want = checkpoint_tensors(full / "checkpoints" / "iter_0000002" / role)
         have = checkpoint_tensors(run_dir / "checkpoints" / "iter_0000002" / role)
         out["moments"] += sum("exp_avg" in k for k in want)
-        out["differ"] += [f"{role} {k}" for k in sorted(want.keys() | have.keys())
-                          if k not in want or k not in have or not torch.equal(want[k], have[k])]
+        for k in sorted(want.keys() | have.keys()):
+            if k not in want or k not in have or not torch.equal(want[k], have[k]):
+                out["differ"].append(f"{role} {k}")
+                if k in want and k in have and want[k].shape == have[k].shape:
+                    scale = want[k].double().abs().max().clamp(min=1e-30)
+                    out["relative"][f"{role} {k}"] = float((want[k].double() - have[k].double()).abs().max() / scale)
     return out
 
 
@@ -182,6 +221,9 @@ def drive(work: str, local_ckpts: dict) -> dict:
     stage(out, "moe_train", train, moe, data, w / "moe", MOE)
     stage(out, "dense_resume", resume, data / "model", data, w / "dense", w / "dense-resumed", DENSE)
     stage(out, "moe_resume", resume, moe, data, w / "moe", w / "moe-resumed", MOE)
+    # The unfused reference: iteration 2 again from the fused run's iteration 1, without the fusion.
+    stage(out, "dense_unfused", resume, data / "model", data, w / "dense", w / "dense-unfused", DENSE, False)
+    stage(out, "moe_unfused", resume, moe, data, w / "moe", w / "moe-unfused", MOE, False)
     stage(out, "dense_convert", conversions, "dense", data / "model", w, w / "dense", 2, 1,
           {"local_converted": local_ckpts["dense"]})
     stage(out, "moe_convert", conversions, "moe", moe, w, w / "moe", 1, 1, {"local_converted": local_ckpts["moe"]})

@@ -40,16 +40,19 @@ def world_path(world: str) -> list[str]:
 def world_env(world: str, base: dict | None = None) -> dict[str, str]:
     """`base` (default os.environ) with the world's stand-ins and the repository first on PYTHONPATH;
     in a world with Transformer Engine, models built where the hardware decides get TE's layer spec
-    on the CPU too (mcore/models.py te_spec), or TE's modules would never run."""
-    from vapo_megatron.mcore.models import TE_SPEC_ON_CPU
+    on the CPU too (mcore/models.py te_spec), or TE's modules would never run; in the world with TE
+    AND Apex, also gradient_accumulation_fusion, as on a GPU node with both (models.py
+    wgrad_fusion_hardware: TE's linears accumulate their weight gradients into main_grad)."""
+    from vapo_megatron.mcore.models import TE_SPEC_ON_CPU, WGRAD_FUSION_ON_CPU
 
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join([*world_path(world), str(ROOT)])
     env.setdefault("OMP_NUM_THREADS", "1")
-    if "te" in WORLDS[world]:
-        env[TE_SPEC_ON_CPU] = "1"
-    else:
-        env.pop(TE_SPEC_ON_CPU, None)
+    for switch, on in ((TE_SPEC_ON_CPU, "te" in WORLDS[world]), (WGRAD_FUSION_ON_CPU, world == "te_apex")):
+        if on:
+            env[switch] = "1"
+        else:
+            env.pop(switch, None)
     return env
 
 

@@ -17,7 +17,7 @@ from tests.helpers.worlds import run_in_world
 
 CHECKS = ["package", "linear_parameters", "linear_tp_math", "layernorm_linear", "norms", "attention", "grouped_linear",
           "extra_state", "multi_tensor", "fused_sgd", "fused_adam", "fused_adam_counts_an_empty_group",
-          "fused_adam_zero_grad", "general_gemm", "rope", "unmodelled",
+          "fused_adam_zero_grad", "wgrad_fusion", "general_gemm", "rope", "unmodelled",
           "megatron_state_dicts", "bf16_models"]
 
 

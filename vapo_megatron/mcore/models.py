@@ -123,6 +123,21 @@ def apex_wgrad_available() -> bool:
     return True
 
 
+# The tests' TE-and-Apex world only (tests/helpers/worlds.py; never set by the commands):
+# gradient_accumulation_fusion on the CPU where a GPU node would have it, TE's linears and Apex's
+# fused_weight_gradient_mlp_cuda being the suite's stand-ins there (tests/doubles), so that the
+# accumulation into main_grad every node with TE and Apex runs is exercised; "0" or unset: off.
+WGRAD_FUSION_ON_CPU = "VAPO_WGRAD_FUSION_ON_CPU"
+
+
+def wgrad_fusion_hardware(on_gpu: bool | None) -> bool:
+    """wgrad_fusion's hardware condition: a model built for the GPU, or, where the hardware decides
+    (on_gpu None) and there is none, the tests' switch VAPO_WGRAD_FUSION_ON_CPU=1."""
+    if on_gpu is None:
+        return torch.cuda.is_available() or os.environ.get(WGRAD_FUSION_ON_CPU) == "1"
+    return on_gpu
+
+
 def wgrad_fusion(*, on_gpu: bool, te: bool, apex: bool) -> bool:
     """TransformerConfig.gradient_accumulation_fusion: only on the GPU with Transformer Engine AND
     Apex's fused_weight_gradient_mlp_cuda. TE's linear layers fuse by themselves, but the config is
@@ -181,18 +196,20 @@ def transformer_config(hf_cfg: dict, *, params_dtype: torch.dtype, recompute: bo
     architecture = family_for(hf_cfg).architecture(hf_cfg)
     arch = architecture.transformer
     te = te_spec(on_gpu)
+    fusion_hardware = wgrad_fusion_hardware(on_gpu)
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
     tp, pp, vpp = parallel.tp_size(), parallel.pp_size(), parallel.vp_size()
-    apex = on_gpu and apex_wgrad_available()
-    fusion = wgrad_fusion(on_gpu=on_gpu, te=te, apex=apex)
+    apex = fusion_hardware and apex_wgrad_available()
+    fusion = wgrad_fusion(on_gpu=fusion_hardware, te=te, apex=apex)
     softmax = softmax_fusion(on_gpu=on_gpu, apex_softmax=on_gpu and apex_softmax_available())
     compiler = host_compiler() if on_gpu else None
     compiled = compiled_fusions(on_gpu=on_gpu, compiler=compiler)
-    if on_gpu:
+    if on_gpu or fusion:
         if line := broken_te_line(te):
             _announce_once(line)
         _announce_once(f"gradient_accumulation_fusion={fusion} (Transformer Engine {'imports' if te else 'absent'}, "
                        f"Apex fused_weight_gradient_mlp_cuda {'imports' if apex else 'absent'}; both needed)")
+    if on_gpu:
         _announce_once(f"masked_softmax_fusion={softmax} (Apex {'/'.join(SOFTMAX_EXTENSIONS)} "
                        f"{'import' if softmax else 'absent'})")
         if not compiled:
@@ -375,4 +392,5 @@ def build_chunks(hf_cfg: dict, *, params_dtype: torch.dtype, critic: bool, recom
 
 __all__ = ["apex_softmax_available", "apex_wgrad_available", "broken_te_line", "build_actor", "build_chunks", "build_critic",
            "compiled_fusions", "fresh_value_head", "host_compiler", "layer_spec", "padded_vocab_size", "softmax_fusion",
-           "te_available", "te_spec", "TE_SPEC_ON_CPU", "te_checkpoint_keys", "transformer_config", "wgrad_fusion"]
+           "te_available", "te_spec", "TE_SPEC_ON_CPU", "te_checkpoint_keys", "transformer_config", "wgrad_fusion",
+           "wgrad_fusion_hardware", "WGRAD_FUSION_ON_CPU"]

@@ -10,7 +10,9 @@ As TE has it:
 - forward(inp, m_splits): m_splits a list or tensor of num_gemms row counts (ValueError
   otherwise, ~2195); the rows of inp are split by it and row block i goes through GEMM i; no
   communication (megatron passes no TP group: its token dispatcher moves the tokens);
-- state_dict: weight0.., [bias0..], _extra_state (one for the module).
+- state_dict: weight0.., [bias0..], _extra_state (one for the module);
+- each GEMM's backward, fuse_wgrad_accumulation included (each weight{i}'s main_grad), as Linear's
+  (lines 1152-1157, 1203-1246: module/linear.py _Gemm here).
 Not modelled: single grouped weight/bias tensors, TP communication inside the module, FP8,
 delay_wgrad_compute, preallocated output buffers.
 """
@@ -20,11 +22,10 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from transformer_engine.pytorch.module.base import (TransformerEngineBaseModule, get_default_init_method,
                                                      init_method_constant, refuse_unmodelled)
-from transformer_engine.pytorch.module.linear import mark_tp, setup_tp
+from transformer_engine.pytorch.module.linear import gemm, mark_tp, setup_tp
 
 
 class GroupedLinear(TransformerEngineBaseModule):
@@ -39,8 +40,8 @@ class GroupedLinear(TransformerEngineBaseModule):
         super().__init__(name)
         if ub_overlap_rs or ub_overlap_ag:
             raise ValueError("GroupedLinear doesn't support Userbuffer overlap.")
-        refuse_unmodelled("GroupedLinear", fuse_wgrad_accumulation=fuse_wgrad_accumulation,
-                          delay_wgrad_compute=delay_wgrad_compute, single_grouped_weight=single_grouped_weight,
+        refuse_unmodelled("GroupedLinear", delay_wgrad_compute=delay_wgrad_compute,
+                          single_grouped_weight=single_grouped_weight,
                           single_grouped_bias=single_grouped_bias, use_grouped_tensor=bool(use_grouped_tensor))
         self.params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
@@ -90,7 +91,7 @@ class GroupedLinear(TransformerEngineBaseModule):
         inp = self.prepare_forward(inp)
         rows = inp.reshape(-1, self.in_features).split(m_splits.tolist())
         biases = [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
-        outs = [F.linear(x, getattr(self, f"weight{i}"), biases[i] if self.apply_bias else None)
+        outs = [gemm(self, x, getattr(self, f"weight{i}"), biases[i] if self.apply_bias else None, is_first_microbatch)
                 for i, x in enumerate(rows)]
         result = torch.cat(outs).view(*inp.shape[:-1], self.out_features)
         return (result, biases) if self.return_bias else result

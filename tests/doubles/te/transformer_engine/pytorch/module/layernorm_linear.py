@@ -10,6 +10,8 @@ As TE has it (besides what Linear does, module/linear.py here):
   reset_parameters marks layer_norm_weight/bias with `sequence_parallel` (~1650);
 - forward: the norm on this rank's tokens, then (column parallel) the sequence gathered under SP
   and the GEMM; the norm's output is not returned (return_layernorm_output is not modelled);
+- the GEMM's backward, fuse_wgrad_accumulation included, as Linear's (lines 1012-1040, 1169-1183:
+  module/linear.py _Gemm here); the norm's gradients are returned as usual;
 - state_dict: layer_norm_weight, [layer_norm_bias], weight, [bias], _extra_state.
 """
 
@@ -37,7 +39,6 @@ class LayerNormLinear(TransformerEngineBaseModule):
                  symmetric_ar_type=None, name: Optional[str] = None) -> None:
         super().__init__(name)
         refuse_unmodelled("LayerNormLinear", parameters_split=parameters_split is not None,
-                          fuse_wgrad_accumulation=fuse_wgrad_accumulation,
                           return_layernorm_output=return_layernorm_output, ub_overlap_ag=ub_overlap_ag,
                           ub_overlap_rs=ub_overlap_rs, ub_overlap_rs_dgrad=ub_overlap_rs_dgrad,
                           ub_bulk_wgrad=ub_bulk_wgrad, ub_bulk_dgrad=ub_bulk_dgrad,
@@ -83,7 +84,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
         inp = self.prepare_forward(inp)
         ln_out = normalize(inp, self.layer_norm_weight, self.layer_norm_bias, self.eps, self.zero_centered_gamma,
                            self.normalization)
-        out = parallel_gemm(self, ln_out, self.weight, self.bias)
+        out = parallel_gemm(self, ln_out, self.weight, self.bias, is_first_microbatch)
         return (out, self.bias) if self.return_bias else out
 
 

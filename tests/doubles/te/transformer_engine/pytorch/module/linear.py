@@ -13,13 +13,17 @@ As TE has it:
 - forward: column parallel gathers the sequence under SP (else all-reduces dgrad), row parallel
   reduces the partial products (reduce-scatter under SP) and adds its bias after the reduction;
   return_bias returns (out, bias) without adding it;
-- state_dict: weight, bias, _extra_state (base.py).
-Not modelled (NotImplementedError): parameters_split, fuse_wgrad_accumulation, userbuffers overlap,
-delay_wgrad_compute, symmetric all-reduce, FP8 outputs.
+- state_dict: weight, bias, _extra_state (base.py);
+- the GEMM's backward (_Gemm below, TE's _Linear): dgrad = dy W, the bias gradient summed over
+  tokens, wgrad = dy^T x; with fuse_wgrad_accumulation the wgrad goes into `weight.main_grad`
+  (megatron's gradient buffer) as TE's wgrad GEMM writes it (see _Gemm).
+Not modelled (NotImplementedError): parameters_split, userbuffers overlap, delay_wgrad_compute,
+symmetric all-reduce, FP8 outputs.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
@@ -27,7 +31,7 @@ import torch.nn.functional as F
 
 from transformer_engine.pytorch.comm import column_input, row_output
 from transformer_engine.pytorch.module.base import (TransformerEngineBaseModule, distributed_world_size,
-                                                     get_default_init_method, init_method_constant,
+                                                     get_default_init_method, get_dummy_wgrad, init_method_constant,
                                                      refuse_unmodelled, set_tensor_model_parallel_attributes)
 
 GEMM_PARALLEL_MODES = ("row", "column", None)
@@ -82,13 +86,73 @@ def mark_tp(module, weights: list[str], biases: list[str]) -> None:
                 set_tensor_model_parallel_attributes(getattr(module, b), True, 0, 1)
 
 
-def parallel_gemm(module, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+class _Gemm(torch.autograd.Function):
+    """out = x weight^T (+ bias), with the backward of TE's linear layers. Source: NVIDIA/
+    TransformerEngine transformer_engine/pytorch/module/linear.py (main d0067d0; release_v2.19 the
+    same lines): _linear_setup_ctx 747-757 (with fuse_wgrad_accumulation, a weak reference to the
+    weight and its `overwrite_main_grad`), _linear_backward 834-847 (main_grad read from the weight
+    at backward time), 1226-1266 (the wgrad GEMM dy^T x, "NT": into `out=main_grad` in main_grad's
+    dtype, accumulating unless it is the first micro-batch (is_first_microbatch True) or the weight
+    overwrites main_grad), 1354-1376 (for megatron's DDP, a weight with `grad_added_to_main_grad`
+    gets it set and a dummy wgrad is returned, zeroed with `zero_out_wgrad`; without the attribute,
+    None); layernorm_linear.py 1012-1040, 1169-1183 and grouped_linear.py 1152-1157, 1203-1246 do the
+    same per weight. Unfused, the wgrad (in the activation dtype) is returned, and megatron's DDP hook
+    adds it to main_grad. Both paths compute dy^T x with the same expression, so in float32 the fused
+    gradient is bitwise the unfused one (TE's kernel adds inside the GEMM: its rounding may differ)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, fuse: bool, is_first_microbatch):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        ctx.fuse = fuse and weight.requires_grad
+        ctx.is_first_microbatch = is_first_microbatch
+        if ctx.fuse:
+            ctx.origin_weight = weakref.ref(weight)
+            ctx.overwrites_main_grad = getattr(weight, "overwrite_main_grad", False)
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dy2d, x2d = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
+        dgrad = dy.matmul(weight) if ctx.needs_input_grad[0] else None
+        dbias = dy2d.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        wgrad = None
+        if ctx.needs_input_grad[1]:
+            if not ctx.fuse:
+                wgrad = dy2d.t().matmul(x2d)
+            else:
+                origin = ctx.origin_weight()
+                assert origin is not None, "weight was removed while fuse_wgrad_accumulation=True"
+                main_grad = origin.main_grad
+                accumulate = ctx.is_first_microbatch is None or not ctx.is_first_microbatch
+                product = dy2d.t().to(main_grad.dtype).matmul(x2d.to(main_grad.dtype))
+                with torch.no_grad():
+                    if accumulate and not ctx.overwrites_main_grad:
+                        main_grad.add_(product)
+                    else:
+                        main_grad.copy_(product)
+                if hasattr(origin, "grad_added_to_main_grad"):
+                    origin.grad_added_to_main_grad = True
+                    wgrad = get_dummy_wgrad(list(origin.shape), origin.dtype,
+                                            zero=getattr(origin, "zero_out_wgrad", False))
+        return dgrad, wgrad, dbias, None, None
+
+
+def gemm(module, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+         is_first_microbatch: Optional[bool]) -> torch.Tensor:
+    """x @ weight.T (+ bias) through _Gemm, with the module's fuse_wgrad_accumulation."""
+    return _Gemm.apply(x, weight, bias, module.fuse_wgrad_accumulation, is_first_microbatch)
+
+
+def parallel_gemm(module, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                  is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
     """x @ weight.T with TE's TP communication around it; the bias added unless return_bias."""
     apply_bias = module.apply_bias
     if module.parallel_mode == "column":
         x = column_input(x, module.tp_group, module.sequence_parallel)
     fused_bias = bias if apply_bias and module.parallel_mode != "row" else None
-    out = F.linear(x, weight, fused_bias)
+    out = gemm(module, x, weight, fused_bias, is_first_microbatch)
     if module.parallel_mode == "row":
         out = row_output(out, module.tp_group, module.sequence_parallel)
         if apply_bias:
@@ -106,8 +170,7 @@ class Linear(TransformerEngineBaseModule):
                  ub_name: Optional[str] = None, delay_wgrad_compute: bool = False, symmetric_ar_type=None,
                  save_original_input: bool = False, name: Optional[str] = None) -> None:
         super().__init__(name)
-        refuse_unmodelled("Linear", parameters_split=parameters_split is not None,
-                          fuse_wgrad_accumulation=fuse_wgrad_accumulation, ub_overlap_ag=ub_overlap_ag,
+        refuse_unmodelled("Linear", parameters_split=parameters_split is not None, ub_overlap_ag=ub_overlap_ag,
                           ub_overlap_rs=ub_overlap_rs, ub_overlap_rs_dgrad=ub_overlap_rs_dgrad,
                           ub_bulk_dgrad=ub_bulk_dgrad, ub_bulk_wgrad=ub_bulk_wgrad,
                           delay_wgrad_compute=delay_wgrad_compute, symmetric_ar_type=symmetric_ar_type is not None)
@@ -133,8 +196,8 @@ class Linear(TransformerEngineBaseModule):
                 fp8_grad: bool = False):
         refuse_unmodelled("Linear.forward", fp8_output=fp8_output, fp8_grad=fp8_grad)
         inp = self.prepare_forward(inp)
-        out = parallel_gemm(self, inp, self.weight, self.bias)
+        out = parallel_gemm(self, inp, self.weight, self.bias, is_first_microbatch)
         return (out, self.bias) if self.return_bias else out
 
 
-__all__ = ["Linear", "add_weight_and_bias", "divide", "mark_tp", "parallel_gemm", "setup_tp"]
+__all__ = ["Linear", "add_weight_and_bias", "divide", "gemm", "mark_tp", "parallel_gemm", "setup_tp"]

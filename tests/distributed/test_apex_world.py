@@ -2,7 +2,7 @@
 of tests/doubles/apex/ (Apex without Transformer Engine), do what the local world does.
 
 One fresh Apex-world interpreter does it all (tests/helpers/world_acceptance.py world_side), each
-item reported on its own: dense (the demo's Qwen2) and MoE (a tiny Qwen3-MoE at EP=2) each train
+item reported on its own: dense (the demo's Qwen2) and MoE (a tiny Qwen3-MoE, one rank: EP=1) each train
 two VAPO steps with the embedded engine, whose log-probs after every weight sync must equal the
 trainer's; a run stopped after one step and resumed ends bitwise equal to the uninterrupted one,
 weights and Adam moments (Apex's FusedAdam) of actor and critic, and no moment was wiped;

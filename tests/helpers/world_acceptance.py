@@ -33,7 +33,8 @@ from tests.helpers.dist_utils import run_ranks
 from tests.helpers.train_runs import (checkpoint_tensors, make_demo_data, records, small_run_overrides,
                                       train_in_forks)
 
-# The trainer runs: one rank each (the worlds differ in their libraries, not in collectives).
+# The trainer runs: one rank each, so the MoE at EP=1 (the worlds differ in their libraries, not in
+# collectives; expert parallelism runs in the local world and in the TE world at EP=2).
 DENSE_LAYOUT = ("parallel.tp=1",)
 MOE_LAYOUT = ("parallel.tp=1", "model.moe_aux_loss_coeff=0.01")
 REPO = Path(__file__).resolve().parents[2]

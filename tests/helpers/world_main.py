@@ -16,10 +16,15 @@ def check_world(world: str) -> None:
     from megatron.core.extensions.transformer_engine import HAVE_TE
     from megatron.core.transformer import transformer_block
 
+    from vapo_megatron.mcore.models import wgrad_fusion_hardware
+
     want_te = world in ("te", "te_apex")
     want_apex = world in ("apex", "te_apex")
     if bool(HAVE_TE) != want_te or bool(transformer_block.HAVE_APEX) != want_apex:
         raise SystemExit(f"world {world}: megatron-core sees HAVE_TE={HAVE_TE} HAVE_APEX={transformer_block.HAVE_APEX}")
+    fused = wgrad_fusion_hardware(None)  # worlds.world_env: the fusion where TE and Apex both import
+    if fused != (world == "te_apex"):
+        raise SystemExit(f"world {world}: gradient_accumulation_fusion's switch is {'on' if fused else 'off'}")
 
 
 def main(argv: list[str]) -> int:

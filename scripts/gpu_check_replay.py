@@ -1,9 +1,13 @@
 """gpu_check.py's routing_replay check (MoE presets): the embedded engine on the device, synced from
 the actor, samples with its routes; step 4's forward (mcore/update.py forward_only) with and without
-routing replay (mcore/routing_replay.py) against the engine's log-probs. Run through gpu_check.py."""
+routing replay (mcore/routing_replay.py) against the engine's log-probs. On a GPU it also counts the
+synchronizing CUDA calls of each forward (torch.cuda.set_sync_debug_mode): replay adds none, its
+routes reaching the GPU in one non-blocking copy (issue 55 item 3). Run through gpu_check.py."""
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from functools import partial
 from types import SimpleNamespace
 
@@ -43,19 +47,42 @@ def check_routing_replay(env: Env) -> None:
     replay = RouteReplay(env.actor, hf_cfg)
     model = SimpleNamespace(chunks=env.actor, replay=replay)
     fn = partial(logprob_outputs, temperature=1.0, vocab_size=hf_cfg["vocab_size"], chunk_tokens=1024)
-    got = {}
+    got, syncs = {}, {}
     for on in (True, False):
         replay.enabled = on
         replay.count()
-        out = forward_only(model, batch, fn, ("logp",), 10**6)
+        with synchronizing_calls(env.device) as calls:
+            out = forward_only(model, batch, fn, ("logp",), 10**6)
+        syncs[on] = len(calls)
         got[on] = (((out["logp"] - engine_logp).abs() * batch.mask).max().item(), mismatch_share(out["routing_mismatch"], batch))
     (with_replay, mismatch), (without, _) = got[True], got[False]
     atol = 1e-4 if env.dtype == torch.float32 else 5e-2  # model_logits' tolerance: bf16 kernels differ by ~1e-2
-    ok = with_replay <= without + 1e-6 and with_replay < 10 * atol
+    ok = with_replay <= without + 1e-6 and with_replay < 10 * atol and syncs[True] <= syncs[False]
+    counted = (f"; synchronizing CUDA calls in the forward: {syncs[True]} with replay, {syncs[False]} without"
+               if env.device.type == "cuda" else "")
     report(name, "PASS" if ok else "FAIL",
            f"embedded engine {str(env.dtype).removeprefix('torch.')} on {env.device.type}, {int(batch.mask.sum())} "
            f"response tokens: moe/routing_mismatch {mismatch:.3f}; max |engine - trainer log-prob| with replay "
-           f"{with_replay:.3g}, without {without:.3g}")
+           f"{with_replay:.3g}, without {without:.3g}{counted}")
+
+
+@contextlib.contextmanager
+def synchronizing_calls(device: torch.device):
+    """The warnings torch.cuda.set_sync_debug_mode("warn") gives for each synchronizing CUDA call
+    made inside (an empty list off the GPU)."""
+    calls: list = []
+    if device.type != "cuda":
+        yield calls
+        return
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield calls
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    calls.extend(w for w in caught if "synchronizing" in str(w.message))
 
 
 __all__ = ["check_routing_replay"]

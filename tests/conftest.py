@@ -1,4 +1,5 @@
 import os
+import sys
 
 # Keep torch's intra-op threads from oversubscribing the 2-core CI machine in multi-rank tests.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -79,3 +80,28 @@ def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "data"
     write_demo_dir(str(out), seed=0, task="add", n_train=64, n_eval=8, n_sft=16, sft_noise=0.0, spec=TinyModelSpec())
     return out
+
+
+# The library worlds' stand-ins (tests/helpers/worlds.py) run only in a world's own interpreter; the
+# suite's process is the local world, whatever ran in it before (one process or two xdist workers,
+# any file order). A test that imports a stand-in here, or puts one on sys.path, fails at its own
+# teardown, naming what it left (not a later test that happens to look, as test_te_doubles.py's
+# test_the_local_world_has_no_transformer_engine would).
+WORLD_DOUBLES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), "doubles", world) + os.sep
+                      for world in ("te", "apex"))
+
+
+def _doubles_here() -> list[str]:
+    modules = [name for name, module in list(sys.modules.items())
+               if (getattr(module, "__file__", None) or "").startswith(WORLD_DOUBLES)]
+    paths = [p for p in sys.path if os.path.join(os.path.abspath(p or "."), "").startswith(WORLD_DOUBLES)]
+    return sorted(modules) + [f"sys.path entry {p}" for p in paths]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    leaked = _doubles_here()
+    if leaked:
+        raise RuntimeError(f"{item.nodeid} left test doubles of another world in the suite's process "
+                           f"(tests/helpers/worlds.py runs them in their own interpreter): {leaked[:10]}")

@@ -10,6 +10,9 @@ TE-world interpreter on two gloo ranks (tests/helpers/worlds.py), ~15 s on an id
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.helpers import te_double_checks
@@ -38,6 +41,24 @@ def test_the_local_world_has_no_transformer_engine():
     from megatron.core.extensions.transformer_engine import HAVE_TE
 
     assert not HAVE_TE
+
+
+def test_a_stand_in_left_in_the_suites_process_is_named(monkeypatch):
+    """Issue 55 item 7: tests/conftest.py checks after EVERY test that the suite's process holds no
+    module of tests/doubles/te or apex and no sys.path entry into them, so a leak fails the test that
+    made it, in one process and in any file order (monkeypatch undoes these before that check)."""
+    import types
+
+    from tests.conftest import WORLD_DOUBLES, _doubles_here
+    from tests.helpers.worlds import world_path
+
+    assert _doubles_here() == []
+    module = types.ModuleType("leaked")
+    module.__file__ = str(Path(world_path("te")[0]) / "transformer_engine" / "__init__.py")
+    monkeypatch.setitem(sys.modules, "leaked", module)
+    monkeypatch.syspath_prepend(world_path("apex")[0])
+    assert _doubles_here() == ["leaked", f"sys.path entry {world_path('apex')[0]}"]
+    assert len(WORLD_DOUBLES) == 2
 
 
 def test_te_spec_on_the_cpu_only_with_the_tests_switch(monkeypatch):

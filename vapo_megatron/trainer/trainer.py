@@ -181,7 +181,7 @@ class Trainer:
             self.state.iteration += 1
             it = self.state.iteration
             rl_step = it - cfg.algo.value_pretrain_steps
-            if self.data.eval and rl_step > 0 and rl_step % cfg.eval.every == 0 and it < self.total_iterations:
+            if self.data.eval and cfg.eval.every and rl_step > 0 and rl_step % cfg.eval.every == 0 and it < self.total_iterations:
                 with self.timer("eval"):
                     self.log_eval("periodic")
             self.clock.add_step(time.perf_counter() - t0)

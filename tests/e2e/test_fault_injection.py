@@ -138,6 +138,18 @@ def _assert_same_run(want: Path, have: Path) -> None:
     assert [_comparable(r) for r in a] == [_comparable(r) for r in b]
 
 
+def test_a_value_pretraining_step_makes_no_token_stale(reference):
+    """Staleness counts actor updates (RunState.policy_version; issue 55 item 11). Iteration 0 is value
+    pretraining, which leaves the actor as it was, so the tokens it sampled are of the very policy
+    iteration 1 trains: none is stale and no group is waited for. (Counted by iterations, 79% of
+    a step's tokens looked stale with importance ratios of 1 +- 2e-7, and groups had to finish.)"""
+    steps = {r["step"]: r for r in records(reference) if r["phase"] in ("value_pretrain", "vapo")}
+    assert steps[1]["phase"] == "value_pretrain" and steps[2]["phase"] == "vapo"
+    assert steps[2]["partial/stale_fraction"] == 0.0 and "partial/is_ratio_mean" not in steps[2]
+    assert steps[2]["partial/groups_waited"] == 0.0
+    assert all(steps[s]["partial/stale_fraction"] > 0 for s in range(3, 2 + VAPO_STEPS))  # updates did make them stale
+
+
 def test_killed_at_every_point_and_damaged_checkpoints_resume_to_the_same_run(reference, demo_data, tmp_path):
     run_dir = tmp_path / "run"
     root = run_dir / "checkpoints"

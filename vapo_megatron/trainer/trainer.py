@@ -217,6 +217,7 @@ class Trainer:
                 self.generator.release_weights()  # colocated SGLang: its GPU memory goes to training until step 8
             faults.fault_point("rollout")
             faults.fault_point("usr1")
+            faults.fault_point("term_launcher")
         with timed("reward"):
             batch, reward_logs = self.scorer.score(rollout)                                  # 3
         with timed("score"):

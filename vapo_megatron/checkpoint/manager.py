@@ -235,14 +235,21 @@ class CheckpointManager:
             shutil.rmtree(dead, ignore_errors=True)
         self._remove_leftovers()
 
-    @staticmethod
-    def _carried(path: Path, meta: dict) -> list:
-        """This DP rank's carried groups (rollout/carry_over.py); the file must hold as many as state.json says."""
+    def _carried(self, path: Path, meta: dict, state: RunState) -> list:
+        """This DP rank's carried groups (rollout/carry_over.py); the file must hold as many as state.json
+        says, and groups this run can continue (carry_over.Bounds: else the first step after every
+        resume failed on them, IndexError or worse)."""
         count = meta["carried_groups"] if "carried_groups" in meta else 0
         if not count:
             return []
+        saved_state, rollout = meta["state"], (meta["config"] if "config" in meta else {})["rollout"]
+        bounds = carry_over.Bounds(
+            vocab_size=self.models["actor"].vocab_size, prompts=len(state.sampler.records),
+            admitted=saved_state["carry"]["admitted"], version=saved_state["iteration"] - saved_state["pretrain_steps_done"],
+            pretrain_iterations=saved_state["pretrain_steps_done"], n_samples=rollout["n_samples"],
+            max_new_tokens=rollout["max_new_tokens"])
         try:
-            saved_dp, saved = carry_over.read_groups(path / carry_over.FILE)
+            saved_dp, saved = carry_over.read_groups(path / carry_over.FILE, bounds)
         except ValueError as e:
             raise CheckpointCorrupt(str(e)) from None
         if len(saved) != count:
@@ -305,7 +312,7 @@ class CheckpointManager:
                 for sub, model in self.models.items():
                     _on_every_rank(partial(load_model_state, model, path / sub))
                 rng = _on_every_rank(partial(self._rng_state, path, meta))
-                carried = _on_every_rank(partial(self._carried, path, meta))
+                carried = _on_every_rank(partial(self._carried, path, meta, state))
             except CheckpointCorrupt as e:
                 if parallel.is_rank0():
                     print(f"[vapo] checkpoint {path} is damaged, falling back to an older one: {e}", flush=True)

@@ -53,7 +53,7 @@ def setup_from_config(cfg, actor_hf: dict, critic_hf: dict | None, *, world: int
     if checkpoint_bytes is None:
         checkpoint_bytes = ckpt_bytes(sum(n for n, _ in models), dtype_bytes=dtype_bytes)
     e = cfg.eval
-    evals = (2 + max(0, t.total_steps - 1) // e.every) if cfg.data.eval_files else 0
+    evals = (2 + (max(0, t.total_steps - 1) // e.every if e.every else 0)) if cfg.data.eval_files else 0
     eval_n = min(e.max_prompts, eval_prompts) if eval_prompts is not None else e.max_prompts
     return Setup(
         actor=actor, critic=critic, world=world, gpus_per_node=gpus_per_node, tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep,

@@ -1,8 +1,8 @@
 """vapo-plan: will a run fit on its GPUs? Per-GPU memory of actor, critic (if any) and the SGLang engine.
 
     vapo-plan --config configs/qwen2.5_32b_vapo.yaml --nodes 8 --gpus-per-node 8 [--gpu-memory-gib 80]
-              [--reserve-gib G] [--preset qwen2.5-32b] [--gpu h100 [--mean-response-tokens N] ...]
-              [key=value overrides...]
+              [--reserve-gib G] [--preset qwen2.5-32b] [--gpu h100 [--mean-response-tokens N] ...
+              [--search [--top N] [--json]]] [key=value overrides...]
 
 Nothing is loaded and no GPU is used. For each DISTINCT rank position (tp_rank, pp_rank; DP
 replicas are identical) the real actor and critic providers build that rank's shard on the meta
@@ -22,6 +22,10 @@ With --gpu NAME (h100, h200, a100, b200, gb200) it also prints how long one iter
 phase, its tokens/s/GPU and the whole run's GPU-hours (sizing/step_time.py: datasheet rates at
 stated efficiencies, with --mean-response-tokens, --mean-prompt-tokens, --storage-gb-per-s and
 --eval-prompts as the assumptions it cannot read from the config).
+With --search (and --gpu) it tries every layout instead of the config's: TP, PP, VPP, EP, the
+engine's TP, recompute, offload and micro-batch tokens, each through the same checks and memory
+check as one config, and ranks those that fit by modelled step time, the config's own among them
+(sizing/search.py; --top N, --json for a list of records; exit 0 when one fits, 1 when none).
 Exit status: 0 fits, 1 does not fit (each failing phase, rank and the amount over are printed),
 2 invalid configuration or layout (one message, never a traceback: config/cli.py). The figures are computed, not measured (docs/slurm.md).
 """

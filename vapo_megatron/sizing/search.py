@@ -149,9 +149,7 @@ class Search:
     @property
     def own_rank(self) -> int | None:
         """The config's place among the fitting layouts by step time (1 = fastest); None when it does not fit."""
-        if not self.own.fits:
-            return None
-        return 1 + sum(r.estimate.step_s < self.own.estimate.step_s for r in self.rows if not r.own)
+        return self.rows.index(self.own) + 1 if self.own.fits else None
 
 
 def setting_problems(cfg: Config) -> list[str]:

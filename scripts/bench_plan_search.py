@@ -74,7 +74,8 @@ def main() -> None:
         wall = statistics.median(r["wall"] for r in runs[g])
         cpu = statistics.median(r["cpu"] for r in runs[g])
         last = runs[g][-1]
-        print(f"{g:5d} GPUs: {wall:6.2f} s wall ({', '.join(f'{r['wall']:.2f}' for r in runs[g])}), {cpu:6.2f} s CPU; "
+        each = ", ".join(f"{r['wall']:.2f}" for r in runs[g])
+        print(f"{g:5d} GPUs: {wall:6.2f} s wall ({each}), {cpu:6.2f} s CPU; "
               f"{last['tried']:5d} layouts tried, {last['fit']:4d} fit; against {base} GPUs: wall x{wall / base_wall:.2f}, "
               f"CPU x{cpu / base_cpu:.2f}")
 

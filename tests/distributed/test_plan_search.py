@@ -199,45 +199,50 @@ def _top_layouts_accepted(tmp: str):
     from transformers import AutoModelForCausalLM
 
     from model_providers import read_hf_config
-    from tests.helpers.tiny_hf import qwen3_moe_config, save_tiny_tokenizer
+    from tests.helpers.tiny_hf import qwen2_config, qwen3_moe_config, save_tiny_tokenizer
     from vapo_megatron.config import parse_config
     from vapo_megatron.config.preflight import startup_problems
     from vapo_megatron.sizing.layer_counts import layout_shards
     from vapo_megatron.sizing.shards import shard_sizes
 
     root = Path(tmp)
-    # A Qwen3-MoE with experts in every layer (SGLang's Qwen3-MoE builds no dense layer: preflight refuses those).
-    AutoModelForCausalLM.from_config(qwen3_moe_config(mlp_only_layers=()), dtype=torch.float32).save_pretrained(root / "model")
-    save_tiny_tokenizer(root / "model")
     (root / "train.jsonl").write_text('{"prompt": "w1 w2", "answer": "w3"}\n')
-    base = [f"model.hf_path={root / 'model'}", f"data.train_files=[{root / 'train.jsonl'}]", "data.eval_files=[]",
-            f"trainer.run_dir={root / 'run'}", "data.max_prompt_tokens=16", "rollout.max_new_tokens=32",
-            "trainer.micro_batch_tokens=48", "rollout.prompts_per_step=32", "rollout.n_samples=2", "algo.mini_batches=2",
-            "parallel.tp=2", "rollout.sglang_tp=2"]  # the config's TP=4 would not divide the 2 KV heads
-    rc, text, err = _cli(["--config", CONFIG_MOE, "--nodes", "2", "--gpus-per-node", "4", "--gpu", "h100", "--search",
-                          "--json", "--top", "6", *base])
-    assert rc == 0, err
-    hf = read_hf_config(str(root / "model"))
     out = []
-    for rec in json.loads(text):
-        if not rec["fits"]:
-            continue
-        cfg = parse_config(CONFIG_MOE, base + rec["overrides"])[0]
-        p = cfg.parallel
-        built = shard_sizes(hf, hf, world_size=8, tp=p.tp, pp=p.pp, vpp=p.vpp, params_dtype=torch.bfloat16, ep=p.ep,
-                            sequence_parallel=p.sequence_parallel)  # megatron builds every stage, as vapo-plan does
-        put = layout_shards(hf, hf, tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep, params_dtype=torch.bfloat16,
-                            sequence_parallel=p.sequence_parallel)
-        out.append((rec, startup_problems(cfg, 8), _folded(built, p.pp) == _tuples(put)))
+    # A tied dense Qwen2 with the 32B config, a Qwen3-MoE with experts in every layer with the 30B-A3B
+    # one (SGLang's Qwen3-MoE builds no dense layer: preflight refuses those); 4 layers, 2 KV heads each.
+    for name, hf_config, config in (("qwen2", qwen2_config(tied=True), CONFIG_32B),
+                                    ("moe", qwen3_moe_config(mlp_only_layers=()), CONFIG_MOE)):
+        AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).save_pretrained(root / name)
+        save_tiny_tokenizer(root / name)
+        base = [f"model.hf_path={root / name}", f"data.train_files=[{root / 'train.jsonl'}]", "data.eval_files=[]",
+                f"trainer.run_dir={root / 'run'}", "data.max_prompt_tokens=16", "rollout.max_new_tokens=32",
+                "trainer.micro_batch_tokens=48", "rollout.prompts_per_step=32", "rollout.n_samples=2",
+                "algo.mini_batches=2", "parallel.tp=2", "parallel.pp=2", "rollout.sglang_tp=2"]  # TP=8 or 4: 2 KV heads
+        rc, text, err = _cli(["--config", config, "--nodes", "2", "--gpus-per-node", "4", "--gpu", "h100", "--search",
+                              "--json", "--top", "4", *base])
+        assert rc == 0, err
+        hf = read_hf_config(str(root / name))
+        for rec in json.loads(text):
+            if not rec["fits"]:
+                continue
+            cfg = parse_config(config, base + rec["overrides"])[0]
+            p = cfg.parallel
+            built = shard_sizes(hf, hf, world_size=8, tp=p.tp, pp=p.pp, vpp=p.vpp, params_dtype=torch.bfloat16,
+                                ep=p.ep, sequence_parallel=p.sequence_parallel)  # every stage built, as vapo-plan does
+            put = layout_shards(hf, hf, tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep, params_dtype=torch.bfloat16,
+                                sequence_parallel=p.sequence_parallel)
+            out.append((name, rec, startup_problems(cfg, 8), _folded(built, p.pp) == _tuples(put)))
     return out
 
 
 def test_top_layouts_pass_the_trainers_checks_and_build(tmp_path):
     (checked,) = run_ranks(1, _top_layouts_accepted, str(tmp_path))
-    assert len(checked) >= 6 and any(rec["config"] for rec, _, _ in checked)  # the top six and the config's own
-    for rec, problems, same_counts in checked:
-        assert problems == [], (rec["overrides"], problems)
-        assert same_counts, rec["overrides"]
+    for name in ("qwen2", "moe"):  # the top four and the config's own (TP=2 PP=2), each
+        assert sum(n == name for n, _, _, _ in checked) == 5 and any(rec["config"] for n, rec, _, _ in checked if n == name)
+    assert any(rec["ep"] > 1 for _, rec, _, _ in checked) and any(rec["vpp"] for _, rec, _, _ in checked)
+    for name, rec, problems, same_counts in checked:
+        assert problems == [], (name, rec["overrides"], problems)
+        assert same_counts, (name, rec["overrides"])
 
 
 # ---- no accepted layout is missed -------------------------------------------------------------------------

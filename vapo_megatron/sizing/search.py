@@ -145,6 +145,7 @@ class Search:
     refused: int = 0  # by the checks
     too_big: int = 0  # by the memory check
     closest: list[Row] = field(default_factory=list)  # of those that do not fit, the 3 with the lowest peak
+    moe: bool = False  # EP was searched (a mixture-of-experts model)
 
     @property
     def own_rank(self) -> int | None:
@@ -198,7 +199,9 @@ def search(cfg: Config, actor_hf: dict, critic_hf: dict, *, world: int, a: Assum
     own_settings = settings(cfg)
     own = evaluate(cfg, actor_hf, critic_hf, world=world, a=a, shards_cache=shards_cache)
     own.own = True
-    result = Search(world, a, [], own)
+    from vapo_megatron.sizing.memory import moe_architecture
+
+    result = Search(world, a, [], own, moe=moe_architecture(actor_hf) is not None)
     for c in candidates(cfg, actor_hf, world=world, a=a):
         row = own if settings(c) == own_settings else evaluate(c, actor_hf, critic_hf, world=world, a=a,
                                                                 shards_cache=shards_cache)

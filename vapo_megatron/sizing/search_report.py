@@ -76,8 +76,7 @@ def format_search(result: Search, cfg: Config, *, top: int, model_source: str, n
     faster; `rerun`: the vapo-plan command line that shows one layout in full, less its overrides."""
     a, world = result.assumptions, result.world
     own = result.own
-    moe = any(r.cfg.parallel.ep > 1 for r in result.rows) or cfg.parallel.ep > 1
-    micro = sorted({r.cfg.trainer.micro_batch_tokens for r in result.rows} | {cfg.trainer.micro_batch_tokens})
+    micro = sorted({cfg.trainer.micro_batch_tokens, cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens})
     lines = [
         f"vapo-plan --search: {nodes} node(s) x {a.gpus_per_node} GPUs = {world} GPUs of {a.gpu_memory_gib:.1f} GiB; "
         f"step time on {a.gpu.name} (--gpu)",
@@ -85,7 +84,7 @@ def format_search(result: Search, cfg: Config, *, top: int, model_source: str, n
         "one layout for actor and critic: the trainer builds both on the same ranks with the same parallel.* settings "
         "(their optimizers stay as configured)" if cfg.algo.estimator == "gae" else
         "one layout for the actor (algo.estimator=grpo: no critic)",
-        "searched: TP within one NVLink domain, PP, VPP, " + ("EP with its groups in one node, " if moe else "")
+        "searched: TP within one NVLink domain, PP, VPP, " + ("EP with its groups in one node, " if result.moe else "")
         + "the engine's TP (rollout.sglang_tp, dividing TP), full recompute off and on, "
         + ("offload off and on, " if cfg.rollout.engine == "sglang" else "")
         + f"micro_batch_tokens {' and '.join(map(str, micro))}; sequence parallelism on wherever TP > 1; every other "
@@ -119,6 +118,8 @@ def format_search(result: Search, cfg: Config, *, top: int, model_source: str, n
         ref, what = (own, "the config's layout") if own.fits else (shown[-1], f"the rank-{len(shown)} layout")
         if best is not ref:
             lines += _why(best, ref, what)
+        else:
+            lines.append("the config's layout is the fastest the model finds")
         lines.append(f"the fastest as vapo-plan sees one config, its memory and step time in full: {rerun} "
                      + " ".join(overrides(best.cfg)))
     if not result.rows:

@@ -97,17 +97,21 @@ HOST_STATE = ("parameters", "optimizer state")  # per model: what the offload co
 
 
 def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, gpu_memory_gib: float,
-              reserve_gib: float | None = None, peak: int | None = None) -> Plan:
+              reserve_gib: float | None = None, peak: int | None = None, shards: list[ShardSize] | None = None) -> Plan:
     """Size `cfg` for `world_size` GPUs; `problems` lists what does not fit (empty: it fits).
     critic_hf is the critic's model, unused with algo.estimator=grpo (no critic). peak: the rollout
-    peak of kv_compare (default: this plan's own, at most the GPU)."""
+    peak of kv_compare (default: this plan's own, at most the GPU). shards: this layout's, with the
+    critic's counts even under grpo (the actor's trunk as critic, for with_critic), when the caller
+    has them (vapo-plan --search: sizing/layer_counts.py); None: built here (shards.py)."""
+    given = shards
     tp, pp, vpp, ep = cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, cfg.parallel.ep
     dp = world_size // (tp * pp)
     params_dtype = torch_dtype(cfg.model.dtype)
     dtype_bytes = params_dtype.itemsize
     has_critic = cfg.algo.estimator == "gae"
-    shards = shard_sizes(actor_hf, critic_hf if has_critic else None, world_size=world_size, tp=tp, pp=pp, vpp=vpp,
-                         params_dtype=params_dtype, ep=ep, sequence_parallel=cfg.parallel.sequence_parallel and tp > 1)
+    if shards is None:
+        shards = shard_sizes(actor_hf, critic_hf if has_critic else None, world_size=world_size, tp=tp, pp=pp, vpp=vpp,
+                             params_dtype=params_dtype, ep=ep, sequence_parallel=cfg.parallel.sequence_parallel and tp > 1)
     models = (("actor", actor_hf, cfg.actor_optim),) + ((("critic", critic_hf, cfg.critic_optim),) if has_critic else ())
     names = tuple(name for name, _, _ in models)
     gpu = int(gpu_memory_gib * GIB)
@@ -197,7 +201,7 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
         gae = replace(cfg, algo=replace(cfg.algo, estimator="gae"), critic_optim=replace(
             cfg.critic_optim, distributed_optimizer=cfg.actor_optim.distributed_optimizer))
         with_critic = make_plan(gae, actor_hf, actor_hf, world_size=world_size, gpu_memory_gib=gpu_memory_gib,
-                                reserve_gib=reserve_gib, peak=compare.get("peak"))
+                                reserve_gib=reserve_gib, peak=compare.get("peak"), shards=given)
     return Plan(world_size, gpu, flat, (tp, pp, dp, vpp), shards, ranks, engine_weights, engine_share,
                 kv_cache, kv_tokens, sequence, ckpt, freed, problems, offload, compare, max(state), host, ep, names,
                 with_critic, routes_host)

@@ -112,6 +112,34 @@ def test_a_save_and_a_load_cost_each_dp_rank_its_own_share(dp2):
     assert dp2[1][1]["save"] <= dp2[1][1]["staged"] == dp2[1][1]["share"], dp2[1][1]
 
 
+def _planned() -> dict:
+    """vapo-plan's figures for the fixture's model at TP=1 x DP=2 (the larger of actor and critic: the
+    actor, whose output layer the critic's value head replaces)."""
+    from model_providers.presets import preset
+    from vapo_megatron.config import load_config
+    from vapo_megatron.sizing.plan import make_plan
+
+    cfg = load_config(str(Path(__file__).resolve().parents[2] / "configs" / "demo_cpu.yaml"),
+                      ["parallel.tp=1", "actor_optim.distributed_optimizer=true",
+                                                           "critic_optim.distributed_optimizer=true"], check_paths=False)
+    plan = make_plan(cfg, preset(PRESET), preset(PRESET), world_size=2, gpu_memory_gib=80.0)
+    return plan.ranks[0].checkpoint_io
+
+
+def test_vapo_plan_reports_what_a_save_and_a_load_cost_as_measured(dp2):
+    """vapo-plan's save and load figures (sizing/memory.py checkpoint_parts) against the fixture's
+    measures on DP rank 0, the worst (it also writes the weights): what its save staged, what its
+    load held at once (the larger of megatron's SwiGLU merges and TE's copy of the moments; the CPU
+    has no separate GPU), the largest stored tensor it read. Within 2%: the plan takes a DP rank's
+    share as the parameters / DP, megatron's buckets split them a little unevenly."""
+    from vapo_megatron.sizing.memory import LOAD_GPU, LOAD_HOST, SAVE_GPU, SAVE_HOST
+
+    planned, measured = run_ranks(1, _planned)[0], dp2[1][0]
+    assert planned[SAVE_GPU] == 0
+    for item, have in ((SAVE_HOST, measured["staged"]), (LOAD_GPU, measured["load"]), (LOAD_HOST, measured["largest"])):
+        assert abs(planned[item] - have) <= 0.02 * have, (item, planned[item], have)
+
+
 def _reloaded(work: str, src: str, dst: str, kind: str, tp: int, pp: int, ep: int, preset_name: str) -> list:
     """Load `src` at this layout with this Adam, save it as `dst`; the loaded step counts."""
     from vapo_megatron.checkpoint.model_state import load_model_state, optimizer_moments, save_model_state

@@ -41,6 +41,7 @@ import torch
 
 FULLY_RESHARDABLE = "fully_reshardable"
 PREFIX = "optimizer.state"  # megatron's, sharded_param_state_fully_reshardable
+TARGETS = "param_state_targets"
 
 
 def blocks(lo: int, hi: int, shape: tuple[int, ...]) -> list[tuple[tuple[int, ...], tuple[int, ...], int]]:
@@ -147,10 +148,15 @@ def _own_blocks(opt, model_sd: dict) -> dict:
 
 def _one(opt, model_sd: dict) -> dict:
     """One DistributedOptimizer: megatron's plain state dict (saved once, by rank 0: param groups
-    with the step count) and this rank's blocks."""
+    with the step count) and this rank's blocks; `TARGETS`, never saved, keeps the blocks' views
+    for the load (load_param_state)."""
+    from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject
+
     state = opt.state_dict()
     state["param_state"] = _own_blocks(opt, model_sd)
     state["param_state_sharding_type"] = FULLY_RESHARDABLE
+    state[TARGETS] = LocalNonpersistentObject(
+        {i: {k: [b.data for b in blocks] for k, blocks in per_key.items()} for i, per_key in state["param_state"].items()})
     return state
 
 
@@ -173,16 +179,22 @@ def sharded_state(optimizer, model_sd: dict) -> dict:
 
 
 def load_param_state(optimizer, loaded: dict) -> None:
-    """The loaded optimizer state (sharded_state's structure, blocks already in place) into
-    `optimizer`: megatron's load_state_dict sets the param groups and step; the parameter state it
-    would load (`param_state`) is taken out first, being in the optimizer's tensors already.
-    TE's FusedAdam re-sets every moment in its load_state_dict (a copy: transiently twice the
-    moments), as it does for every format."""
+    """The loaded optimizer state (sharded_state's structure) into `optimizer`. torch DCP reads each
+    block into its view of the optimizer's tensor, in place; a block it handed back elsewhere is
+    copied there. Then megatron's load_state_dict sets the param groups and the step, without the
+    parameter state (it is in place). TE's FusedAdam sets every moment anew in its load_state_dict
+    (a copy: twice the moments for a moment), as it does whatever the format."""
     opts = getattr(optimizer, "chained_optimizers", [optimizer])
     parts = [loaded] if len(opts) == 1 else [loaded[i] for i in sorted(loaded)]
-    for part in parts:
-        part.pop("param_state", None)
-        part.pop("param_state_sharding_type", None)
+    with torch.no_grad():
+        for part in parts:
+            blocks, targets = part.pop("param_state"), part.pop(TARGETS)
+            part.pop("param_state_sharding_type")
+            for i, per_key in targets.items():
+                for key, views in per_key.items():
+                    for view, block in zip(views, blocks[i][key], strict=True):
+                        if block.data_ptr() != view.data_ptr():
+                            view.copy_(block.view_as(view))
     optimizer.load_state_dict(loaded)
 
 

@@ -280,14 +280,20 @@ class CheckpointManager:
                     "or choose a new trainer.run_dir; the checkpoints are intact")
 
     def _check_layout(self, path: Path, meta: dict) -> None:
-        """Stop (older checkpoints are no better) when an optimizer's state cannot load at this layout."""
+        """Stop (older checkpoints are no better) when an optimizer's state cannot load here: at this
+        layout, or into this kind of optimizer. The format is the one the checkpoint records, not
+        the one this run's Adam would write."""
         saved = (meta.get("config") or {}).get("parallel", {})
         now = self.config.get("parallel", {})
         for sub, model in self.models.items():
-            try:  # the format the checkpoint records, not the one this run's Adam would write
-                fmt = saved_optimizer_format(path / sub) if has_distributed_optimizer(model) else None
+            try:
+                fmt = saved_optimizer_format(path / sub)
             except dist_io.CheckpointError:
-                fmt = None  # damaged: its load says so, and an older checkpoint is tried
+                continue  # damaged: its load says so, and an older checkpoint is tried
+            if has_distributed_optimizer(model) != (fmt is not None):
+                raise CheckpointMismatch(
+                    f"{path / sub} was written {'with' if fmt else 'without'} the distributed optimizer; resume with "
+                    f"{sub}_optim.distributed_optimizer={'true' if fmt else 'false'}; the checkpoints are intact")
             if why := resume_layout_problem(fmt, saved, now):
                 raise CheckpointMismatch(f"{path / sub}: {why}; the checkpoints are intact")
 

@@ -59,10 +59,11 @@ def saved_optimizer_format(path: Path) -> str | None:
     recorded it (`param_state_sharding_type` in its common state, one per chained optimizer); None
     for a checkpoint without distributed-optimizer state. CheckpointError when it cannot be read."""
     from megatron.core import dist_checkpointing
+    from torch.distributed.checkpoint.api import CheckpointException
 
     try:
         opt = dist_checkpointing.load_common_state_dict(str(path)).get("optimizer")  # restricted unpickling
-    except Exception as e:  # noqa: BLE001 - damaged or refused: named as such
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - damaged or refused: named as such
         raise dist_io.CheckpointError(f"{path}: {dist_io.describe_failure(e)}") from e
     parts = [opt] if isinstance(opt, dict) and "param_state_sharding_type" in opt else \
         [v for v in opt.values() if isinstance(v, dict)] if isinstance(opt, dict) else []
@@ -233,8 +234,9 @@ def load_model_state(model: TrainModel, path: Path) -> None:
     checkpoint records (saved_optimizer_format), whichever Adam wrote it and whichever loads it."""
     fmt = saved_optimizer_format(path) if has_distributed_optimizer(model) else None
     if has_distributed_optimizer(model) and fmt not in (FULLY_RESHARDABLE, DP_RESHARDABLE):
-        raise dist_io.CheckpointError(f"{path}: holds no distributed-optimizer state ({fmt or 'none recorded'}); "
-                                      "it was written without the distributed optimizer")
+        what = f"in megatron's {fmt} format" if fmt else "not a distributed optimizer's"
+        raise dist_io.CheckpointError(f"{path}: its optimizer state is {what}, which this distributed optimizer "
+                                      "does not read")
     loaded = dist_io.load(path, _sharded_state(model, loading=True, fmt=fmt))  # any failure is a CheckpointError
     for chunk, key in zip(model.modules, [k for k in loaded if k.startswith("model")]):
         dist_io.load_module_state(chunk, loaded.pop(key))  # frees megatron's SwiGLU merges (a copy of each linear_fc1)
@@ -257,4 +259,5 @@ def load_model_state(model: TrainModel, path: Path) -> None:
 
 
 __all__ = ["DP_RESHARDABLE", "FULLY_RESHARDABLE", "distributed_optimizer_format", "has_distributed_optimizer",
-           "load_model_state", "optimizer_moments", "resume_layout_problem", "save_model_state", "saved_optimizer_format"]
+           "load_model_state", "megatron_optimizers", "optimizer_moments", "per_parameter_steps", "resume_layout_problem",
+           "save_model_state", "saved_optimizer_format"]

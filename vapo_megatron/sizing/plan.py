@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, replace
 from vapo_megatron.config import Config
 from vapo_megatron.mcore.dtypes import torch_dtype
 from vapo_megatron.sizing.memory import (GIB, ROUTES_DEVICE_ITEM, SGLANG_RUNTIME_ITEM, activation_parts, checkpoint_bytes,
-                                         kv_bytes_per_token, reserve_parts, route_parts, sglang_stash_bytes, state_bytes)
+                                         checkpoint_parts, kv_bytes_per_token, reserve_parts, route_parts, sglang_stash_bytes,
+                                         state_bytes)
 from vapo_megatron.sizing.shards import ShardSize, shard_sizes
 
 
@@ -47,6 +48,9 @@ class RankMemory:
     kv_resume: dict
     # The trainer's state moved to host memory during rollout (trainer.offload_during_rollout), by name.
     offloaded: dict = field(default_factory=dict)
+    # A checkpoint's save and load beyond the state (memory.checkpoint_parts), the larger model's:
+    # the models are saved and loaded one after the other.
+    checkpoint_io: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -131,10 +135,16 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     ranks, routes_host = [], {}
     for s in shards:
         parts: dict[str, int] = {}
+        io: dict[str, int] = {}
         for name, hf_cfg, optim in models:
             n, n_expert = getattr(s, f"{name}_params"), getattr(s, f"{name}_expert")
             p, g, o = state_bytes(n, dtype_bytes=dtype_bytes, dp=dp, distributed_optimizer=optim.distributed_optimizer,
                                   expert_params=n_expert, ep=ep)
+            own = checkpoint_parts(params=n, expert_params=n_expert, written_params=getattr(s, f"{name}_unique")
+                                   - n_expert * (ep - 1), largest=getattr(s, f"{name}_largest"),
+                                   merged=getattr(s, f"{name}_merged"), dtype_bytes=dtype_bytes, dp=dp, ep=ep,
+                                   distributed_optimizer=optim.distributed_optimizer)
+            io = {k: max(v, io.get(k, 0)) for k, v in own.items()}
             last = s.pp_rank == pp - 1
             vocab = 0 if name == "critic" or not last else _padded_vocab(hf_cfg, tp)
             items = {rc: activation_parts(hf_cfg, tokens=T, tp=tp, pp=pp, vpp=vpp, inflight_microbatches=s.inflight_microbatches,
@@ -163,7 +173,7 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
         runtime = reserve["rollout"].get(SGLANG_RUNTIME_ITEM, 0)
         ranks.append(RankMemory(s.tp_rank, s.pp_rank, parts, resident + act + sum(reserve["training"].values()),
                                 sum(kv_resume.values()) + engine_share + runtime, reserve, kv_resume,
-                                offloaded=state if offload else {}))
+                                offloaded=state if offload else {}, checkpoint_io=io))
 
     problems = []
     for phase in ("training", "rollout"):

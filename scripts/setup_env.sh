@@ -53,6 +53,9 @@ if ! out=$(.venv/bin/python -m pip install -q --no-compile orjson==3.13.0 psutil
   echo "$out" >&2; exit 1
 fi
 grep "but you have" <<<"$out" >&2 || true
+# What SGLang's CPU engine imports besides (the suite runs sglang.Engine and its server on the CPU,
+# tests/helpers/sglang_world.py): each pinned, with --no-deps, so nothing unpinned comes along.
+.venv/bin/python -m pip install -q --no-compile --no-deps -r scripts/sglang_cpu_requirements.txt
 # -W ignore: a library's invalid escape sequences are its own, printed by the thousand otherwise;
 # || true: a few packages ship files that are not Python 3 (templates), skipped as pip skips them.
 SITE=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

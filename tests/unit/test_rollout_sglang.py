@@ -45,6 +45,20 @@ def test_flat_bucket_payload_round_trips_through_sglang():
         assert torch.equal(received[name], t), name
 
 
+def test_closing_the_generator_stops_the_engine_it_started():
+    """Before: Generator.close asked the SGLangEngine wrapper for a shutdown it did not have, so a
+    colocated Engine's scheduler and detokenizer outlived the run (a forked process, which runs no
+    atexit handler, never ended; tests/distributed/test_sglang_colocated_real.py)."""
+    from vapo_megatron.rollout.generator import Generator
+
+    source, _ = hf_state()
+    fake = FakeSGLangEngineForTests(source)
+    gen = object.__new__(Generator)  # its engine alone: Generator() itself is collective
+    gen.engine = SGLangEngine(fake)
+    gen.close()
+    assert fake.calls == ["shutdown"]
+
+
 def test_list_buckets_and_base64_payloads_round_trip():
     _, state = hf_state()
     for group in group_into_buckets(state.items(), 3000):

@@ -76,7 +76,11 @@ def serialize_flattened_bucket(fb, *, output_str: bool = False) -> bytes | str:
 
     CUDA tensors travel as CUDA IPC handles; SGLang's patched torch reductions must be active
     for that (they make the handle independent of the device index). The patch breaks CPU
-    tensor serialization, so it is applied only for CUDA payloads."""
+    tensor serialization, so it is applied only for CUDA payloads. CPU tensors (SGLang's CPU
+    engine) travel as named shared memory (torch's "file_system" strategy), not as a file
+    descriptor: only the sender's own child processes may fetch one (multiprocessing's authkey),
+    so a server started on its own (sglang_http) failed to load the update, and died of it."""
+    import torch.multiprocessing as tmp
     from sglang.srt.utils import MultiprocessingSerializer
 
     flat = fb.get_flattened_tensor()
@@ -85,17 +89,12 @@ def serialize_flattened_bucket(fb, *, output_str: bool = False) -> bytes | str:
 
         monkey_patch_torch_reductions()
     payload = {"flattened_tensor": flat, "metadata": fb.get_metadata()}
-    return MultiprocessingSerializer.serialize(payload, output_str=output_str)
-
-
-def deserialize_payload(data: bytes | str) -> list[tuple[str, torch.Tensor]]:
-    """What an SGLang TP rank reconstructs from its payload (SGLang's own classes): for tests
-    and the docs' data path."""
-    from sglang.srt.utils import MultiprocessingSerializer
-    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
-
-    d = MultiprocessingSerializer.deserialize(data)
-    return FlattenedTensorBucket(flattened_tensor=d["flattened_tensor"], metadata=d["metadata"]).reconstruct_tensors()
+    strategy = tmp.get_sharing_strategy()
+    tmp.set_sharing_strategy("file_system" if not flat.is_cuda else strategy)
+    try:
+        return MultiprocessingSerializer.serialize(payload, output_str=output_str)
+    finally:
+        tmp.set_sharing_strategy(strategy)
 
 
 def order_by_engine_rank(entries: Sequence[tuple[int | None, bytes | str]], base_gpu_id: int | None) -> list:
@@ -255,8 +254,9 @@ class SGLangEngine(RolloutEngine):
                   routes: tuple[int, int, int] | None = None) -> "SGLangEngine":
         """Collective over the world. One engine per block of `tp_size` consecutive ranks of a
         TP group (parallel.init_engine_groups); the block's first rank starts it on its own GPU
-        and the next tp_size - 1 ones. Everything the engine holds is released at once, so the
-        trainer's models can be built; the first weight sync loads the weights.
+        and the next tp_size - 1 ones. What the engine holds is released at once, so the trainer's
+        models can be built; the first weight sync loads the weights (load_format="dummy"). With
+        weights read from model_path (another load_format: vapo-eval of an HF model) they are kept.
         `start` builds the engine from an SGLangEngineConfig (start_engine; tests pass a double)."""
         group = parallel.init_engine_groups(tp_size)
         engine = None
@@ -276,7 +276,7 @@ class SGLangEngine(RolloutEngine):
         parallel.barrier(group=parallel.wait_group())  # every engine is up before any rank builds its models
         wrapper = cls(engine, group=group, base_gpu_id=base_gpu_id, death=death, routes=routes,
                       frees_memory=device != "cpu")
-        wrapper.release_memory()
+        wrapper.release_memory(MEMORY_TAGS if load_format == "dummy" else [t for t in MEMORY_TAGS if t != "weights"])
         return wrapper
 
     @property
@@ -373,8 +373,7 @@ class SGLangEngine(RolloutEngine):
         self._weights_lost = False
 
     def shutdown(self) -> None:
-        """Stop the Engine this rank started (Generator.close): its scheduler and detokenizer
-        processes end. A server over HTTP was started elsewhere and keeps running."""
+        """Stop the Engine this rank started (Generator.close); an HTTP server keeps running."""
         if self.owner and hasattr(self.engine, "shutdown"):
             self.engine.shutdown()
 

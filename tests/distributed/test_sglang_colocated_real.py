@@ -31,7 +31,7 @@ SYNCS = 3
 NEW = 6  # tokens per answer: prompts + answers stay inside the tiny model's 64 positions
 
 
-def _trainer_logprobs(chunks, vocab, seqs, temperature=1.0):
+def trainer_logprobs(chunks, vocab, seqs, temperature=1.0):
     """[log p(token) per answer token] for each (prompt, answer) in `seqs`: Megatron's own forward
     (collective over TP; every rank passes the same seqs)."""
     from tests.helpers.megatron_ref import megatron_forward
@@ -93,7 +93,7 @@ def _run(hf_dir: Path):
         outs = engine.generate(mine, SamplingParams(n=2, temperature=1.0, max_new_tokens=NEW, seed=7 + step))
         seqs = everyone([(mine[o.prompt_index], o.token_ids) for o in outs])
         got = everyone([o.logprobs for o in outs])
-        res["syncs"].append({"engine": got, "trainer": _trainer_logprobs(chunks, vocab, seqs),
+        res["syncs"].append({"engine": got, "trainer": trainer_logprobs(chunks, vocab, seqs),
                              "versions": everyone([o.weight_version for o in outs]),
                              "reasons": everyone([o.finish_reason for o in outs])})
 

@@ -30,7 +30,7 @@ PROMPTS = [[5, 9, 13], [7, 7, 30, 2], [21, 3, 8, 1, 44]]
 def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("sglang_server")
     save_tiny(d / "hf", kind="qwen3", seed=3)
-    proc, url = start_server(d / "hf", d / "server.log", port=free_port(), extra=("--sleep-on-idle",))
+    proc, url = start_server(d / "hf", d / "server.log", port=free_port())
     yield url, d / "hf"
     stop_process_tree(proc)
 
@@ -50,11 +50,15 @@ def test_server_info_generate_and_flush(server):
     assert http.flush_cache()["success"]
 
 
-def _trainer(url: str, hf_dir: Path):
+def push_and_compare(url: str, hf_dir: Path, tp: int = 1, pp: int = 1, ep: int = 1, syncs: int = 2):
+    """A trainer at (tp, pp, ep) on this rank; its replica's first rank holds the client of the server
+    at `url` (generator.build_engine's placement for sglang_http; one replica feeds it). `syncs`
+    times: a random update, the weights streamed over HTTP through the project's payloads, answers
+    sampled at temperature 1; returns [(server's log-probs, trainer's log-probs)] per sync."""
     import torch.distributed as dist
 
     from model_providers import family_for, read_hf_config
-    from tests.distributed.test_sglang_colocated_real import _trainer_logprobs
+    from tests.distributed.test_sglang_colocated_real import trainer_logprobs
     from tests.helpers.megatron_ref import random_update
     from vapo_megatron.mcore import parallel
     from vapo_megatron.mcore.models import build_chunks
@@ -64,30 +68,46 @@ def _trainer(url: str, hf_dir: Path):
     from vapo_megatron.rollout.weight_sync import stream_weights
     from vapo_megatron.weights.hf_read import load_hf_weights
 
-    parallel.init_distributed(2, 1)
+    parallel.init_distributed(tp, pp, ep=ep)
     hf_cfg = read_hf_config(hf_dir)
     chunks = build_chunks(hf_cfg, params_dtype=torch.float32, critic=False)
     load_hf_weights(chunks, family_for(hf_cfg), hf_cfg, hf_dir)
     engine = None
-    if parallel.tp_rank() == 0:  # generator.build_engine's placement for sglang_http
+    if dist.get_rank() == 0:
         http = HttpEngine(url)
         engine = SGLangEngine(http, engine_tp=http.server_tp_size("rollout.sglang_urls[0]"))
     res = []
-    for step in range(2):
+    for step in range(syncs):
         random_update(chunks)
         stream_weights(chunks, family_for(hf_cfg), hf_cfg, engine, version=step + 1, bucket_bytes=8_000)
         outs = engine.generate(PROMPTS, SamplingParams(n=1, temperature=1.0, max_new_tokens=6, seed=step)) if engine else None
         box = [None if outs is None else [(PROMPTS[o.prompt_index], o.token_ids, o.logprobs) for o in outs]]
         dist.broadcast_object_list(box, src=0)
-        trainer = _trainer_logprobs(chunks, hf_cfg["vocab_size"], [(p, t) for p, t, _ in box[0]])
+        seqs = [(p, t) for p, t, _ in box[0]]
+        # Every rank runs the forward (TP gathers, pipeline sends, expert all-to-alls); the last stage has the logits.
+        trainer = trainer_logprobs(chunks, hf_cfg["vocab_size"], seqs) if parallel.pp_rank() == pp - 1 else None
+        if pp > 1 and parallel.pp_rank() != pp - 1:
+            for prompt, answer in seqs:
+                from tests.helpers.megatron_ref import megatron_forward
+
+                megatron_forward(chunks, torch.tensor([list(prompt) + list(answer)]), critic=False, vocab=hf_cfg["vocab_size"])
         res.append(([lp for _, _, lp in box[0]], trainer))
     return res
 
 
+def assert_logprobs_equal(runs):
+    checked = 0
+    for run in runs:
+        for engine, trainer in run:
+            if trainer is None:
+                continue
+            for eng, ref in zip(engine, trainer):
+                assert len(eng) == len(ref) > 0
+                assert max(abs(a - b) for a, b in zip(eng, ref)) < 1e-4, (eng, ref)
+                checked += 1
+    assert checked
+
+
 def test_trainer_at_tp2_updates_the_server_over_http(server):
     url, hf_dir = server
-    (run, _) = run_ranks(2, _trainer, url, hf_dir, timeout=600)
-    for engine, trainer in run:
-        for eng, ref in zip(engine, trainer):
-            assert len(eng) == len(ref) > 0
-            assert max(abs(a - b) for a, b in zip(eng, ref)) < 1e-4, (eng, ref)
+    assert_logprobs_equal(run_ranks(2, push_and_compare, url, hf_dir, 2, timeout=600))

@@ -7,8 +7,7 @@ and detokenizer processes, HTTP server, model classes, weight loaders, sampler, 
 
     sglang_env(base)              os.environ with SGLang's CPU switch and the sgl_kernel double on PYTHONPATH
     enter_sglang_world()          the same for this process (before sglang is imported)
-    CPU_ENGINE_ARGS               the server arguments every CPU engine of the suite gets (start-up cost)
-    start_server(model, log)      `python -m sglang.launch_server` on a free loopback port -> (process, url)
+    start_server(model, log)      `python -m sglang.launch_server` on a loopback port -> (process, url)
     stop_process_tree(proc)       the server and its schedulers, ended
 
 A test that cannot start the engine fails: nothing here skips.
@@ -29,11 +28,14 @@ ROOT = Path(__file__).resolve().parents[2]
 SGLANG_DOUBLES = ROOT / "tests" / "doubles" / "sglang"
 SGL_KERNEL_DOUBLE = SGLANG_DOUBLES / "sgl_kernel"
 
-# What makes an engine start cheap here, each one of SGLang's own server arguments (measured in
-# docs/what_ran_where.md, "SGLang"): a KV cache of a few thousand tokens instead of mem_fraction_static of
-# the host's memory (SGLang's CPU probe: 9 GB of float32 cache took 28 s to allocate), and no log
-# lines below warnings. CUDA graphs are off by themselves with torch_native attention.
-CPU_ENGINE_ARGS = dict(max_total_tokens=4096, log_level="error")
+# What makes a server start cheap here, each one of SGLang's own server arguments (measured: docs/
+# what_ran_where.md, "SGLang"): a KV cache of a few thousand tokens, not a share of the host's memory
+# (SGLang's CPU probe: mem_fraction_static 0.5 gave 9 GB of float32 cache, 28 s to allocate); no
+# warmup request; an idle scheduler that sleeps instead of polling a whole core. CUDA graphs are off
+# by themselves with torch_native attention. (Colocated engines get the production engine_kwargs,
+# with rollout.sglang_mem_fraction small.)
+SERVER_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32", "--skip-tokenizer-init",
+               "--skip-server-warmup", "--max-total-tokens", "4096", "--sleep-on-idle", "--log-level", "warning")
 
 
 def sglang_env(base: dict | None = None) -> dict[str, str]:
@@ -64,9 +66,7 @@ def start_server(model_path: str | Path, log: Path, *, port: int, extra: tuple[s
     """A real `python -m sglang.launch_server` on the CPU at 127.0.0.1:port, waited for until its
     /health_generate answers; its output goes to `log`. Fails (never skips) when it does not start."""
     args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path), "--host", "127.0.0.1",
-            "--port", str(port), "--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32",
-            "--skip-tokenizer-init", "--skip-server-warmup",
-            "--max-total-tokens", str(CPU_ENGINE_ARGS["max_total_tokens"]), "--log-level", "warning", *extra]
+            "--port", str(port), *SERVER_ARGS, *extra]
     out = open(log, "wb")
     proc = subprocess.Popen(args, cwd=ROOT, env=sglang_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

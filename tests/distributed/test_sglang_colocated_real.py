@@ -54,6 +54,14 @@ def _greedy(chunks, vocab, prompt, n):
     return seq[len(prompt):]
 
 
+def _capped_start(cfg):
+    import sglang
+
+    from vapo_megatron.rollout.sglang_engine import engine_kwargs
+
+    return sglang.Engine(**engine_kwargs(cfg), max_total_tokens=4096)
+
+
 def _run(hf_dir: Path):
     from tests.helpers.sglang_world import enter_sglang_world
 
@@ -75,9 +83,12 @@ def _run(hf_dir: Path):
     vocab = hf_cfg["vocab_size"]
     chunks = build_chunks(hf_cfg, params_dtype=torch.float32, critic=False)
     load_hf_weights(chunks, family_for(hf_cfg), hf_cfg, hf_dir)
-    # The production start (start_engine): SGLang's CPU engine, load_format="dummy" (random weights
-    # until the first sync), a KV cache of ~1% of the host's memory.
-    engine = SGLangEngine.colocated(model_path=str(hf_dir), tp_size=1, mem_fraction=0.01, dtype="float32", seed=0)
+    # The production start (start_engine's engine_kwargs: SGLang's CPU engine, load_format="dummy",
+    # random weights until the first sync) with the KV cache capped at 4,096 tokens: SGLang sizes it
+    # as a share of the host's memory and refuses a share smaller than what the memory it sees free
+    # fell by while it loaded, which other processes on a shared machine decide (seen at 0.01).
+    engine = SGLangEngine.colocated(model_path=str(hf_dir), tp_size=1, mem_fraction=0.5, dtype="float32", seed=0,
+                                    start=_capped_start)
     mine = PROMPTS[parallel.tp_rank()::2]  # each rank's engine generates its own share
 
     def everyone(x):

@@ -32,8 +32,8 @@ SGL_KERNEL_DOUBLE = SGLANG_DOUBLES / "sgl_kernel"
 # what_ran_where.md, "SGLang"): a KV cache of a few thousand tokens, not a share of the host's memory
 # (SGLang's CPU probe: mem_fraction_static 0.5 gave 9 GB of float32 cache, 28 s to allocate); no
 # warmup request; an idle scheduler that sleeps instead of polling a whole core. CUDA graphs are off
-# by themselves with torch_native attention. (Colocated engines get the production engine_kwargs,
-# with rollout.sglang_mem_fraction small.)
+# by themselves with torch_native attention. (Colocated engines get the production engine_kwargs
+# with the same cap on the cache: tests/distributed/test_sglang_colocated_real.py.)
 SERVER_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32", "--skip-tokenizer-init",
                "--skip-server-warmup", "--max-total-tokens", "4096", "--sleep-on-idle", "--log-level", "warning")
 

@@ -125,11 +125,15 @@ def hardware_problems(cfg: Config, *, cuda: bool | None = None, engine_flag: str
     says, imported only when a setting needs CUDA). `engine_flag`: the command's flag for
     rollout.engine (vapo-eval's --engine), named in its place."""
     out = []
-    if cfg.rollout.engine == "sglang" and engine_flag:
-        out.append(f"{engine_flag} sglang needs CUDA GPUs and none is visible; allowed here: {engine_flag} embedded")
-    elif cfg.rollout.engine == "sglang":
-        out.append("rollout.engine=sglang needs CUDA GPUs and none is visible; "
-                   "allowed here: embedded (or sglang_http with rollout.sglang_urls)")
+    # SGLang's CPU engine (SGLANG_USE_CPU_ENGINE=1, with sgl-kernel's CPU build) runs without GPUs
+    # (rollout/sglang_engine.py cpu_engine).
+    sglang_gpu = cfg.rollout.engine == "sglang" and os.environ.get("SGLANG_USE_CPU_ENGINE") != "1"
+    if sglang_gpu and engine_flag:
+        out.append(f"{engine_flag} sglang needs CUDA GPUs and none is visible; allowed here: {engine_flag} embedded "
+                   "(or SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1)")
+    elif sglang_gpu:
+        out.append("rollout.engine=sglang needs CUDA GPUs and none is visible; allowed here: embedded (or "
+                   "sglang_http with rollout.sglang_urls, or SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1)")
     for key, o in (("actor_optim", cfg.actor_optim), ("critic_optim", cfg.critic_optim)):
         if o.distributed_optimizer:
             out.append(f"{key}.distributed_optimizer=true needs CUDA GPUs (NCCL) and none is visible; allowed here: false")

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.setup-stamp
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup_env.sh
+$(STAMP): pyproject.toml scripts/setup_env.sh scripts/sglang_cpu_requirements.txt
 	bash scripts/setup_env.sh
 	touch $(STAMP)
 

@@ -69,9 +69,10 @@ class Bench:
     def record(self, variant: str, seed: int) -> dict:
         sets, unset = resolve(variant, self.base)
         critic = VARIANTS[variant].get("critic")
+        entry = {"entry": VARIANTS[variant]["entry"]} if "entry" in VARIANTS[variant] else {}  # older records have none
         return {"variant": variant, "seed": seed, "config_sha256": self.config_sha, "steps": self.steps,
                 "set": self.a.set, "overrides": sets, "unset": unset, "nproc": self.a.nproc,
-                "warm_start": self.warm_record(seed), "critic": self.warm_record(seed, critic) if critic else None}
+                "warm_start": self.warm_record(seed), "critic": self.warm_record(seed, critic) if critic else None} | entry
 
     # ---- commands ------------------------------------------------------------------------------
     def data_cmd(self, seed: int, critic: str | None = None) -> list[str]:
@@ -98,9 +99,10 @@ class Bench:
 
     def train_cmd(self, variant: str | None, seed: int, critic: str | None = None) -> list[str]:
         config = self.config if variant is None else self.run_dir(variant, seed) / "bench.yaml"
+        entry = VARIANTS[variant].get("entry") if variant else None  # vapo-train, or a control's wrapper of it
         return [self.py, "-m", "torch.distributed.run", "--nproc-per-node", str(self.a.nproc), "--master-addr",
-                "127.0.0.1", "--master-port", "PORT", "-m", "vapo_megatron.train", "--config", str(config),
-                *self.overrides(variant, seed, critic)]
+                "127.0.0.1", "--master-port", "PORT", *([str(ROOT / entry)] if entry else ["-m", "vapo_megatron.train"]),
+                "--config", str(config), *self.overrides(variant, seed, critic)]
 
     def eval_args(self, seed: int) -> dict:
         r, e, rw = self.base["rollout"], self.base["eval"], self.base["reward"]
@@ -188,9 +190,16 @@ class Bench:
     def train(self, variant: str | None, seed: int, run: Path, critic: str | None = None) -> int:
         """One attempt at the run (a resume if it was killed); its cost is added to bench_time.json."""
         cmd = [str(free_port()) if w == "PORT" else w for w in self.train_cmd(variant, seed, critic)]
+        self.add_code(run)
         rc, wall, cpu = spawn(cmd, run / "bench.log", self.env, ROOT)
         self.add_time(run, "", wall, cpu, attempt=1)
         return rc
+
+    def add_code(self, run: Path) -> None:
+        """The commit (and whether the tree had changes) of each attempt at training the run, in
+        bench_code.json: a summary says which code trained it, not only which wrote the summary."""
+        codes = (read_json(run / "bench_code.json") or {}).get("train_code", [])
+        (run / "bench_code.json").write_text(json.dumps({"train_code": [*codes, self.code(dirty=True)]}) + "\n")
 
     @staticmethod
     def times(run: Path) -> dict:
@@ -270,6 +279,7 @@ class Bench:
         return figures | {"sft_steps": sft[-1]["sft_step"] if sft else 0, "train_accuracy": next(
             (r["sft/train_accuracy"] for r in reversed(sft) if "sft/train_accuracy" in r), None),
             "eval_accuracy": final.get("eval/accuracy"), "eval_avg@K": final.get(f"eval/avg@{self.base['eval']['n_samples']}"),
+            "train_code": (read_json(run / "bench_code.json") or {}).get("train_code"),
             "parameters": meta.get("num_parameters"), "wall_s": round(t["wall_s"], 1), "cpu_s": round(t["cpu_s"], 1),
             "eval_cpu_s": round(t["eval_cpu_s"], 1)}
 
@@ -289,7 +299,7 @@ class Bench:
             "warm_start": self.warm_summary(seed) if self.warm else None,
             "critic_warm_start": self.warm_summary(seed, critic) if critic and self.warm else None,
             "accuracy": final.get("eval/accuracy"), "avg@K": final.get(f"eval/avg@{k}"), "trainer_eval_k": k,
-            "code": self.code(),
+            "code": self.code(), "train_code": (read_json(run / "bench_code.json") or {}).get("train_code"),
         } | curve_figures(records, value_pretrain=vp, steps=cfg["trainer"]["total_steps"],
                           prompts=r["prompts_per_step"], n_samples=r["n_samples"]) | figures
 
@@ -299,10 +309,14 @@ class Bench:
 
         return yaml.safe_load((run / "config.yaml").read_text())
 
-    def code(self) -> str | None:
-        """The commit the harness ran at (informative; not part of the record)."""
+    def code(self, dirty: bool = False) -> str | None:
+        """The commit the harness runs at (informative; not part of the record); with `dirty`, marked
+        "+changes" when tracked files differ from it."""
         p = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        return p.stdout.strip() or None
+        commit = p.stdout.strip() or None
+        if commit and dirty and subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode == 1:
+            commit += "+changes"
+        return commit
 
     def read_summary(self, variant: str, seed: int) -> dict | None:
         """A run's summary, the --summaries copy first; one made with other settings is refused."""

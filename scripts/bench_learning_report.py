@@ -5,6 +5,8 @@
     t_interval(values)             mean and 95% t-interval
     study_report(summaries, ...)   a study's markdown: its arms, and the paired differences by warm start
     decisions(summaries, study)    the critic study's pre-registered decision rules 1-5, applied (markdown)
+    holm_tables(...)               a study's primary pairs under Holm's correction; its secondary pairs
+    oracle_decisions(done, study)  the positive control's pre-registered decision rules (issue 54)
     seed_figure(summaries, ...)    PNG: one panel per arm, one line per seed, held-out accuracy vs RL step
 """
 
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+
+from bench_stats import fieller, holm, t_test  # scripts/, beside this file
 
 COLUMNS = ("accuracy", "avg@K", "short_accuracy", "short_avg@K", "long_accuracy", "long_avg@K", "wall_s")  # issue 31's summaries
 STUDY_COLUMNS = ("heldout_avg@K", "long_avg@K", "heldout_accuracy", "auc", "short_avg@K", "samples_generated", "cpu_s")
@@ -161,6 +165,76 @@ def decisions(summaries: list[dict], study: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def holm_readings(done: list[dict], study: dict, key: str) -> dict[tuple[str, str], tuple]:
+    """{(a, b): (reading, (mean, low, high, p), Holm-adjusted p)} of the study's primary pairs on `key`:
+    a pair resolves (above or below 0, by its mean's sign) when its Holm-adjusted p is below 0.05."""
+    tests = {pair: t_test(list(paired(done, *pair, key).values())) for pair in study["pairs"]}
+    adjusted = holm({pair: r[3] for pair, r in tests.items() if r is not None})
+    out = {}
+    for pair, r in tests.items():
+        if r is None:
+            out[pair] = ("-", None, None)
+        else:
+            out[pair] = ("unresolved" if adjusted[pair] >= 0.05 else "above 0" if r[0] > 0 else "below 0", r, adjusted[pair])
+    return out
+
+
+def holm_tables(done: list[dict], study: dict, arms: list[str]) -> list[str]:
+    """The primary pairs under Holm's correction, per endpoint; the secondary pairs, uncorrected (they describe)."""
+    lines = []
+    for key, title in ENDPOINTS:
+        lines += [f"Primary comparisons, {title}: paired t-test per pair (95% interval unadjusted), Holm's correction "
+                  "over the pairs decides the reading:", "",
+                  "| a - b | n | mean | 95% interval | p | Holm p | reading | per seed |", "|---|---|---|---|---|---|---|---|"]
+        for (a, b), (said, r, adj) in holm_readings(done, study, key).items():
+            d = paired(done, a, b, key)
+            cells = ["-"] * 4 if r is None else [f"{r[0]:+.3f}", f"[{r[1]:+.3f}, {r[2]:+.3f}]", f"{r[3]:.4f}", f"{adj:.4f}"]
+            per = ", ".join(f"{k}: {v:+.3f}" for k, v in d.items())
+            lines.append(f"| {a} - {b} | {len(d)} | " + " | ".join(cells) + f" | {said} | {per} |")
+        lines.append("")
+    pairs = [(a, b) for a, b in study.get("secondary_pairs", []) if a in arms and b in arms]
+    if pairs:
+        lines += ["Secondary comparisons (described, not decided; uncorrected 95% t-intervals):", "",
+                  "| a - b | endpoint | n | mean | 95% interval |", "|---|---|---|---|---|"]
+        for a, b in pairs:
+            for key, _ in ENDPOINTS:
+                r = t_test(list(paired(done, a, b, key).values()))
+                cells = ["-", "-"] if r is None else [f"{r[0]:+.3f}", f"[{r[1]:+.3f}, {r[2]:+.3f}]"]
+                lines.append(f"| {a} - {b} | {key} | {len(paired(done, a, b, key))} | {cells[0]} | {cells[1]} |")
+        lines.append("")
+    return lines
+
+
+def oracle_decisions(done: list[dict], study: dict) -> str:
+    """The positive control's decision rules (docs/benchmarks.md, "Can any critic help?"), applied to the
+    primary endpoint under Holm's correction, mechanically."""
+    key = ENDPOINTS[0][0]
+    learned, oracle, free = study["share"]
+    readings = holm_readings(done, study, key)
+    said, r, adj = readings[(oracle, free)]
+    if r is None:
+        return "Decision rules: not applicable (no paired runs of the oracle and the value-free arm).\n"
+    fmt = lambda x: f"{x[0]:+.3f} [{x[1]:+.3f}, {x[2]:+.3f}], Holm p {adj:.4f}"  # noqa: E731
+    out = ["Decision rules (pre-registered), applied to the primary endpoint:", ""]
+    if said == "above 0":
+        gain, captured = paired(done, oracle, free, key), paired(done, learned, free, key)
+        seeds = sorted(set(gain) & set(captured))
+        ratio, low, high = fieller([captured[s] for s in seeds], [gain[s] for s in seeds])
+        bounds = f"[{low:+.2f}, {high:+.2f}]" if low is not None else "unbounded"
+        out.append(f"1. `{oracle} - {free}` = {fmt(r)}: resolved above 0. A value function can help on this task.")
+        out.append(f"2. The learned critic captures {ratio:+.2f} of the oracle's gain, 95% Fieller interval {bounds} "
+                   f"(`{learned} - {free}` over `{oracle} - {free}`, {len(seeds)} warm starts).")
+    elif said == "below 0":
+        out.append(f"1. `{oracle} - {free}` = {fmt(r)}: resolved BELOW 0. An oracle that hurts is looked at as a "
+                   "defect first (docs/benchmarks.md); no share is computed.")
+    else:
+        out.append(f"1. `{oracle} - {free}` = {fmt(r)}: unresolved. This task cannot show a critic's value at this "
+                   "scale; the variant that could is designed, not run (docs/benchmarks.md).")
+    rest = [f"`{a} - {b}` {readings[(a, b)][0]}" for a, b in study["pairs"] if (a, b) != (oracle, free)]
+    out.append("3. The other primary comparisons, under Holm's correction: " + "; ".join(rest) + ".")
+    return "\n".join(out) + "\n"
+
+
 def study_report(summaries: list[dict], study: dict, arms: list[str]) -> str:
     done = [s for s in summaries if s["status"] == "finished"]
     lines = ["Per arm: mean ± std [min, max] over the seeds listed; `samples` trained, `samples_generated` "
@@ -168,7 +242,7 @@ def study_report(summaries: list[dict], study: dict, arms: list[str]) -> str:
     missing = [f"{s['variant']} seed {s['seed']}" for s in summaries if s["status"] != "finished"]
     if missing:
         lines += [f"Not finished: {', '.join(missing)}.", ""]
-    for key, title in ENDPOINTS:
+    for key, title in ENDPOINTS if not study.get("holm") else ():  # with Holm: holm_tables below
         lines += [f"Paired differences, {title} (each seed's a - b; 95% t-interval):", "",
                   "| a - b | n | mean | 95% interval | reading | per seed |", "|---|---|---|---|---|---|"]
         for a, b in comparisons(study, arms):
@@ -178,8 +252,12 @@ def study_report(summaries: list[dict], study: dict, arms: list[str]) -> str:
             cells = ["-", "-"] if ci is None else [f"{ci[0]:+.3f}", f"[{ci[1]:+.3f}, {ci[2]:+.3f}]"]
             lines.append(f"| {a} - {b} | {len(d)} | {cells[0]} | {cells[1]} | {said} | {per} |")
         lines.append("")
-    if study.get("rules"):  # the critic study's pre-registered decision rules
+    if study.get("holm"):  # several primary comparisons: Holm's correction decides their readings
+        lines += holm_tables(done, study, arms)
+    if study.get("rules") == "critic":  # the critic study's pre-registered decision rules
         lines += [decisions(summaries, study)]
+    elif study.get("rules") == "oracle":
+        lines += [oracle_decisions(done, study)]
     lines += ["Critic: explained variance of the return by response position (mean over seeds), and how often a "
               "wrong answer's most negative TD error is within 2 tokens of its first wrong token (all seeds):", "",
               "| arm | EV by position | within 2 of the first error |", "|---|---|---|"]

@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-staleness", type=int, default=1)
     ap.add_argument("--max-decode-steps", type=int, default=None)
     args = ap.parse_args(argv)
+    if args.spare_batches > args.max_staleness:  # config/checks.py partial_problems' rule
+        ap.error(f"--spare-batches={args.spare_batches} must be <= --max-staleness={args.max_staleness}")
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

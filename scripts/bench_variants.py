@@ -51,6 +51,15 @@ VARIANTS: dict[str, dict] = {
     # The critic study's follow-up (docs/benchmarks.md, "At DAPO's generation"): GRPO generating and
     # training on as many samples per step as DAPO generates (2x the prompts), the same 50 steps.
     "grpo_dapo_volume": {"set": [*NO_CRITIC, "rollout.prompts_per_step=PROMPTS_X2"], "unset": CRITIC_ONLY},
+    # The positive control (issue 54; docs/benchmarks.md, "Can any critic help?"). vapo_oracle is vapo's
+    # settings run by scripts/bench_oracle.py ("entry"), whose critic role is the chain task's oracle.
+    "vapo_oracle": {"set": [], "entry": "scripts/bench_oracle.py"},
+    "dr_grpo": {"set": [*NO_CRITIC, "algo.grpo_std_norm=false"], "unset": CRITIC_ONLY},
+    # DAPO as its paper ran it (arXiv 2503.14476): no positive-example LM loss, an overlong buffer of
+    # a fifth of the longest answer (4,096 of 20,480 tokens); the study's `dapo` keeps both of VAPO's.
+    "dapo_paper": {"set": [*NO_CRITIC, "rollout.dynamic_sampling=true", "reward.overlong_buffer=OVERLONG_PAPER",
+                           "algo.nll_coef=0"], "unset": CRITIC_ONLY},
+    "vapo_dapo_volume": {"set": ["rollout.prompts_per_step=PROMPTS_X2"]},
 }
 # Partial rollout's learning parity (issue 47; docs/benchmarks.md): each of these rows with
 # rollout.partial on, rounds of a third of the longest answer so that responses do carry over.
@@ -66,7 +75,7 @@ STUDIES = {
         "seeds": [101, 102, 103, 104, 105],
         "primary": ["vapo", "vapo_no_critic", "grpo_paper", "dapo"],
         "mechanism": ["vapo_whiten", "vapo_lambda1", "vapo_vp0", "vapo_vp50", "vapo_critic_4x"],
-        "rules": True,  # its decision rules are applied in the report (bench_learning_report.decisions)
+        "rules": "critic",  # its decision rules are applied in the report (bench_learning_report.decisions)
         "eval_k": 8,
         "summaries": "docs/benchmarks/critic",
     },
@@ -90,11 +99,30 @@ STUDIES = {
         "eval_k": 8,
         "summaries": "docs/benchmarks/volume",
     },
+    # The positive control (issue 54; docs/benchmarks.md, "Can any critic help?"), designed before its
+    # runs: ten warm starts; the five primary comparisons ("pairs") are read under Holm's correction
+    # ("holm"); "share": how much of the oracle's gain over the value-free arm the learned critic
+    # captures, (a - c) / (b - c), read only if the oracle's gain resolves ("rules": oracle_decisions).
+    "oracle": {
+        "seeds": [101, 102, 103, 104, 105, 106, 107, 108, 109, 110],
+        "primary": ["vapo", "vapo_no_critic", "vapo_oracle", "dr_grpo", "dapo_paper", "vapo_dapo_volume"],
+        "mechanism": [],
+        "pairs": [("vapo_oracle", "vapo_no_critic"), ("vapo", "vapo_no_critic"), ("vapo", "vapo_oracle"),
+                  ("dr_grpo", "vapo_no_critic"), ("vapo", "dapo_paper")],
+        "secondary_pairs": [("vapo_dapo_volume", "vapo"), ("vapo_dapo_volume", "dapo_paper"),
+                            ("vapo_dapo_volume", "vapo_no_critic")],
+        "holm": True,
+        "share": ("vapo", "vapo_oracle", "vapo_no_critic"),
+        "rules": "oracle",
+        "eval_k": 8,
+        "summaries": "docs/benchmarks/oracle",
+    },
 }
 
 
 def has_critic(variant: str) -> bool:
-    return "algo.estimator=grpo" not in VARIANTS[variant]["set"]
+    """A learned critic, whose checkpoint the credit diagnostics read (the oracle's is no model)."""
+    return "algo.estimator=grpo" not in VARIANTS[variant]["set"] and "entry" not in VARIANTS[variant]
 
 
 def base_settings(config: Path, overrides: list[str]) -> dict:
@@ -114,7 +142,7 @@ def resolve(variant: str, base: dict) -> tuple[list[str], list[str]]:
     r, a = base["rollout"], base["algo"]
     fill = {"EPS_LOW": str(a["eps_low"]), "PROMPTS_X_GROUP": str(r["prompts_per_step"] * r["n_samples"]),
             "OVERLONG": str(max(1, r["max_new_tokens"] // 8)), "PROMPTS_X2": str(2 * r["prompts_per_step"]),
-            "ROUND": str(max(1, r["max_new_tokens"] // 3))}
+            "ROUND": str(max(1, r["max_new_tokens"] // 3)), "OVERLONG_PAPER": str(max(1, r["max_new_tokens"] // 5))}
     out = []
     for item in VARIANTS[variant]["set"]:
         key, value = item.split("=", 1)

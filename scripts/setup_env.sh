@@ -35,10 +35,9 @@ fi
 # The project with its pinned CPU/CI dependencies, the test extra and the wandb extra (the suite
 # runs W&B offline: tests/unit/test_wandb.py, tests/e2e/test_wandb_resume.py).
 .venv/bin/python -m pip install -q --no-compile -e ".[test,wandb]"
-# SGLang's classes (Engine, serializer, FlattenedTensorBucket, request structs) import without
-# its CUDA stack; tests use the real classes. Its full dependency set is that CUDA stack
-# (flashinfer, sglang-kernel, cutlass, ~10 GB), which cannot run here, so sglang goes in with
-# --no-deps. Everything installed beside it is at versions sglang itself accepts: torch,
+# SGLang runs in the suite on its CPU engine (tests/helpers/sglang_world.py). Its full dependency
+# set is its CUDA stack (flashinfer, sglang-kernel, cutlass, ~10 GB), which cannot run here, so
+# sglang goes in with --no-deps and what its CPU path imports goes in pinned below. Everything installed beside it is at versions sglang itself accepts: torch,
 # transformers and tokenizers are pinned in pyproject.toml to sglang's exact pins, and
 # tests/unit/test_pins.py fails when any installed package disagrees with sglang's metadata.
 .venv/bin/python -m pip install -q --no-compile --no-deps "sglang==0.5.23"
@@ -53,6 +52,9 @@ if ! out=$(.venv/bin/python -m pip install -q --no-compile orjson==3.13.0 psutil
   echo "$out" >&2; exit 1
 fi
 grep "but you have" <<<"$out" >&2 || true
+# What SGLang's CPU engine imports besides (the suite runs sglang.Engine and its server on the CPU,
+# tests/helpers/sglang_world.py): each pinned, with --no-deps, so nothing unpinned comes along.
+.venv/bin/python -m pip install -q --no-compile --no-deps -r scripts/sglang_cpu_requirements.txt
 # -W ignore: a library's invalid escape sequences are its own, printed by the thousand otherwise;
 # || true: a few packages ship files that are not Python 3 (templates), skipped as pip skips them.
 SITE=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

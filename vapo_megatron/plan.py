@@ -1,8 +1,8 @@
 """vapo-plan: will a run fit on its GPUs? Per-GPU memory of actor, critic (if any) and the SGLang engine.
 
     vapo-plan --config configs/qwen2.5_32b_vapo.yaml --nodes 8 --gpus-per-node 8 [--gpu-memory-gib 80]
-              [--reserve-gib G] [--preset qwen2.5-32b] [--gpu h100 [--mean-response-tokens N] ...]
-              [key=value overrides...]
+              [--reserve-gib G] [--preset qwen2.5-32b] [--gpu h100 [--mean-response-tokens N] ...
+              [--search [--top N] [--json]]] [key=value overrides...]
 
 Nothing is loaded and no GPU is used. For each DISTINCT rank position (tp_rank, pp_rank; DP
 replicas are identical) the real actor and critic providers build that rank's shard on the meta
@@ -22,6 +22,10 @@ With --gpu NAME (h100, h200, a100, b200, gb200) it also prints how long one iter
 phase, its tokens/s/GPU and the whole run's GPU-hours (sizing/step_time.py: datasheet rates at
 stated efficiencies, with --mean-response-tokens, --mean-prompt-tokens, --storage-gb-per-s and
 --eval-prompts as the assumptions it cannot read from the config).
+With --search (and --gpu) it tries every layout instead of the config's: TP, PP, VPP, EP, the
+engine's TP, recompute, offload and micro-batch tokens, each through the same checks and memory
+check as one config, and ranks those that fit by modelled step time, the config's own among them
+(sizing/search.py; --top N, --json for a list of records; exit 0 when one fits, 1 when none).
 Exit status: 0 fits, 1 does not fit (each failing phase, rank and the amount over are printed),
 2 invalid configuration or layout (one message, never a traceback: config/cli.py). The figures are computed, not measured (docs/slurm.md).
 """
@@ -75,6 +79,12 @@ def main(argv: list[str] | None = None) -> int:
                       help="GB/s the job writes to its file system, all nodes together (checkpoints; default 1)")
     timing.add_argument("--eval-prompts", type=int, default=None,
                       help="prompts in the eval set (default: eval.max_prompts; fewer when the set is smaller)")
+    search = ap.add_argument_group("layout search (sizing/search.py; computed, nothing measured)")
+    search.add_argument("--search", action="store_true",
+                        help="every layout the trainer accepts on these GPUs (TP, PP, VPP, EP, engine TP, recompute, "
+                             "offload, micro-batch tokens) that fits, ranked by modelled step time; needs --gpu")
+    search.add_argument("--top", type=int, default=None, help="layouts shown (default 10; the config's own always)")
+    search.add_argument("--json", action="store_true", help="print the ranking as a JSON list of records")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. parallel.pp=2")
     args = ap.parse_args(argv)
     from vapo_megatron.config.cli import answer
@@ -89,8 +99,8 @@ def plan(args: argparse.Namespace) -> int:
     """Check the configuration for the cluster (exit 2 naming every problem), then size it."""
     from model_providers import HFConfigError, check_supported
     from vapo_megatron.config.checks import config_problems
-    from vapo_megatron.config.layout import layout_problems
-    from vapo_megatron.config.preflight import batch_problems, moe_problems
+    from vapo_megatron.config.preflight import launch_problems
+    from vapo_megatron.sizing.search import setting_problems
 
     try:
         if args.nodes < 1 or args.gpus_per_node < 1:
@@ -110,24 +120,14 @@ def plan(args: argparse.Namespace) -> int:
             check_supported(critic_hf)
         except HFConfigError as e:
             problems.append(str(e))
-        problems += config_problems(cfg, check_paths=False)
-        problems += time_option_problems(args, cfg)
-        p, r = cfg.parallel, cfg.rollout
-        layout = layout_problems(world, p.tp, p.pp, p.vpp, model=actor_hf, ep=p.ep)
-        if critic_hf is not actor_hf:  # a critic of its own: its heads and experts split too
-            critic = layout_problems(world, p.tp, p.pp, p.vpp, model=critic_hf, model_key="model.critic_hf_path", ep=p.ep)
-            layout += [msg for msg in critic if msg not in layout]  # the world-size ones are said once
-        problems += layout
-        problems += moe_problems(cfg, [("model.hf_path", actor_hf)] + ([("model.critic_hf_path", critic_hf)]
-                                                                       if critic_hf is not actor_hf else []))
-        if not layout:
-            problems += batch_problems(cfg, world // (p.tp * p.pp))
-        if r.engine == "sglang" and (world % r.sglang_tp or r.sglang_tp > args.gpus_per_node):
-            problems.append(f"rollout.sglang_tp={r.sglang_tp} must divide the {world} GPUs and fit in one node of "
-                            f"{args.gpus_per_node} GPUs (a colocated engine uses its node's GPUs)")
-        if r.engine == "sglang" and actor_hf["num_attention_heads"] % r.sglang_tp:
-            problems.append(f"rollout.sglang_tp={r.sglang_tp} does not divide num_attention_heads="
-                            f"{actor_hf['num_attention_heads']} ({actor_hf['_source']})")
+        if args.search:  # the layout is the search's: only what no layout can fix, and the search's options
+            problems += setting_problems(cfg) + time_option_problems(args, cfg) + search_option_problems(args, cfg)
+        else:
+            problems += config_problems(cfg, check_paths=False)
+            problems += time_option_problems(args, cfg)
+            problems += [f"{option} needs --search" for option, given in (("--json", args.json), ("--top", args.top))
+                         if given not in (False, None)]
+            problems += launch_problems(cfg, world, actor_hf, critic_hf, gpus_per_node=args.gpus_per_node)
         if problems:
             raise problems_error(problems)
     except (ConfigError, ValueError) as e:  # ValueError: an unknown preset, an unreadable config.json
@@ -136,6 +136,8 @@ def plan(args: argparse.Namespace) -> int:
     from vapo_megatron.mcore.megatron_import import import_megatron
 
     import_megatron()  # on a machine without CUDA, no torch.compile at megatron-core's import
+    if args.search:
+        return search_layouts(args, cfg, actor_hf, critic_hf, source, world)
     from vapo_megatron.sizing.plan import make_plan
     from vapo_megatron.sizing.report import format_plan
 
@@ -147,6 +149,49 @@ def plan(args: argparse.Namespace) -> int:
         print()
         print(step_time_report(args, cfg, plan, actor_hf, critic_hf))
     return 1 if plan.problems else 0
+
+
+def search_option_problems(args: argparse.Namespace, cfg) -> list[str]:
+    """--search ranks by the step-time model: it needs --gpu, and a colocated engine (what the model times)."""
+    problems = []
+    if args.gpu is None:
+        problems.append("--search ranks layouts by modelled step time: give the GPU with --gpu (h100, h200, a100, "
+                        "b200, gb200)")
+    if cfg.rollout.engine != "sglang":
+        problems.append(f"--search ranks by the step-time model, which times colocated SGLang engines only; this "
+                        f"config's rollout.engine={cfg.rollout.engine} (set rollout.engine=sglang)")
+    if args.top is not None and args.top < 1:
+        problems.append(f"--top={args.top} must be >= 1")
+    return problems
+
+
+def search_layouts(args: argparse.Namespace, cfg, actor_hf: dict, critic_hf: dict, source: str, world: int) -> int:
+    """--search: the ranking as a table, or with --json as a list of records. Exit 0 when a layout fits, 1 when none does."""
+    import json
+    import shlex
+
+    from vapo_megatron.sizing.hardware import GPUS
+    from vapo_megatron.sizing.search import Assumptions, records, search
+    from vapo_megatron.sizing.search_report import format_search
+
+    a = Assumptions(gpu=GPUS[args.gpu], gpus_per_node=args.gpus_per_node, gpu_memory_gib=gpu_memory_gib(args),
+                    reserve_gib=args.reserve_gib, response_tokens=args.mean_response_tokens,
+                    prompt_tokens=args.mean_prompt_tokens, storage_gb_s=args.storage_gb_per_s,
+                    eval_prompts=args.eval_prompts)
+    result = search(cfg, actor_hf, critic_hf, world=world, a=a)
+    top = args.top or 10
+    if args.json:
+        print(json.dumps(records(result, top), indent=1))
+        return 0 if result.rows else 1
+    options = [("--preset", args.preset), ("--gpu-memory-gib", args.gpu_memory_gib), ("--reserve-gib", args.reserve_gib),
+               ("--mean-response-tokens", args.mean_response_tokens), ("--mean-prompt-tokens", args.mean_prompt_tokens),
+               ("--storage-gb-per-s", None if args.storage_gb_per_s == 1.0 else args.storage_gb_per_s),
+               ("--eval-prompts", args.eval_prompts)]
+    given = [x for option, v in options if v is not None for x in (option, f"{v:g}" if isinstance(v, float) else str(v))]
+    rerun = shlex.join(["vapo-plan", "--config", args.config, "--nodes", str(args.nodes), "--gpus-per-node",
+                        str(args.gpus_per_node), "--gpu", args.gpu, *given, *args.overrides])
+    print(format_search(result, cfg, top=top, model_source=source, nodes=args.nodes, config_path=args.config, rerun=rerun))
+    return 0 if result.rows else 1
 
 
 def gpu_memory_gib(args: argparse.Namespace) -> float:
@@ -181,18 +226,16 @@ def step_time_report(args: argparse.Namespace, cfg, plan, actor_hf: dict, critic
     offloaded per GPU, checkpoint bytes)."""
     from vapo_megatron.sizing.report import format_step_time
     from vapo_megatron.sizing.hardware import GPUS
-    from vapo_megatron.sizing.step_config import setup_from_config, without_critic_delta
+    from vapo_megatron.sizing.step_config import plan_setup, without_critic_delta
     from vapo_megatron.sizing.step_time import estimate
 
     if cfg.rollout.engine != "sglang":
         return (f"step time: modelled for colocated SGLang engines (rollout.engine=sglang) only; this config's "
                 f"rollout.engine={cfg.rollout.engine}")
     gpu = GPUS[args.gpu]
-    setup = setup_from_config(
-        cfg, actor_hf, critic_hf, world=plan.world_size, gpus_per_node=args.gpus_per_node, gpu=gpu,
-        response_tokens=args.mean_response_tokens, prompt_tokens=args.mean_prompt_tokens, kv_tokens=plan.kv_tokens,
-        offload_bytes_per_gpu=plan.host_per_gpu if plan.offload else 0, checkpoint_bytes=plan.checkpoint,
-        storage_bytes_s=args.storage_gb_per_s * 1e9, eval_prompts=args.eval_prompts)
+    setup = plan_setup(cfg, plan, actor_hf, critic_hf, gpus_per_node=args.gpus_per_node, gpu=gpu,
+                       response_tokens=args.mean_response_tokens, prompt_tokens=args.mean_prompt_tokens,
+                       storage_gb_s=args.storage_gb_per_s, eval_prompts=args.eval_prompts)
     delta = without_critic_delta(gpu, setup) if setup.critic is None else None
     return format_step_time(estimate(gpu, setup), cfg, critic_delta_s=delta)
 

@@ -219,10 +219,11 @@ def test_eval_refuses_sglang_without_cuda_as_the_trainer_does(made, capsys, no_e
     from vapo_megatron import eval as vapo_eval
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)  # SGLang's CPU engine: tests/e2e/test_sglang_eval.py
 
     code, message = answered(capsys, vapo_eval.main, eval_argv(made[0], made[0] / "hf", "--engine", "sglang"), "vapo-eval")
     assert code == 2 and message == ("vapo-eval: error: --engine sglang needs CUDA GPUs and none is visible; "
-                                     "allowed here: --engine embedded")
+                                     "allowed here: --engine embedded (or SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1)")
 
 
 @pytest.mark.parametrize("flag,value,says", [

@@ -6,7 +6,8 @@ uninterrupted. A second run on its own directory is SIGKILLed at each of the fiv
 in turn, with a damaged newest checkpoint before two of the restarts, and must end with the same
 actor and critic (weights and Adam state), RNG states, run state, carried-over groups and metrics,
 bitwise, as the uninterrupted run. NaN losses injected into a copy of the finished run are skipped
-and counted, and then stop the run with exit code 4.
+and counted, and then stop the run with exit code 4. Another copy, its carry-over file damaged,
+falls back to the checkpoint before, and is stopped by a SIGTERM to torchrun with a checkpoint.
 
 Both runs use partial rollout (rollout.partial; issue 47) with one-token rounds and a one-token
 budget, so the checkpoints the kills resume from hold unfinished responses in the carry-over
@@ -23,7 +24,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from tests.helpers.train_runs import Launch, checkpoint_tensors, launch, make_demo_data, records, train_in_forks
 from vapo_megatron.rollout import carry_over
@@ -138,6 +140,18 @@ def _assert_same_run(want: Path, have: Path) -> None:
     assert [_comparable(r) for r in a] == [_comparable(r) for r in b]
 
 
+def test_a_value_pretraining_step_makes_no_token_stale(reference):
+    """Staleness counts actor updates (RunState.policy_version; issue 55 item 11). Iteration 0 is value
+    pretraining, which leaves the actor as it was, so the tokens it sampled are of the very policy
+    iteration 1 trains: none is stale and no group is waited for. (Counted by iterations, 79% of
+    a step's tokens looked stale with importance ratios of 1 +- 2e-7, and groups had to finish.)"""
+    steps = {r["step"]: r for r in records(reference) if r["phase"] in ("value_pretrain", "vapo")}
+    assert steps[1]["phase"] == "value_pretrain" and steps[2]["phase"] == "vapo"
+    assert steps[2]["partial/stale_fraction"] == 0.0 and "partial/is_ratio_mean" not in steps[2]
+    assert steps[2]["partial/groups_waited"] == 0.0
+    assert all(steps[s]["partial/stale_fraction"] > 0 for s in range(3, 2 + VAPO_STEPS))  # updates did make them stale
+
+
 def test_killed_at_every_point_and_damaged_checkpoints_resume_to_the_same_run(reference, demo_data, tmp_path):
     run_dir = tmp_path / "run"
     root = run_dir / "checkpoints"
@@ -201,6 +215,47 @@ def test_killed_at_every_point_and_damaged_checkpoints_resume_to_the_same_run(re
     assert _latest(root) == FINAL and not list(root.glob(".iter_*"))
     _assert_consistent(root)
     _assert_same_run(reference, run_dir)
+
+
+def test_a_damaged_carry_over_file_falls_back_and_sigterm_to_torchrun_checkpoints(reference, demo_data, tmp_path):
+    """A copy of the finished reference run, its newest checkpoint's carry-over file holding a token id
+    outside the vocabulary (which a resume took, and then failed the first step with an IndexError at
+    every restart; issue 55 item 10), trained on; `kill <torchrun's pid>` during the
+    one iteration after the redone one (item 12). The resume names the file, the group and the token, falls back to the
+    previous checkpoint and redoes its iteration exactly. On SIGTERM torchrun's agent signals the
+    workers and waits for them (--shutdown-timeout): they finish the step, checkpoint and exit 3; then
+    the agent raises its SignalException and torchrun exits 1, whatever its workers' codes (docs/faults.md)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    root = run_dir / "checkpoints"
+    damaged = root / FINAL / carry_over.FILE
+    vocab = json.loads((demo_data / "model" / "config.json").read_text())["vocab_size"]
+    with safe_open(str(damaged), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    tensors["tokens"][-1] = vocab  # the last group's last token
+    save_file(tensors, str(damaged), metadata=meta)
+    run = launch(CONFIG, _settings(demo_data, run_dir, f"trainer.total_steps={VAPO_STEPS + 1}"),
+                 env={"VAPO_FAULT": f"term_launcher@{1 + VAPO_STEPS}"},
+                 torchrun_args=(*TORCHRUN_ARGS, "--shutdown-timeout", "300"))
+    last = len(carry_over.read_groups(reference / "checkpoints" / FINAL / carry_over.FILE)[1]) - 1
+    assert (f"[vapo] checkpoint {root / FINAL} is damaged, falling back to an older one: {damaged} is damaged: "
+            f"group {last} (key ") in run.stdout, run.output[-3000:]
+    assert f"token id {vocab} is outside the vocabulary [0, {vocab}) of model.hf_path\n" in run.stdout, run.output[-3000:]
+    previous = f"iter_{VAPO_STEPS:07d}"
+    assert _resumed_from(run, root, previous), run.output[-3000:]
+    # The redone iteration wrote the newest checkpoint again, as the uninterrupted run had it.
+    for model in ("actor", "critic"):
+        a, b = checkpoint_tensors(reference / "checkpoints" / FINAL / model), checkpoint_tensors(root / FINAL / model)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), model
+    assert [carry_over.to_plain([g]) for _, g in carry_over.read_groups(reference / "checkpoints" / FINAL / carry_over.FILE)[1]] \
+        == [carry_over.to_plain([g]) for _, g in carry_over.read_groups(damaged)[1]]
+    # SIGTERM to torchrun: the workers' checkpoint and exit 3; torchrun's own exit 1.
+    stopped = f"iter_{2 + VAPO_STEPS:07d}"
+    assert f"[vapo] stop (SIGTERM): checkpoint at iteration {2 + VAPO_STEPS} written, exiting with 3" in run.stdout, \
+        run.output[-3000:]
+    assert run.returncode == 1 and "SignalException" in run.stderr, (run.returncode, run.output[-3000:])
+    assert _latest(root) == stopped and not run.leftovers
+    _assert_consistent(root)
 
 
 def test_nan_losses_are_skipped_and_counted_then_stop_the_run(reference, demo_data, tmp_path):

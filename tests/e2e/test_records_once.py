@@ -22,7 +22,7 @@ def _cli(demo: Path, run_dir: Path, *extra: str, fault: str = "") -> subprocess.
     env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)} | ({"VAPO_FAULT": fault} if fault else {}))
     cmd = [sys.executable, "-m", "vapo_megatron.train", "--config", str(CONFIG),
            f"trainer.run_dir={run_dir}", f"model.hf_path={demo}/model", f"data.train_files=[{demo}/train.jsonl]",
-           f"data.eval_files=[{demo}/eval.jsonl]", "eval.n_samples=2", "eval.every=100",
+           f"data.eval_files=[{demo}/eval.jsonl]", "eval.n_samples=2", "eval.every=0",
            f"sft.files=[{demo}/sft.jsonl]", "sft.steps=3", "sft.batch_size=4", "sft.eval_every=100",
            "parallel.tp=1", "algo.value_pretrain_steps=0", "algo.mini_batches=1", "rollout.prompts_per_step=4",
            "rollout.n_samples=2", "rollout.max_new_tokens=4", "trainer.total_steps=4", "trainer.save_every=2",
@@ -52,6 +52,7 @@ def test_a_crash_a_resume_and_reruns_record_every_step_once(demo, tmp_path):
     records = [json.loads(line) for line in text.decode().splitlines()]
     assert [r["step"] for r in records if r["phase"] == "vapo"] == [1, 2, 3, 4]
     assert [r["sft_step"] for r in records if r["phase"] == "sft"] == [1, 2, 3]
+    # eval.every=0: no periodic eval, the one before RL and the final one only (issue 55 item 13)
     assert Counter(r["phase"] for r in records if r["phase"] in ("data", "eval")) == {"data": 1, "eval": 2}
 
     # TensorBoard shows each step once: the resumed writer purged the crashed attempt's step 3.

@@ -75,7 +75,7 @@ CASES = [
     (["sft.steps=3", "sft.files=[/nonexistent/sft.jsonl]"], 1, "sft.files: /nonexistent/sft.jsonl does not exist"),
     (["sft.steps=3", "sft.files=[]"], 1, "sft.steps=3 needs sft.files"),
     (["eval.n_samples=0"], 1, "eval.n_samples=0 must be >= 1"),
-    (["eval.every=0"], 1, "eval.every=0 must be >= 1"),
+    (["eval.every=-1"], 1, "eval.every=-1 must be >= 0 (0: no periodic evaluation)"),
     (["eval.temperature=0"], 1, "eval.temperature=0.0 must be > 0 (or null)"),
     (["rollout.routing_replay=true"], 1, "rollout.routing_replay=true: model.hf_path ("),  # the demo model is dense
 ]
@@ -91,6 +91,23 @@ def test_routing_replay_is_refused_for_a_dense_model_in_one_line(demo, tmp_path)
     assert line.endswith("is a dense model, which routes no token through experts: set rollout.routing_replay=null "
                          "(on for mixture-of-experts models only)"), line
     assert startup_report(demo, tmp_path, "rollout.routing_replay=false") == []  # off: nothing to say
+
+
+def test_the_shipped_dapo_config_runs_with_partial_rollout_from_the_command_line(demo, tmp_path):
+    """issue 55 item 9: `vapo-train --config configs/dapo.yaml rollout.partial.enabled=true` was refused
+    (its rollout.max_sampling_rounds=3: "remove it"), which no override could do. Both passes of
+    vapo-train's start-up checks on that command line (only the files moved to the test's demo data,
+    at its world size of 2 ranks for parallel.tp=2), and --print-config's (vapo-plan's) checks."""
+    dapo = str(ROOT / "configs" / "dapo.yaml")
+    files = [f"trainer.run_dir={tmp_path / 'run'}", f"model.hf_path={demo}/model", f"data.train_files=[{demo}/train.jsonl]",
+             f"data.eval_files=[{demo}/eval.jsonl]", f"sft.files=[{demo}/sft.jsonl]"]
+    cfg, problems = parse_config(dapo, [*files, "rollout.partial.enabled=true"])
+    assert cfg.rollout.partial.enabled and cfg.rollout.dynamic_sampling and cfg.rollout.max_sampling_rounds == 3
+    assert problems + startup_problems(cfg, 2) + hardware_problems(cfg) == []
+    shown = subprocess.run([sys.executable, "-m", "vapo_megatron.train", "--print-config", "--config", dapo,
+                            "rollout.partial.enabled=true"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert shown.returncode == 0, shown.stderr
 
 
 def test_files_the_run_will_not_read_are_not_required(demo, tmp_path):

@@ -133,6 +133,10 @@ class FakeSGLangEngineForTests:
         self.calls.append(("release", tuple(tags)))
 
     @engine_method
+    def shutdown(self):
+        self.calls.append("shutdown")
+
+    @engine_method
     def resume_memory_occupation(self, tags):
         assert set(tags) <= {"weights", "kv_cache", "cuda_graph"}
         self.calls.append(("resume", tuple(tags)))

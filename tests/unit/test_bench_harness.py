@@ -35,7 +35,11 @@ def call(argv: list[str], capsys) -> tuple[int, str, str]:
 
 @pytest.fixture
 def no_work(monkeypatch):
-    """Any process started (data, training, evaluation) fails the test."""
+    """Any process started (data, training, evaluation) fails the test. matplotlib's font cache is
+    built first: on a machine where it has never run, the report's figure would ask fc-list for the
+    fonts (a process, but no work of the harness's), and the test would fail there alone."""
+    import matplotlib.font_manager  # noqa: F401  (builds ~/.cache/matplotlib once)
+
     def boom(*a, **k):
         raise AssertionError(f"work started: {a[0] if a else k}")
     monkeypatch.setattr(subprocess, "Popen", boom)

@@ -37,7 +37,7 @@ def test_each_row_switches_only_its_component_and_keeps_the_sample_budget(tmp_pa
     for variant in bench.VARIANTS:
         got = resolved(variant, tmp_path)
         changed = {k for k in vapo if got[k] != vapo[k]}
-        if variant == "grpo_dapo_volume":  # the one row that doubles the budget, on purpose (DAPO's generation)
+        if variant in ("grpo_dapo_volume", "vapo_dapo_volume"):  # the rows that double the budget, on purpose (DAPO's generation)
             assert got["rollout.prompts_per_step"] * got["rollout.n_samples"] == 2 * budget
             continue  # what else it changes: test_the_volume_follow_up_...
         assert got["rollout.prompts_per_step"] * got["rollout.n_samples"] == budget, variant
@@ -91,3 +91,22 @@ def test_partial_rollout_rows_are_their_rows_with_partial_rollout_on(tmp_path):
         changed = {k for k in base if got[k] != base[k]}
         assert changed == {"rollout.partial.enabled", "rollout.partial.round_tokens"}, changed
         assert got["rollout.partial.round_tokens"] == base["rollout.max_new_tokens"] // 3
+
+
+def test_the_positive_controls_arms_change_only_what_they_name(tmp_path):
+    """docs/benchmarks.md, "Can any critic help?": each new arm against its reference arm."""
+    vapo, no_critic, dapo = resolved("vapo", tmp_path), resolved("vapo_no_critic", tmp_path), resolved("dapo", tmp_path)
+
+    def changed(variant, base):
+        got = resolved(variant, tmp_path)
+        return {k: got[k] for k in base if got[k] != base[k]}
+
+    # The oracle: vapo's settings exactly; what differs is the program (its critic role), and only it.
+    assert changed("vapo_oracle", vapo) == {} and bench.VARIANTS["vapo_oracle"]["entry"] == "scripts/bench_oracle.py"
+    assert [v for v in bench.VARIANTS if "entry" in bench.VARIANTS[v]] == ["vapo_oracle"]
+    assert changed("dr_grpo", no_critic) == {"algo.grpo_std_norm": False}
+    assert changed("dapo_paper", dapo) == {"algo.nll_coef": 0.0, "reward.overlong_buffer": vapo["rollout.max_new_tokens"] // 5}
+    assert changed("vapo_dapo_volume", vapo) == {"rollout.prompts_per_step": 2 * vapo["rollout.prompts_per_step"]}
+    study = STUDIES["oracle"]
+    assert all(v in bench.VARIANTS for v in study["primary"]) and study["primary"][:2] == ["vapo", "vapo_no_critic"]
+    assert all(a in study["primary"] and b in study["primary"] for a, b in study["pairs"] + study["secondary_pairs"])

@@ -178,6 +178,45 @@ def test_partial_rollout_settings_are_checked_at_start_up():
     cfg = load_config(DEMO, ["rollout.partial.enabled=true", "rollout.partial.round_tokens=8",
                              "rollout.partial.max_decode_steps=16"], check_paths=False)
     assert cfg.rollout.partial.enabled and cfg.rollout.partial.round_tokens == 8 and cfg.rollout.partial.max_staleness == 1
-    with pytest.raises(ConfigError, match=r"rollout.max_sampling_rounds is set, but with rollout.partial.enabled"):
-        load_config(DEMO, ["rollout.partial.enabled=true", "rollout.dynamic_sampling=true", "rollout.max_sampling_rounds=3"],
-                    check_paths=False)
+
+
+def test_more_spare_batches_than_max_staleness_is_refused_naming_both():
+    """issue 55 item 8: a group trains at most max_staleness steps after its first token, so with
+    more spare batches than that in flight, steps trained several times prompts_per_step groups
+    (8, 24, 8, 24 at prompts_per_step=8, spare_batches=3, max_staleness=1), with no word."""
+    for enabled in ("true", "false"):  # a resume may turn it on
+        with pytest.raises(ConfigError) as e:
+            load_config(DEMO, [f"rollout.partial.enabled={enabled}", "rollout.partial.spare_batches=3"], check_paths=False)
+        assert str(e.value) == (
+            "rollout.partial.spare_batches=3 must be <= rollout.partial.max_staleness=1: a group trains at most "
+            "max_staleness steps after its first token, so more spare batches in flight than that make steps train "
+            "more than rollout.prompts_per_step groups (up to (1 + spare_batches) x prompts_per_step at once); raise "
+            "rollout.partial.max_staleness or lower rollout.partial.spare_batches"), str(e.value)
+    cfg = load_config(DEMO, ["rollout.partial.enabled=true", "rollout.partial.spare_batches=3",
+                             "rollout.partial.max_staleness=3"], check_paths=False)
+    assert cfg.rollout.partial.spare_batches == cfg.rollout.partial.max_staleness == 3
+
+
+def test_max_sampling_rounds_with_partial_rollout_is_a_bound_a_step_keeps():
+    """issue 55 item 9: with partial rollout a step takes at most 1 + spare_batches prompt batches,
+    so max_sampling_rounds (a step's prompts at most, in batches) is honoured when it is at least
+    that, and refused, naming the keys, only when it is not; it was refused whenever it was not 10."""
+    on = ["rollout.partial.enabled=true", "rollout.dynamic_sampling=true"]
+    for rounds in (2, 3, 10):
+        cfg = load_config(DEMO, [*on, f"rollout.max_sampling_rounds={rounds}"], check_paths=False)
+        assert cfg.rollout.max_sampling_rounds == rounds
+    with pytest.raises(ConfigError) as e:
+        load_config(DEMO, [*on, "rollout.max_sampling_rounds=2", "rollout.partial.spare_batches=2",
+                           "rollout.partial.max_staleness=2"], check_paths=False)
+    assert str(e.value) == (
+        "rollout.max_sampling_rounds=2 bounds a step's prompts at 2 x rollout.prompts_per_step, but with "
+        "rollout.partial.enabled a step takes up to 1 + rollout.partial.spare_batches = 3 batches of prompts (to fill "
+        "the groups in flight): set rollout.max_sampling_rounds >= 3 or rollout.partial.spare_batches <= 1"), str(e.value)
+    load_config(DEMO, [*on[1:], "rollout.max_sampling_rounds=1"], check_paths=False)  # synchronous: its own rule
+
+
+def test_eval_every_0_turns_periodic_evaluation_off():
+    """issue 55 item 13: eval.every=0 means no periodic eval (before RL and at the end only)."""
+    assert load_config(DEMO, ["eval.every=0"], check_paths=False).eval.every == 0
+    with pytest.raises(ConfigError, match=r"eval.every=-1 must be >= 0 \(0: no periodic evaluation\)"):
+        load_config(DEMO, ["eval.every=-1"], check_paths=False)

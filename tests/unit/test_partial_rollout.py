@@ -114,6 +114,18 @@ def test_groups_train_whole_within_the_staleness_bound_and_every_prompt_once(eng
     assert begun == n * len(admitted_order(sampler, carry))  # each response counted once, when begun
 
 
+@pytest.mark.parametrize("spare,staleness", [(1, 1), (2, 2), (1, 3)])
+def test_within_the_bound_every_step_trains_prompts_per_step_groups(engine, spare, staleness):
+    """spare_batches <= max_staleness (config/checks.py refuses more, issue 55 item 8): with no
+    decode budget every step trains its prompts_per_step groups, the steady state vapo-plan's
+    partial-rollout estimate assumes (sizing/step_time.py partial_rollout). With 3 spare batches
+    and max_staleness 1, steps trained 4, 12, 4, 12, ... groups here."""
+    cfg, gen, collector, sampler = setup(engine, data=1000, spare_batches=spare, max_staleness=staleness)
+    carry = CarryOver()
+    trained = [len(step(collector, sampler, carry, it)[0].prompts) for it in range(6)]
+    assert trained == [cfg.prompts_per_step] * 6
+
+
 def one_go(engine, cfg, prompt_ids, seed):
     p = SamplingParams(n=1, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, stop_token_ids=STOPS, seed=seed)
     return engine.generate([prompt_ids], p)[0]

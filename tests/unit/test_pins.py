@@ -97,3 +97,38 @@ def test_container_recipe_keeps_the_images_torch(tmp_path):
     assert {"megatron-core", "transformers", "safetensors"} <= names
     held = dict(line.split("==") for line in cons.read_text().splitlines())
     assert held["torch"] == md.version("torch")
+
+
+def _sglang_cpu_pins() -> list[Requirement]:
+    lines = (REPO / "scripts" / "sglang_cpu_requirements.txt").read_text().splitlines()
+    return [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
+
+
+def test_sglang_cpu_engine_packages_are_pinned_and_whole():
+    """scripts/sglang_cpu_requirements.txt (installed with --no-deps beside sglang): every line an exact
+    pin, installed at that version, and every package one of them needs installed at a version it
+    accepts, so --no-deps left no hole and fetched nothing unpinned."""
+    bad = []
+    for req in _sglang_cpu_pins():
+        specs = [(s.operator, s.version) for s in req.specifier]
+        if len(specs) != 1 or specs[0][0] != "==":
+            bad.append(f"{req}: not an exact pin")
+            continue
+        try:
+            have = md.version(req.name)
+        except md.PackageNotFoundError:
+            bad.append(f"{req}: not installed")
+            continue
+        if have != specs[0][1]:
+            bad.append(f"{req}: {have} installed")
+        for dep in map(Requirement, md.requires(req.name) or []):
+            if dep.marker is not None and not dep.marker.evaluate({"extra": ""}):
+                continue
+            try:
+                dep_have = md.version(dep.name)
+            except md.PackageNotFoundError:
+                bad.append(f"{req.name} needs {dep}: not installed")
+                continue
+            if not dep.specifier.contains(dep_have, prereleases=True):
+                bad.append(f"{req.name} needs {dep}: {dep_have} installed")
+    assert not bad, "scripts/sglang_cpu_requirements.txt:\n  " + "\n  ".join(bad)

@@ -45,6 +45,41 @@ def test_flat_bucket_payload_round_trips_through_sglang():
         assert torch.equal(received[name], t), name
 
 
+def test_closing_the_generator_stops_the_engine_it_started():
+    """Before: Generator.close asked the SGLangEngine wrapper for a shutdown it did not have, so a
+    colocated Engine's scheduler and detokenizer outlived the run (a forked process, which runs no
+    atexit handler, never ended; tests/distributed/test_sglang_colocated_real.py)."""
+    from vapo_megatron.rollout.generator import Generator
+
+    source, _ = hf_state()
+    fake = FakeSGLangEngineForTests(source)
+    gen = object.__new__(Generator)  # its engine alone: Generator() itself is collective
+    gen.engine = SGLangEngine(fake)
+    gen.close()
+    assert fake.calls == ["shutdown"]
+
+
+def test_cpu_payloads_load_in_a_process_the_trainer_did_not_start(tmp_path):
+    """A server started on its own (sglang_http) reads a CPU payload. Before: CPU tensors went as
+    file descriptors, which only the sender's child processes may fetch (multiprocessing's authkey),
+    and sglang.launch_server's scheduler died of AuthenticationError on the first update
+    (tests/distributed/test_sglang_server_real.py)."""
+    import subprocess
+    import sys
+
+    from tests.helpers.train_runs import ROOT
+
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    fb = to_flattened_bucket([("w", t)])  # alive until loaded, as load_bucket keeps its bucket
+    (tmp_path / "payload").write_bytes(serialize_flattened_bucket(fb))
+    code = ("import sys, torch; from sglang.srt.utils import MultiprocessingSerializer as M; "
+            "d = M.deserialize(open(sys.argv[1], 'rb').read()); print(d['flattened_tensor'].sum().item())")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "payload")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    want = float(fb.get_flattened_tensor().sum())  # SGLang flattens to bytes (uint8)
+    assert proc.returncode == 0 and float(proc.stdout.split()[-1]) == want, proc.stderr[-2000:]
+
+
 def test_list_buckets_and_base64_payloads_round_trip():
     _, state = hf_state()
     for group in group_into_buckets(state.items(), 3000):
@@ -131,7 +166,9 @@ class _Recorder(BaseHTTPRequestHandler):
             payloads = body["serialized_named_tensors"]
             assert body["load_format"] == "flattened_bucket"
             assert all(base64.b64decode(p, validate=True) for p in payloads)
-            assert len(set(payloads)) == len(payloads)  # each rank deserializes its own copy (IPC refcounts)
+            # One entry per server TP rank, each serialized on its own (CUDA IPC refcounts); a CPU
+            # payload names its shared memory, so the entries are equal bytes here.
+            assert len(payloads) == self.server.tp
             for r in range(self.server.tp):
                 try:
                     view = sglang_rank_view(payloads, r)

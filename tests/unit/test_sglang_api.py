@@ -5,6 +5,7 @@ argument, a field or a weight mapping fails these tests. docs/weight_sync.md lis
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 
@@ -48,6 +49,13 @@ def test_engine_kwargs_are_sglang_server_args():
     assert args.enable_memory_saver and args.skip_tokenizer_init and args.enable_deterministic_inference
     with pytest.raises(TypeError, match="bogus"):
         ServerArgs(**kwargs, bogus=1)  # the check above would catch a misspelt name
+    # SGLang's CPU engine (tests/distributed/test_sglang_colocated_real.py starts it): its own CPU
+    # settings, no GPU ids, no memory saver (CUDA's)
+    cpu = engine_kwargs(dataclasses.replace(cfg, device="cpu"))
+    assert {k: cpu[k] for k in ("device", "attention_backend", "sleep_on_idle")} == {
+        "device": "cpu", "attention_backend": "torch_native", "sleep_on_idle": True}
+    assert "base_gpu_id" not in cpu and "enable_memory_saver" not in cpu
+    assert all(getattr(ServerArgs(**cpu), k) == v for k, v in cpu.items())
 
 
 def test_every_rank_has_the_nccl_settings_sglang_gives_its_owner():

@@ -251,3 +251,13 @@ def test_device_names_map_to_their_rates():
     assert gpu_from_device_name("NVIDIA B200") is GPUS["b200"]
     assert gpu_from_device_name("NVIDIA GB200") is GPUS["gb200"]
     assert gpu_from_device_name("NVIDIA L40S") is None
+
+
+def test_vapo_plan_counts_the_evaluations_the_trainer_runs():
+    """Before RL, after every eval.every RL steps short of the last, and at the end; eval.every=0:
+    none between (issue 55 item 13; trainer.run's rule)."""
+    hf = preset("qwen2.5-32b")
+    for every, want in ((0, 2), (1, 2 + 49), (10, 2 + 4), (50, 2), (100, 2)):
+        cfg, problems = parse_config("configs/qwen2.5_32b_vapo.yaml", [f"eval.every={every}", "trainer.total_steps=50"])
+        assert problems == []
+        assert setup_from_config(cfg, hf, hf, world=64, gpus_per_node=8, gpu=H100).evals == want, every

@@ -1,7 +1,9 @@
 """Checkpoints: the run's checkpoint manager, megatron dist-checkpoint I/O, and safe loading.
 
     manager.py        run_dir/checkpoints: save, resume, fall back past a damaged checkpoint
-    model_state.py    one model in a checkpoint: weights and optimizer state (either Adam layout)
+    model_state.py    one model in a checkpoint: weights and optimizer state (either Adam layout),
+                      read in the format the checkpoint records
+    optimizer_state.py  the distributed optimizer's state: each rank writes and reads its own share
     dist_io.py        megatron dist checkpoints of model chunks (and vapo-convert's streaming save);
                       check_storage: every storage file whole, before any command reads one
     complete.py       which of a run's checkpoints is whole and whether the run finished, from its files

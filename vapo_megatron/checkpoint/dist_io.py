@@ -135,7 +135,7 @@ def check_storage(path: str | Path) -> None:
         for info in storage.values():  # MetadataIndex -> _StorageInfo(relative_path, offset, length)
             needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
     except Exception as e:  # noqa: BLE001 - a missing, damaged or refused .metadata
-        raise CheckpointError(f"{path}: {_describe_failure(e)}") from None
+        raise CheckpointError(f"{path}: {describe_failure(e)}") from None
     found = []
     for name, size in sorted(needed.items()):
         file = path / name
@@ -160,7 +160,7 @@ def load(ckpt_dir: str | Path, sharded_state: dict, *, part: bool = False) -> di
         sharded_state = local_extra_state_where_absent(path, sharded_state)
         return dist_checkpointing.load(sharded_state, str(path), validate_access_integrity=not part)
     except (Exception, CheckpointException) as e:
-        raise CheckpointError(f"{path}: {_describe_failure(e)}") from e
+        raise CheckpointError(f"{path}: {describe_failure(e)}") from e
 
 
 def _saved_keys(path: Path) -> set[str] | None:
@@ -252,7 +252,7 @@ def vocab_padding_only(sh, saved_shape, vocab_size: int | None) -> bool:
             and model_shape[1:] == saved_shape[1:] and min(model_shape[0], saved_shape[0]) >= vocab_size)
 
 
-def _describe_failure(e: BaseException) -> str:
+def describe_failure(e: BaseException) -> str:
     """One line for a failed load. torch DCP wraps each rank's error in a CheckpointException (a
     BaseException, which `except Exception` would let through) and folds a failed `.metadata`
     read into an AssertionError's text; a refusal by safe_unpickle is found in either."""

@@ -31,7 +31,8 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.api import CheckpointException
 
 from vapo_megatron.checkpoint import dist_io  # also installs safe_unpickle: no checkpoint pickle runs code
-from vapo_megatron.checkpoint.model_state import load_model_state, resume_layout_problem, save_model_state
+from vapo_megatron.checkpoint.model_state import (has_distributed_optimizer, load_model_state, resume_layout_problem,
+                                                  save_model_state, saved_optimizer_format)
 from vapo_megatron.checkpoint.atomic import commit_dir, fsync_path, staging_dir, staging_path, write_atomic
 from vapo_megatron.checkpoint.complete import CheckpointCorrupt, candidates, check_complete
 from vapo_megatron.config.resume import ep_change
@@ -235,14 +236,21 @@ class CheckpointManager:
             shutil.rmtree(dead, ignore_errors=True)
         self._remove_leftovers()
 
-    @staticmethod
-    def _carried(path: Path, meta: dict) -> list:
-        """This DP rank's carried groups (rollout/carry_over.py); the file must hold as many as state.json says."""
+    def _carried(self, path: Path, meta: dict, state: RunState) -> list:
+        """This DP rank's carried groups (rollout/carry_over.py); the file must hold as many as state.json
+        says, and groups this run can continue (carry_over.Bounds: else the first step after every
+        resume failed on them, IndexError or worse)."""
         count = meta["carried_groups"] if "carried_groups" in meta else 0
         if not count:
             return []
+        saved_state, rollout = meta["state"], (meta["config"] if "config" in meta else {})["rollout"]
+        bounds = carry_over.Bounds(
+            vocab_size=self.models["actor"].vocab_size, prompts=len(state.sampler.records),
+            admitted=saved_state["carry"]["admitted"], version=saved_state["iteration"] - saved_state["pretrain_steps_done"],
+            pretrain_iterations=saved_state["pretrain_steps_done"], n_samples=rollout["n_samples"],
+            max_new_tokens=rollout["max_new_tokens"])
         try:
-            saved_dp, saved = carry_over.read_groups(path / carry_over.FILE)
+            saved_dp, saved = carry_over.read_groups(path / carry_over.FILE, bounds)
         except ValueError as e:
             raise CheckpointCorrupt(str(e)) from None
         if len(saved) != count:
@@ -279,11 +287,21 @@ class CheckpointManager:
                     "or choose a new trainer.run_dir; the checkpoints are intact")
 
     def _check_layout(self, path: Path, meta: dict) -> None:
-        """Stop (older checkpoints are no better) when an optimizer's state cannot load at this layout."""
+        """Stop (older checkpoints are no better) when an optimizer's state cannot load here: at this
+        layout, or into this kind of optimizer. The format is the one the checkpoint records, not
+        the one this run's Adam would write."""
         saved = (meta.get("config") or {}).get("parallel", {})
         now = self.config.get("parallel", {})
         for sub, model in self.models.items():
-            if why := resume_layout_problem(model, saved, now):
+            try:
+                fmt = saved_optimizer_format(path / sub)
+            except dist_io.CheckpointError:
+                continue  # damaged: its load says so, and an older checkpoint is tried
+            if has_distributed_optimizer(model) != (fmt is not None):
+                raise CheckpointMismatch(
+                    f"{path / sub} was written {'with' if fmt else 'without'} the distributed optimizer; resume with "
+                    f"{sub}_optim.distributed_optimizer={'true' if fmt else 'false'}; the checkpoints are intact")
+            if why := resume_layout_problem(fmt, saved, now):
                 raise CheckpointMismatch(f"{path / sub}: {why}; the checkpoints are intact")
 
     def load(self, state: RunState) -> bool:
@@ -305,7 +323,7 @@ class CheckpointManager:
                 for sub, model in self.models.items():
                     _on_every_rank(partial(load_model_state, model, path / sub))
                 rng = _on_every_rank(partial(self._rng_state, path, meta))
-                carried = _on_every_rank(partial(self._carried, path, meta))
+                carried = _on_every_rank(partial(self._carried, path, meta, state))
             except CheckpointCorrupt as e:
                 if parallel.is_rank0():
                     print(f"[vapo] checkpoint {path} is damaged, falling back to an older one: {e}", flush=True)

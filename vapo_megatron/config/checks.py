@@ -109,9 +109,24 @@ def partial_problems(cfg: Config) -> list[str]:
                    "for all its responses: turn rollout.partial.enabled off instead)")
     if not p.is_cap >= 1:
         out.append(f"rollout.partial.is_cap={p.is_cap} must be >= 1 (the importance weight's upper bound)")
-    if p.enabled and r.dynamic_sampling and r.max_sampling_rounds != _DEFAULTS.rollout.max_sampling_rounds:
-        out.append("rollout.max_sampling_rounds is set, but with rollout.partial.enabled a step generates no extra "
-                   "rounds (the next step admits new prompts instead): remove it from the config")
+    # A group trains at most max_staleness steps after its first token (the step waits for it), and
+    # (1 + spare_batches) x prompts_per_step groups are in flight: with more spare batches than
+    # max_staleness, steps must train more than prompts_per_step groups to keep the bound (issue 55).
+    if p.spare_batches > p.max_staleness >= 1:
+        out.append(f"rollout.partial.spare_batches={p.spare_batches} must be <= rollout.partial.max_staleness="
+                   f"{p.max_staleness}: a group trains at most max_staleness steps after its first token, so more spare "
+                   "batches in flight than that make steps train more than rollout.prompts_per_step groups (up to "
+                   "(1 + spare_batches) x prompts_per_step at once); raise rollout.partial.max_staleness or lower "
+                   "rollout.partial.spare_batches")
+    # A step of partial rollout makes no extra sampling rounds; it admits prompt batches until
+    # (1 + spare_batches) x prompts_per_step groups are in flight, so it takes at most 1 + spare_batches
+    # batches: max_sampling_rounds, a step's prompts at most in batches, holds when it is no fewer.
+    if p.enabled and r.dynamic_sampling and p.spare_batches >= 0 and r.max_sampling_rounds < 1 + p.spare_batches:
+        out.append(f"rollout.max_sampling_rounds={r.max_sampling_rounds} bounds a step's prompts at "
+                   f"{r.max_sampling_rounds} x rollout.prompts_per_step, but with rollout.partial.enabled a step takes up "
+                   f"to 1 + rollout.partial.spare_batches = {1 + p.spare_batches} batches of prompts (to fill the groups "
+                   f"in flight): set rollout.max_sampling_rounds >= {1 + p.spare_batches} or rollout.partial.spare_batches "
+                   f"<= {r.max_sampling_rounds - 1}")
     return out
 
 
@@ -169,7 +184,8 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     require(0 < r.sglang_mem_fraction < 1, f"rollout.sglang_mem_fraction={r.sglang_mem_fraction} must be in (0, 1)")
     require(r.engine != "sglang_http" or len(r.sglang_urls) > 0, "rollout.engine=sglang_http needs rollout.sglang_urls")
     require(d.max_prompt_tokens >= 1, f"data.max_prompt_tokens={d.max_prompt_tokens} must be >= 1")
-    for key, value in [("eval.every", cfg.eval.every), ("eval.max_prompts", cfg.eval.max_prompts), ("eval.n_samples", cfg.eval.n_samples)]:
+    require(cfg.eval.every >= 0, f"eval.every={cfg.eval.every} must be >= 0 (0: no periodic evaluation)")
+    for key, value in [("eval.max_prompts", cfg.eval.max_prompts), ("eval.n_samples", cfg.eval.n_samples)]:
         require(value >= 1, f"{key}={value} must be >= 1")
     require(cfg.eval.temperature is None or cfg.eval.temperature > 0, f"eval.temperature={cfg.eval.temperature} must be > 0 (or null)")
     require(t.micro_batch_tokens >= d.max_prompt_tokens + r.max_new_tokens,

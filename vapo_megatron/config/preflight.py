@@ -1,6 +1,8 @@
 """Start-up checks of a run against its launch and its files, before anything is built.
 
     startup_problems(cfg, world_size)   every problem found, one message each (pure Python)
+    launch_problems(cfg, world_size, actor_hf, critic_hf, gpus_per_node=G)   vapo-plan's: the layout
+                                        and batch against a launch, with the models' HF configs
     hardware_problems(cfg)              what the settings need of the machine (CUDA, NCCL)
     export_problems(cfg)                may the final HF export replace run_dir/hf? (in startup_problems)
 
@@ -123,11 +125,15 @@ def hardware_problems(cfg: Config, *, cuda: bool | None = None, engine_flag: str
     says, imported only when a setting needs CUDA). `engine_flag`: the command's flag for
     rollout.engine (vapo-eval's --engine), named in its place."""
     out = []
-    if cfg.rollout.engine == "sglang" and engine_flag:
-        out.append(f"{engine_flag} sglang needs CUDA GPUs and none is visible; allowed here: {engine_flag} embedded")
-    elif cfg.rollout.engine == "sglang":
-        out.append("rollout.engine=sglang needs CUDA GPUs and none is visible; "
-                   "allowed here: embedded (or sglang_http with rollout.sglang_urls)")
+    # SGLang's CPU engine (SGLANG_USE_CPU_ENGINE=1, with sgl-kernel's CPU build) runs without GPUs
+    # (rollout/sglang_engine.py cpu_engine).
+    sglang_gpu = cfg.rollout.engine == "sglang" and os.environ.get("SGLANG_USE_CPU_ENGINE") != "1"
+    if sglang_gpu and engine_flag:
+        out.append(f"{engine_flag} sglang needs CUDA GPUs and none is visible; allowed here: {engine_flag} embedded "
+                   "(or SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1)")
+    elif sglang_gpu:
+        out.append("rollout.engine=sglang needs CUDA GPUs and none is visible; allowed here: embedded (or "
+                   "sglang_http with rollout.sglang_urls, or SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1)")
     for key, o in (("actor_optim", cfg.actor_optim), ("critic_optim", cfg.critic_optim)):
         if o.distributed_optimizer:
             out.append(f"{key}.distributed_optimizer=true needs CUDA GPUs (NCCL) and none is visible; allowed here: false")
@@ -183,6 +189,35 @@ def moe_problems(cfg: Config, models: list[tuple[str, dict | None]]) -> list[str
     return out
 
 
+def launch_problems(cfg: Config, world_size: int, actor_hf: dict, critic_hf: dict, *, gpus_per_node: int) -> list[str]:
+    """vapo-plan's checks of a config against a launch of `world_size` GPUs, `gpus_per_node` to a
+    node, for the models' HF configs (critic_hf is actor_hf unless the critic has its own): the
+    layout (layout_problems, for the critic's heads and experts too when it has its own model),
+    the MoE settings, the batch sizes against DP, and the colocated engine's TP against the node
+    and the heads. One message per problem (vapo-plan for one config, and every layout
+    vapo-plan --search considers)."""
+    p, r = cfg.parallel, cfg.rollout
+    out = []
+    layout = layout_problems(world_size, p.tp, p.pp, p.vpp, model=actor_hf, ep=p.ep)
+    if critic_hf is not actor_hf:  # a critic of its own: its heads and experts split too
+        critic = layout_problems(world_size, p.tp, p.pp, p.vpp, model=critic_hf, model_key="model.critic_hf_path", ep=p.ep)
+        layout += [msg for msg in critic if msg not in layout]  # the world-size ones are said once
+    out += layout
+    out += moe_problems(cfg, [("model.hf_path", actor_hf)] + ([("model.critic_hf_path", critic_hf)]
+                                                              if critic_hf is not actor_hf else []))
+    if not layout:
+        out += batch_problems(cfg, world_size // (p.tp * p.pp))
+    if r.engine != "sglang" or r.sglang_tp < 1:  # < 1: config_problems says so
+        return out
+    if world_size % r.sglang_tp or r.sglang_tp > gpus_per_node:
+        out.append(f"rollout.sglang_tp={r.sglang_tp} must divide the {world_size} GPUs and fit in one node of "
+                   f"{gpus_per_node} GPUs (a colocated engine uses its node's GPUs)")
+    if actor_hf["num_attention_heads"] % r.sglang_tp:
+        out.append(f"rollout.sglang_tp={r.sglang_tp} does not divide num_attention_heads="
+                   f"{actor_hf['num_attention_heads']} ({actor_hf['_source']})")
+    return out
+
+
 def startup_problems(cfg: Config, world_size: int) -> list[str]:
     """Every problem of `cfg` for a launch of `world_size` ranks (see the module docstring)."""
     out = config_problems(cfg)
@@ -209,4 +244,5 @@ def startup_problems(cfg: Config, world_size: int) -> list[str]:
     return out
 
 
-__all__ = ["PROMPT_SUFFIXES", "batch_problems", "export_problems", "hardware_problems", "moe_problems", "startup_problems"]
+__all__ = ["PROMPT_SUFFIXES", "batch_problems", "export_problems", "hardware_problems", "launch_problems", "moe_problems",
+           "startup_problems"]

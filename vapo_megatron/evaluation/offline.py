@@ -154,7 +154,9 @@ def run(a: argparse.Namespace, ks: list[int], model: ModelSource | None = None) 
     scorer = Scorer(build_reward_fn(a.reward, correct_score=a.correct_score, incorrect_score=a.incorrect_score,
                                     timeout_s=a.reward_timeout), tokenizer, stop_token_ids(tokenizer))
     answers = AnswerKey(a.reward, timeout_s=a.reward_timeout)
-    gen = Generator.build(cfg, scorer.stop_token_ids, with_weights=model.checkpoint is None)
+    # An HF model's engines serve its own weights; a checkpoint's get them by the sync below.
+    gen = Generator.build(cfg, scorer.stop_token_ids, with_weights=model.checkpoint is None,
+                          synced=model.checkpoint is not None)
     try:
         if model.checkpoint is not None:
             load_checkpoint_into(gen, cfg, model, hf_cfg)

@@ -41,12 +41,14 @@ class Rollout:
     results: list | None = None  # the verifier's RewardResult per output, when already judged (dynamic sampling)
 
 
-def build_engine(cfg: Config, *, with_weights: bool = True, routes: bool = False) -> RolloutEngine | None:
+def build_engine(cfg: Config, *, with_weights: bool = True, routes: bool = False,
+                 synced: bool = True) -> RolloutEngine | None:
     """Collective (colocated SGLang starts its engines together). None on ranks with no engine.
     with_weights=False: model.hf_path holds only config and tokenizer (a trainer checkpoint's
     hf/); the engine starts with placeholder weights, which the first weight sync replaces.
-    Colocated SGLang always starts so (load_format="dummy"): the trainer syncs its weights before
-    the first generation anyway, and reading a 32B checkpoint only to release it costs minutes.
+    Colocated SGLang starts so whenever a sync comes first (`synced`: the trainer; load_format=
+    "dummy"): reading a 32B checkpoint only to release it costs minutes. synced=False (vapo-eval of
+    an HF model): no sync ever comes, so it reads model.hf_path's weights and keeps them.
     routes (routing replay): SGLang engines are started (or their servers checked) to return the
     routed experts; the embedded engine always can, for a MoE model."""
     from model_providers import read_hf_config
@@ -59,7 +61,8 @@ def build_engine(cfg: Config, *, with_weights: bool = True, routes: bool = False
 
         return SGLangEngine.colocated(model_path=cfg.model.hf_path, tp_size=r.sglang_tp, mem_fraction=r.sglang_mem_fraction,
                                       dtype=cfg.model.dtype, seed=cfg.trainer.seed,
-                                      deterministic=cfg.trainer.deterministic, load_format="dummy", routes=routes)
+                                      deterministic=cfg.trainer.deterministic, routes=routes,
+                                      load_format="dummy" if synced else "auto")
     if not (parallel.tp_rank() == 0 and parallel.pp_rank() == 0):
         return None
     if r.engine == "embedded":
@@ -104,10 +107,12 @@ class Generator:
 
     @classmethod
     def build(cls, cfg: Config, stop_token_ids: tuple[int, ...], *, with_weights: bool = True,
-              routes: bool = False) -> "Generator":
+              routes: bool = False, synced: bool = True) -> "Generator":
         """Collective: every rank's engines (build_engine), then the replica's generating ranks.
-        routes: the trainer's rollouts carry the routed experts (rollout/routes.py, replays)."""
-        return cls(build_engine(cfg, with_weights=with_weights, routes=routes), cfg.rollout, stop_token_ids, routes=routes)
+        routes: the trainer's rollouts carry the routed experts (rollout/routes.py, replays);
+        synced: a weight sync comes before the first generation (build_engine)."""
+        return cls(build_engine(cfg, with_weights=with_weights, routes=routes, synced=synced), cfg.rollout,
+                   stop_token_ids, routes=routes)
 
     def sampling(self, *, seed: int, greedy: bool = False, n: int | None = None,
                  temperature: float | None = None, routes: bool = False) -> SamplingParams:

@@ -3,7 +3,8 @@
     partial = PartialRollouts(generator, scorer, cfg.rollout, mini_batches=cfg.algo.mini_batches)
     rollout, logs = partial.collect(sampler, carry, seed=..., version=...)
 
-A step of DP rank d, at weight version v (the trainer's iteration, which the engine serves):
+A step of DP rank d, at weight version v (the actor updates done, RunState.policy_version: the
+policy the engine serves; a value-pretraining step leaves it, so its tokens do not age):
 1. Restart: a sample whose first token is more than max_staleness versions old is generated
    afresh from its prompt (in its group, with a new seed). The wait in 4 keeps this from
    happening; it is the rule for a buffer saved under a larger bound (a resume that lowered it).

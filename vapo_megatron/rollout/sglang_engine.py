@@ -24,12 +24,14 @@ Memory: around training, `release_memory()` frees weights, KV cache and CUDA gra
 emptied its PyTorch cache (sync_freed: a barrier on the group, a gloo group). Every Engine call
 goes through `_call`, which keeps the process's signal handlers (rollout/engine_signals.py).
 
-What runs on the CPU (tests): payload building and round trips through SGLang's real
-FlattenedTensorBucket / MultiprocessingSerializer. Starting an Engine needs a GPU.
+SGLang's CPU engine (no GPU, SGLANG_USE_CPU_ENGINE=1, sgl-kernel's CPU build): the same groups and
+payloads (CPU tensors). It holds no GPU memory and SGLang's release/resume synchronize CUDA, so they
+are never called there. The suite runs this path with sglang itself (docs/what_ran_where.md).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
@@ -74,7 +76,11 @@ def serialize_flattened_bucket(fb, *, output_str: bool = False) -> bytes | str:
 
     CUDA tensors travel as CUDA IPC handles; SGLang's patched torch reductions must be active
     for that (they make the handle independent of the device index). The patch breaks CPU
-    tensor serialization, so it is applied only for CUDA payloads."""
+    tensor serialization, so it is applied only for CUDA payloads. CPU tensors (SGLang's CPU
+    engine) travel as named shared memory (torch's "file_system" strategy), not as a file
+    descriptor: only the sender's own child processes may fetch one (multiprocessing's authkey),
+    so a server started on its own (sglang_http) failed to load the update, and died of it."""
+    import torch.multiprocessing as tmp
     from sglang.srt.utils import MultiprocessingSerializer
 
     flat = fb.get_flattened_tensor()
@@ -83,17 +89,12 @@ def serialize_flattened_bucket(fb, *, output_str: bool = False) -> bytes | str:
 
         monkey_patch_torch_reductions()
     payload = {"flattened_tensor": flat, "metadata": fb.get_metadata()}
-    return MultiprocessingSerializer.serialize(payload, output_str=output_str)
-
-
-def deserialize_payload(data: bytes | str) -> list[tuple[str, torch.Tensor]]:
-    """What an SGLang TP rank reconstructs from its payload (SGLang's own classes): for tests
-    and the docs' data path."""
-    from sglang.srt.utils import MultiprocessingSerializer
-    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
-
-    d = MultiprocessingSerializer.deserialize(data)
-    return FlattenedTensorBucket(flattened_tensor=d["flattened_tensor"], metadata=d["metadata"]).reconstruct_tensors()
+    strategy = tmp.get_sharing_strategy()
+    tmp.set_sharing_strategy("file_system" if not flat.is_cuda else strategy)
+    try:
+        return MultiprocessingSerializer.serialize(payload, output_str=output_str)
+    finally:
+        tmp.set_sharing_strategy(strategy)
 
 
 def order_by_engine_rank(entries: Sequence[tuple[int | None, bytes | str]], base_gpu_id: int | None) -> list:
@@ -164,6 +165,14 @@ class SGLangEngineConfig:
     load_format: str = "dummy"
     sigquit_handler: Any = None  # ServerArgs.custom_sigquit_handler (engine_signals.EngineDeath)
     return_routes: bool = False  # routing replay: the engine records the experts of every token
+    device: str = "cuda"  # "cpu": SGLang's CPU engine (cpu_engine())
+
+
+def cpu_engine() -> bool:
+    """Whether SGLang runs on the CPU here: no CUDA GPU visible, and SGLang's own switch for its CPU
+    engine set (SGLANG_USE_CPU_ENGINE=1, read by sglang/srt/utils/common.py is_cpu(); without it
+    SGLang's scheduler takes its CUDA imports and dies)."""
+    return os.environ.get("SGLANG_USE_CPU_ENGINE") == "1" and not torch.cuda.is_available()
 
 
 def engine_kwargs(cfg: SGLangEngineConfig) -> dict:
@@ -177,20 +186,29 @@ def engine_kwargs(cfg: SGLangEngineConfig) -> dict:
     custom_sigquit_handler: SGLang installs it instead of its kill-the-process-tree handler
     (engine.py, _set_envs_and_config); ServerArgs drops it before pickling for its schedulers.
     enable_return_routed_experts (routing replay): its capturer keeps each token's top-k experts,
-    which a request with return_routed_experts=True gets back."""
+    which a request with return_routed_experts=True gets back.
+    On the CPU (device="cpu"): SGLang's torch_native attention (its other CPU backend, intel_amx,
+    needs sgl-kernel's AMX ops), no memory saver (torch_memory_saver is CUDA's), no GPU ids;
+    mem_fraction_static is then a share of the host's memory (model_executor's CPU memory probe)."""
     extra = {} if cfg.sigquit_handler is None else {"custom_sigquit_handler": cfg.sigquit_handler}
     if cfg.return_routes:
         extra["enable_return_routed_experts"] = True
+    if cfg.device == "cpu":
+        # sleep_on_idle: an idle scheduler otherwise polls its sockets in a busy loop, a whole core
+        # taken from the trainer while it trains (seen on the CPU: 40% of a 2-core machine per engine).
+        extra.update(device="cpu", attention_backend="torch_native", sleep_on_idle=True)
+    else:
+        extra.update(base_gpu_id=cfg.base_gpu_id, enable_memory_saver=True)
     return dict(**extra,
-        model_path=cfg.model_path, tp_size=cfg.tp_size, base_gpu_id=cfg.base_gpu_id,
-        mem_fraction_static=cfg.mem_fraction_static, enable_memory_saver=True, dtype=cfg.dtype,
+        model_path=cfg.model_path, tp_size=cfg.tp_size,
+        mem_fraction_static=cfg.mem_fraction_static, dtype=cfg.dtype,
         random_seed=cfg.random_seed, skip_tokenizer_init=True,
         enable_deterministic_inference=cfg.deterministic, load_format=cfg.load_format,
     )
 
 
 def start_engine(cfg: SGLangEngineConfig):
-    """A colocated sglang.Engine (GPU only)."""
+    """A colocated sglang.Engine (on the GPU, or SGLang's CPU engine: cpu_engine())."""
     import sglang
 
     return sglang.Engine(**engine_kwargs(cfg))
@@ -206,9 +224,11 @@ class SGLangEngine(RolloutEngine):
 
     def __init__(self, engine: EngineLike | None, *, group=None, base_gpu_id: int | None = None,
                  death: EngineDeath | None = None, engine_tp: int | None = None,
-                 routes: tuple[int, int, int] | None = None) -> None:
-        """routes: (MoE layers, k, experts) of the served model, when generations may ask for them."""
+                 routes: tuple[int, int, int] | None = None, frees_memory: bool = True) -> None:
+        """routes: (MoE layers, k, experts) of the served model, when generations may ask for them.
+        frees_memory=False: SGLang's CPU engine, whose memory is never released (module docstring)."""
         self.group = group
+        self.frees_memory = frees_memory
         self.routes = routes
         self.base_gpu_id = base_gpu_id  # the owner's engine's base GPU (colocated engines)
         self.group_rank = dist.get_rank(group) if group is not None else 0
@@ -234,13 +254,15 @@ class SGLangEngine(RolloutEngine):
                   routes: tuple[int, int, int] | None = None) -> "SGLangEngine":
         """Collective over the world. One engine per block of `tp_size` consecutive ranks of a
         TP group (parallel.init_engine_groups); the block's first rank starts it on its own GPU
-        and the next tp_size - 1 ones. Everything the engine holds is released at once, so the
-        trainer's models can be built; the first weight sync loads the weights.
+        and the next tp_size - 1 ones. What the engine holds is released at once, so the trainer's
+        models can be built; the first weight sync loads the weights (load_format="dummy"). With
+        weights read from model_path (another load_format: vapo-eval of an HF model) they are kept.
         `start` builds the engine from an SGLangEngineConfig (start_engine; tests pass a double)."""
         group = parallel.init_engine_groups(tp_size)
         engine = None
         base_gpu_id = torch.cuda.current_device() if torch.cuda.is_available() else None
         base = base_gpu_id if base_gpu_id is not None else 0
+        device = "cpu" if cpu_engine() else "cuda"
         death = EngineDeath(f"SGLang engine of trainer ranks {dist.get_process_group_ranks(group)} "
                             f"(GPUs {base}..{base + tp_size - 1} of host {socket.gethostname()})")
         if dist.get_rank(group) == 0:
@@ -249,11 +271,12 @@ class SGLangEngine(RolloutEngine):
                 engine = start(SGLangEngineConfig(
                     model_path=model_path, tp_size=tp_size, base_gpu_id=base, mem_fraction_static=mem_fraction,
                     dtype=dtype, random_seed=seed, deterministic=deterministic, load_format=load_format,
-                    sigquit_handler=death, return_routes=routes is not None,
+                    sigquit_handler=death, return_routes=routes is not None, device=device,
                 ))
         parallel.barrier(group=parallel.wait_group())  # every engine is up before any rank builds its models
-        wrapper = cls(engine, group=group, base_gpu_id=base_gpu_id, death=death, routes=routes)
-        wrapper.release_memory()
+        wrapper = cls(engine, group=group, base_gpu_id=base_gpu_id, death=death, routes=routes,
+                      frees_memory=device != "cpu")
+        wrapper.release_memory(MEMORY_TAGS if load_format == "dummy" else [t for t in MEMORY_TAGS if t != "weights"])
         return wrapper
 
     @property
@@ -349,15 +372,20 @@ class SGLangEngine(RolloutEngine):
         self._version = version
         self._weights_lost = False
 
+    def shutdown(self) -> None:
+        """Stop the Engine this rank started (Generator.close); an HTTP server keeps running."""
+        if self.owner and hasattr(self.engine, "shutdown"):
+            self.engine.shutdown()
+
     def release_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
         """Before training: free weights, KV cache and CUDA graphs (the engine must be idle)."""
         tags = [t for t in tags if t in self._resident]
         if not tags:
             return
-        if self.owner:
+        if self.owner and self.frees_memory:
             check(self._call("release_memory_occupation", tags=tags), "release_memory_occupation")
         self._resident -= set(tags)
-        self._weights_lost |= "weights" in tags
+        self._weights_lost |= "weights" in tags and self.frees_memory
 
     def resume_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
         """After training. A weight update resumes ("weights",) by itself; generation needs
@@ -365,6 +393,6 @@ class SGLangEngine(RolloutEngine):
         tags = [t for t in tags if t not in self._resident]
         if not tags:
             return
-        if self.owner:
+        if self.owner and self.frees_memory:
             check(self._call("resume_memory_occupation", tags=tags), "resume_memory_occupation")
         self._resident |= set(tags)

@@ -8,4 +8,7 @@
     step_config.py  its inputs from a run config and vapo-plan's --gpu options
     hardware.py     the GPUs it knows: datasheet rates, the links between GPUs
     flops.py        a model's shapes, parameter count and FLOPs per token
+    search.py       --search: every layout the trainer accepts that fits, ranked by step time
+    layer_counts.py     its shards for every layout, from a few meta-device builds per (TP, EP)
+    search_report.py    its printed ranking
 """

@@ -117,6 +117,38 @@ def checkpoint_bytes(n_params: int, *, dtype_bytes: int) -> int:
     return n_params * per_param
 
 
+SAVE_HOST, SAVE_GPU, LOAD_HOST, LOAD_GPU = "save, host", "save, GPU", "load, host", "load, GPU"
+
+
+def checkpoint_parts(*, params: int, expert_params: int, written_params: int, largest: int, merged: int,
+                     dtype_bytes: int, dp: int, ep: int, distributed_optimizer: bool) -> dict[str, int]:
+    """What saving and loading one model's checkpoint costs one rank at its DP rank 0, in bytes,
+    beyond the state it holds (checkpoint/model_state.py, optimizer_state.py):
+      save, host   the copy of everything the rank writes, which megatron's writer stages before it
+                   writes (filesystem_async.py preload_tensors: a D2H copy of each tensor): its
+                   `written_params` weights (DP rank 0 writes its stage's weights, the TP-replicated
+                   ones on TP rank 0) in their dtype, and its Adam state: with the distributed
+                   optimizer its own share, float32 main parameters and both moments (12 bytes a
+                   parameter, also with float32 parameters), no other rank's; without it the whole
+                   state of its weights (12 bytes with bf16 parameters, 8 with float32: no copy)
+      save, GPU    nothing: what is written is the tensors themselves or views of them
+      load, host   one stored tensor at a time (torch DCP reads a stored chunk, then copies it into
+                   place): at most the largest parameter on the rank, as float32 Adam state
+      load, GPU    the larger of megatron's SwiGLU merges (a new linear_fc1 of every layer, from its
+                   loaded gate and up halves, until the weights are set: `merged` elements) and the
+                   fused Adams' load_state_dict, which sets every moment anew from the loaded one
+                   (TE's FusedAdam, every GPU node: two float32 moments of the rank's Adam state)
+    The rank's own share of a distributed optimizer's state is its dense parameters / DP and its
+    routed experts' / expert-DP (state_bytes); a load reads only that share."""
+    if distributed_optimizer:
+        adam = math.ceil((params - expert_params) / dp) + math.ceil(expert_params / (dp // ep))
+        written_adam = 12 * adam
+    else:
+        adam, written_adam = params, written_params * (12 if dtype_bytes < 4 else 8)
+    return {SAVE_HOST: written_params * dtype_bytes + written_adam, SAVE_GPU: 0, LOAD_HOST: 4 * largest,
+            LOAD_GPU: max(merged * dtype_bytes, 8 * adam)}
+
+
 # The named activation items of a mixture-of-experts layer (moe_layer_parts), as the report prints them.
 MOE_ROUTER = "MoE router logits + probs [T/s, E] fp32"
 MOE_DISPATCH = "MoE all-to-all dispatch [T*k, h]"
@@ -269,7 +301,7 @@ def kv_bytes_per_token(hf_cfg: dict, *, sglang_tp: int, dtype_bytes: int = 2) ->
     return 2 * hf_cfg["num_hidden_layers"] * max(1, g // sglang_tp) * d * dtype_bytes
 
 
-__all__ = ["GIB", "MOE_COMBINE", "MOE_DISPATCH", "MOE_EXPERT_MLP", "MOE_ITEMS", "MOE_ROUTER", "ROLLOUT_CACHE_ITEM", "ROUTES_DEVICE_ITEM",
-           "SGLANG_RUNTIME_ITEM", "activation_bytes", "activation_parts", "checkpoint_bytes", "kv_bytes_per_token",
+__all__ = ["GIB", "LOAD_GPU", "LOAD_HOST", "MOE_COMBINE", "MOE_DISPATCH", "MOE_EXPERT_MLP", "MOE_ITEMS", "MOE_ROUTER", "ROLLOUT_CACHE_ITEM", "ROUTES_DEVICE_ITEM",
+           "SAVE_GPU", "SAVE_HOST", "SGLANG_RUNTIME_ITEM", "activation_bytes", "activation_parts", "checkpoint_bytes", "checkpoint_parts", "kv_bytes_per_token",
            "layer_activation_bytes", "logprob_buffer_bytes", "moe_architecture", "moe_layer_parts", "reserve_parts", "route_parts",
            "state_bytes"]

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, replace
 from vapo_megatron.config import Config
 from vapo_megatron.mcore.dtypes import torch_dtype
 from vapo_megatron.sizing.memory import (GIB, ROUTES_DEVICE_ITEM, SGLANG_RUNTIME_ITEM, activation_parts, checkpoint_bytes,
-                                         kv_bytes_per_token, reserve_parts, route_parts, sglang_stash_bytes, state_bytes)
+                                         checkpoint_parts, kv_bytes_per_token, reserve_parts, route_parts, sglang_stash_bytes,
+                                         state_bytes)
 from vapo_megatron.sizing.shards import ShardSize, shard_sizes
 
 
@@ -47,6 +48,9 @@ class RankMemory:
     kv_resume: dict
     # The trainer's state moved to host memory during rollout (trainer.offload_during_rollout), by name.
     offloaded: dict = field(default_factory=dict)
+    # A checkpoint's save and load beyond the state (memory.checkpoint_parts), the larger model's:
+    # the models are saved and loaded one after the other.
+    checkpoint_io: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -97,17 +101,21 @@ HOST_STATE = ("parameters", "optimizer state")  # per model: what the offload co
 
 
 def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, gpu_memory_gib: float,
-              reserve_gib: float | None = None, peak: int | None = None) -> Plan:
+              reserve_gib: float | None = None, peak: int | None = None, shards: list[ShardSize] | None = None) -> Plan:
     """Size `cfg` for `world_size` GPUs; `problems` lists what does not fit (empty: it fits).
     critic_hf is the critic's model, unused with algo.estimator=grpo (no critic). peak: the rollout
-    peak of kv_compare (default: this plan's own, at most the GPU)."""
+    peak of kv_compare (default: this plan's own, at most the GPU). shards: this layout's, with the
+    critic's counts even under grpo (the actor's trunk as critic, for with_critic), when the caller
+    has them (vapo-plan --search: sizing/layer_counts.py); None: built here (shards.py)."""
+    given = shards
     tp, pp, vpp, ep = cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, cfg.parallel.ep
     dp = world_size // (tp * pp)
     params_dtype = torch_dtype(cfg.model.dtype)
     dtype_bytes = params_dtype.itemsize
     has_critic = cfg.algo.estimator == "gae"
-    shards = shard_sizes(actor_hf, critic_hf if has_critic else None, world_size=world_size, tp=tp, pp=pp, vpp=vpp,
-                         params_dtype=params_dtype, ep=ep, sequence_parallel=cfg.parallel.sequence_parallel and tp > 1)
+    if shards is None:
+        shards = shard_sizes(actor_hf, critic_hf if has_critic else None, world_size=world_size, tp=tp, pp=pp, vpp=vpp,
+                             params_dtype=params_dtype, ep=ep, sequence_parallel=cfg.parallel.sequence_parallel and tp > 1)
     models = (("actor", actor_hf, cfg.actor_optim),) + ((("critic", critic_hf, cfg.critic_optim),) if has_critic else ())
     names = tuple(name for name, _, _ in models)
     gpu = int(gpu_memory_gib * GIB)
@@ -127,10 +135,16 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     ranks, routes_host = [], {}
     for s in shards:
         parts: dict[str, int] = {}
+        io: dict[str, int] = {}
         for name, hf_cfg, optim in models:
             n, n_expert = getattr(s, f"{name}_params"), getattr(s, f"{name}_expert")
             p, g, o = state_bytes(n, dtype_bytes=dtype_bytes, dp=dp, distributed_optimizer=optim.distributed_optimizer,
                                   expert_params=n_expert, ep=ep)
+            own = checkpoint_parts(params=n, expert_params=n_expert, written_params=getattr(s, f"{name}_unique")
+                                   - n_expert * (ep - 1), largest=getattr(s, f"{name}_largest"),
+                                   merged=getattr(s, f"{name}_merged"), dtype_bytes=dtype_bytes, dp=dp, ep=ep,
+                                   distributed_optimizer=optim.distributed_optimizer)
+            io = {k: max(v, io.get(k, 0)) for k, v in own.items()}
             last = s.pp_rank == pp - 1
             vocab = 0 if name == "critic" or not last else _padded_vocab(hf_cfg, tp)
             items = {rc: activation_parts(hf_cfg, tokens=T, tp=tp, pp=pp, vpp=vpp, inflight_microbatches=s.inflight_microbatches,
@@ -159,7 +173,7 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
         runtime = reserve["rollout"].get(SGLANG_RUNTIME_ITEM, 0)
         ranks.append(RankMemory(s.tp_rank, s.pp_rank, parts, resident + act + sum(reserve["training"].values()),
                                 sum(kv_resume.values()) + engine_share + runtime, reserve, kv_resume,
-                                offloaded=state if offload else {}))
+                                offloaded=state if offload else {}, checkpoint_io=io))
 
     problems = []
     for phase in ("training", "rollout"):
@@ -197,7 +211,7 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
         gae = replace(cfg, algo=replace(cfg.algo, estimator="gae"), critic_optim=replace(
             cfg.critic_optim, distributed_optimizer=cfg.actor_optim.distributed_optimizer))
         with_critic = make_plan(gae, actor_hf, actor_hf, world_size=world_size, gpu_memory_gib=gpu_memory_gib,
-                                reserve_gib=reserve_gib, peak=compare.get("peak"))
+                                reserve_gib=reserve_gib, peak=compare.get("peak"), shards=given)
     return Plan(world_size, gpu, flat, (tp, pp, dp, vpp), shards, ranks, engine_weights, engine_share,
                 kv_cache, kv_tokens, sequence, ckpt, freed, problems, offload, compare, max(state), host, ep, names,
                 with_critic, routes_host)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vapo_megatron.config import Config
-from vapo_megatron.sizing.memory import GIB, MOE_ITEMS
+from vapo_megatron.sizing.memory import GIB, LOAD_GPU, LOAD_HOST, MOE_ITEMS, SAVE_GPU, SAVE_HOST
 from vapo_megatron.sizing.plan import Plan
 
 
@@ -66,6 +66,18 @@ def _offload_lines(plan: Plan, cfg: Config, gpus_per_node: int) -> list[str]:
                  f"copied), up to {gpus_per_node * plan.host_per_gpu / GIB:.1f} GiB per node of {gpus_per_node} GPUs "
                  "(checked against MemAvailable and the job's cgroup limit at start-up)")
     return lines
+
+
+def _checkpoint_io_lines(plan: Plan) -> list[str]:
+    """A save's and a load's memory per rank beyond its state (memory.checkpoint_parts), the worst rank's."""
+    if not plan.ranks[0].checkpoint_io:
+        return []
+    w = {k: max(m.checkpoint_io[k] for m in plan.ranks) for k in (SAVE_HOST, SAVE_GPU, LOAD_HOST, LOAD_GPU)}
+    return [f"  each save and resume per rank (worst rank; computed, the models one after the other): save: host "
+            f"{w[SAVE_HOST] / GIB:.2f} GiB (the staged copy of what it writes: DP rank 0's weights + its own Adam share), "
+            f"GPU +{w[SAVE_GPU] / GIB:.2f} GiB; load: host {w[LOAD_HOST] / GIB:.2f} GiB (one stored tensor at a time; it "
+            f"reads its own share), GPU +{w[LOAD_GPU] / GIB:.2f} GiB over its state (megatron's SwiGLU merge of linear_fc1, "
+            "or the fused Adam setting its moments anew)"]
 
 
 NO_CRITIC = "none (algo.estimator=grpo)"
@@ -193,6 +205,7 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
         f"checkpoints: {ckpt / 1e9:,.1f} GB per save ({' + '.join(models)}: {cfg.model.dtype} weights + Adam state, all ranks); "
         f"{KEEP_CHECKPOINTS} kept, the next written before the oldest goes: {(KEEP_CHECKPOINTS + 1) * ckpt / 1e12:,.2f} TB "
         f"of disk at peak in trainer.run_dir; every trainer.save_every={cfg.trainer.save_every} steps",
+        *_checkpoint_io_lines(plan),
         engine_line,
         *_routes_lines(plan),
         *offload_lines,

@@ -35,6 +35,13 @@ class ShardSize:
     # distributed optimizer shards their state over it (DP/EP ranks), the rest over DP.
     actor_expert: int = 0
     critic_expert: int = 0
+    # For a checkpoint's load (memory.checkpoint_parts): the largest parameter on this rank, and the
+    # parameters megatron's load concatenates anew (its ShardedTensorFactory merges: SwiGLU's
+    # linear_fc1, gate and up rows, mlp.py apply_swiglu_sharded_factory), elements.
+    actor_largest: int = 0
+    critic_largest: int = 0
+    actor_merged: int = 0
+    critic_merged: int = 0
 
 
 def peak_inflight_microbatches(pp: int, vpp: int | None, *, num_microbatches: int = 1024) -> int:
@@ -78,7 +85,8 @@ def shard_sizes(actor_hf: dict, critic_hf: dict | None, *, world_size: int, tp: 
     layout = (world_size, tp, pp, vpp, params_dtype, ep, sequence_parallel)
     actor = _model_counts(actor_hf, False, *layout)
     critic = _model_counts(critic_hf, True, *layout) if critic_hf is not None else [Counts(0, 0, 0, 0, 0, 0)] * len(actor)
-    return [ShardSize(a.tp_rank, a.pp_rank, a.params, c.params, a.unique, c.unique, a.inflight, a.expert, c.expert)
+    return [ShardSize(a.tp_rank, a.pp_rank, a.params, c.params, a.unique, c.unique, a.inflight, a.expert, c.expert,
+                      a.largest, c.largest, a.merged, c.merged)
             for a, c in zip(actor, critic)]
 
 
@@ -91,6 +99,18 @@ class Counts(NamedTuple):
     params: int
     unique: int
     expert: int
+    largest: int = 0
+    merged: int = 0
+
+
+def _merged(chunks: list) -> int:
+    """Elements of the parameters whose load megatron merges from parts (the ShardedTensorFactory
+    entries of the model's sharded state dict, built here on the meta device)."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensorFactory
+
+    return sum(x.data.numel() for c in chunks for x in nested_values(c.sharded_state_dict())
+               if isinstance(x, ShardedTensorFactory))
 
 
 # One model's counts per layout, kept for the process: vapo-plan with algo.estimator=grpo sizes the
@@ -127,10 +147,11 @@ def _model_counts(hf_cfg: dict, critic: bool, world_size: int, tp: int, pp: int,
                                       sequence_parallel=sequence_parallel)
             params = [(n, p) for c in chunks for n, p in c.named_parameters()]
             total, expert = sum(p.numel() for _, p in params), sum(p.numel() for n, p in params if is_expert(n))
+            largest, merged = max(p.numel() for _, p in params), _merged(chunks)
             for tp_rank in range(tp):
                 unique = sum(p.numel() * (ep if is_expert(n) else 1) for n, p in params
                              if tp_rank == 0 or getattr(p, "tensor_model_parallel", False))
-                out.append(Counts(tp_rank, pp_rank, inflight, total, unique, expert))
+                out.append(Counts(tp_rank, pp_rank, inflight, total, unique, expert, largest, merged))
             del chunks, params
         finally:
             parallel.destroy()

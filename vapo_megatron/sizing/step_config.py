@@ -53,7 +53,7 @@ def setup_from_config(cfg, actor_hf: dict, critic_hf: dict | None, *, world: int
     if checkpoint_bytes is None:
         checkpoint_bytes = ckpt_bytes(sum(n for n, _ in models), dtype_bytes=dtype_bytes)
     e = cfg.eval
-    evals = (2 + max(0, t.total_steps - 1) // e.every) if cfg.data.eval_files else 0
+    evals = (2 + (max(0, t.total_steps - 1) // e.every if e.every else 0)) if cfg.data.eval_files else 0
     eval_n = min(e.max_prompts, eval_prompts) if eval_prompts is not None else e.max_prompts
     return Setup(
         actor=actor, critic=critic, world=world, gpus_per_node=gpus_per_node, tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep,
@@ -68,6 +68,19 @@ def setup_from_config(cfg, actor_hf: dict, critic_hf: dict | None, *, world: int
         bucket_bytes=r.weight_sync_bucket_mb << 20, value_pretrain_steps=a.value_pretrain_steps,
         total_steps=t.total_steps, evals=evals, eval_prompts=eval_n, eval_samples=e.n_samples,
         partial=r.partial.enabled, spare_batches=r.partial.spare_batches, max_staleness=r.partial.max_staleness)
+
+
+def plan_setup(cfg, plan, actor_hf: dict, critic_hf: dict, *, gpus_per_node: int, gpu: GPU,
+               response_tokens: float | None = None, prompt_tokens: float | None = None, storage_gb_s: float = 1.0,
+               eval_prompts: int | None = None) -> Setup:
+    """The Setup of `cfg` from its plan's own counts (sizing/plan.py: KV-cache tokens per engine,
+    bytes offloaded per GPU, checkpoint bytes): what vapo-plan --gpu times, for one config and for
+    every layout vapo-plan --search ranks."""
+    return setup_from_config(
+        cfg, actor_hf, critic_hf, world=plan.world_size, gpus_per_node=gpus_per_node, gpu=gpu,
+        response_tokens=response_tokens, prompt_tokens=prompt_tokens, kv_tokens=plan.kv_tokens,
+        offload_bytes_per_gpu=plan.host_per_gpu if plan.offload else 0, checkpoint_bytes=plan.checkpoint,
+        storage_bytes_s=storage_gb_s * 1e9, eval_prompts=eval_prompts)
 
 
 def predicted_step_and_save(cfg, actor_hf: dict, critic_hf: dict | None, *, world: int, gpus_per_node: int,
@@ -111,5 +124,5 @@ def option_problems(*, gpu: str | None, response_tokens: float | None, prompt_to
     return problems
 
 
-__all__ = ["default_prompt_tokens", "default_response_tokens", "option_problems", "predicted_step_and_save",
+__all__ = ["default_prompt_tokens", "default_response_tokens", "option_problems", "plan_setup", "predicted_step_and_save",
            "setup_from_config", "without_critic_delta"]

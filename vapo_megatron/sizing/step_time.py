@@ -222,7 +222,8 @@ def partial_rollout(gpu: GPU, s: Shapes, *, engine_tp: int, engines: int, sample
                     prompt_tokens: float, response_tokens: float, max_response_tokens: int, kv_tokens: int,
                     spare_batches: int, max_staleness: int) -> Rollout:
     """The rollout phase with rollout.partial (rollout/partial.py), in the steady state where a step
-    trains as many samples as it admits:
+    trains as many samples as it admits, prompts_per_step groups (so it is with spare_batches <=
+    max_staleness, which the config checks require: tests/unit/test_partial_rollout.py):
       bulk      the same decode work per trained sample as `rollout` (waves x mean steps), at the
                 concurrency of (1 + spare_batches) x the samples per engine in flight, as far as the
                 KV cache holds them: the spare groups keep the batch full

@@ -19,6 +19,8 @@ Poison points (queried with `poisoned`):
                      losses and gradients are NaN (train.py)
 Signal points (`fault_point` sends the signal to this process and goes on):
     usr1             SIGUSR1 after the rollout, as Slurm's --signal=USR1@T sends it mid-step
+    term_launcher    SIGTERM after the rollout to the parent of local rank 0 (torchrun's agent under
+                     torchrun), as `kill <torchrun's pid>` sends it; the other ranks send nothing
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import sys
 
 KILL_POINTS = ("rollout", "critic_update", "actor_update", "weight_sync", "checkpoint")
 POISON_POINTS = ("nan_loss",)
-SIGNAL_POINTS = {"usr1": signal.SIGUSR1}
+SIGNAL_POINTS = {"usr1": signal.SIGUSR1, "term_launcher": signal.SIGTERM}
+TO_PARENT = ("term_launcher",)  # signal points whose signal goes to the parent process
 
 _iteration = -1  # published by the trainer (set_iteration); -1 before the first RL step
 
@@ -65,8 +68,10 @@ def fault_point(point: str) -> None:
     tests/test_fault_injection.py failure of issue 13). One write of a short line to a regular
     file or a pipe is not split by another process's write."""
     if point in SIGNAL_POINTS:
-        if _armed(point):
+        if _armed(point) and point not in TO_PARENT:
             os.kill(os.getpid(), SIGNAL_POINTS[point])
+        elif _armed(point) and os.environ.get("LOCAL_RANK", "0") == "0":
+            os.kill(os.getppid(), SIGNAL_POINTS[point])
         return
     if _armed(point):
         line = f"[vapo] VAPO_FAULT: killing rank {os.environ.get('RANK', '0')} at {point}@{_iteration}\n"

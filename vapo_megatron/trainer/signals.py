@@ -24,8 +24,8 @@ SIGINT (Ctrl-C in the terminal of a single-process `vapo-train`) is handled like
 checkpoint at the end of the step, exit 3, no requeue. Python's default turned it into a
 KeyboardInterrupt wherever the trainer was, with no checkpoint: up to save_every steps lost. A
 second Ctrl-C stops at once (KeyboardInterrupt; vapo-train's main ends it in one line, exit 130).
-Under torchrun the terminal's Ctrl-C reaches only the agent, which sends the workers SIGTERM.
-"""
+Under torchrun the terminal's Ctrl-C reaches only the agent, which passes SIGINT on to the workers;
+torchrun itself then exits 1 whatever their codes (docs/faults.md, "SIGTERM to torchrun itself")."""
 
 from __future__ import annotations
 

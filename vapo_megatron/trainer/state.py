@@ -30,6 +30,14 @@ class RunState:
     ADDED_LATER = ("finished", "carry")
     STRUCTURED = ("sampler", "carry")  # saved as dicts
 
+    @property
+    def policy_version(self) -> int:
+        """The actor updates done: the version of the policy the engine serves and the next step
+        trains (partial rollout's staleness counts these, rollout/partial.py). Every iteration
+        either updates the actor or is a value-pretraining one (pretrain_steps_done counts those),
+        so it is saved with, and resumes with, the two counters."""
+        return self.iteration - self.pretrain_steps_done
+
     def to_json(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in self.STRUCTURED}
         d["sampler"] = self.sampler.state_dict()

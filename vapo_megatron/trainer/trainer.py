@@ -181,7 +181,7 @@ class Trainer:
             self.state.iteration += 1
             it = self.state.iteration
             rl_step = it - cfg.algo.value_pretrain_steps
-            if self.data.eval and rl_step > 0 and rl_step % cfg.eval.every == 0 and it < self.total_iterations:
+            if self.data.eval and cfg.eval.every and rl_step > 0 and rl_step % cfg.eval.every == 0 and it < self.total_iterations:
                 with self.timer("eval"):
                     self.log_eval("periodic")
             self.clock.add_step(time.perf_counter() - t0)
@@ -213,10 +213,11 @@ class Trainer:
         with self._offloaded(timed=True):  # trainer.offload_during_rollout: state on the host until scoring
             with timed("rollout"):
                 rollout, sampling_logs = self.rollouts.collect(self.state.sampler, seed=self._rollout_seed(),  # 1, 2
-                                                               carry=self.state.carry, version=self.state.iteration)
+                                                               carry=self.state.carry, version=self.state.policy_version)
                 self.generator.release_weights()  # colocated SGLang: its GPU memory goes to training until step 8
             faults.fault_point("rollout")
             faults.fault_point("usr1")
+            faults.fault_point("term_launcher")
         with timed("reward"):
             batch, reward_logs = self.scorer.score(rollout)                                  # 3
         with timed("score"):
@@ -225,8 +226,8 @@ class Trainer:
         off_logs: dict[str, float] = {}
         if "token_versions" in batch.extras:  # partial rollout: decoupled PPO's weights (algorithms/off_policy.py)
             p = self.cfg.rollout.partial
-            batch.extras["is_weights"], off_logs = dp_stats.off_policy(batch, version=self.state.iteration, cap=p.is_cap,
-                                                                       max_staleness=p.max_staleness)
+            batch.extras["is_weights"], off_logs = dp_stats.off_policy(batch, version=self.state.policy_version,
+                                                                       cap=p.is_cap, max_staleness=p.max_staleness)
         batch.advantages, batch.returns, estimator_logs = self.estimate(batch, algo, value_pretrain=pretraining)  # 5
         if algo.whiten_advantages:
             batch.advantages = dp_stats.whiten_advantages(batch)

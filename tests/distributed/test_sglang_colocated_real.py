@@ -1,0 +1,157 @@
+"""The colocated SGLang path against sglang 0.5.23 itself, on the CPU: real `sglang.Engine`s (SGLang's
+CPU engine, its scheduler and detokenizer processes, Qwen2 model class, weight loaders, sampler and
+radix cache), started by the project's own SGLangEngine.colocated in the trainer's ranks.
+TEST DOUBLE: only sgl_kernel's CPU build (tests/doubles/sglang/sgl_kernel, names SGLang's CPU path
+imports; tests/helpers/sglang_world.py). Release/resume of GPU memory is not run (SGLang's CPU engine
+holds no GPU memory and its release synchronizes CUDA): test_sglang_colocated.py's stand-in keeps it.
+
+One run of 2 gloo ranks at trainer TP=2, rollout.sglang_tp=1 (SGLang's CPU engine runs TP=1 only:
+docs/what_ran_where.md), so each rank starts and owns one engine, started once for every check:
+  - three weight syncs of the trainer's weights through the project's payloads (stream_weights),
+    each followed by generation of the same prompts: the engines' log-probs of what they sampled
+    equal the trainer's own (Megatron's forward at TP=2, log_softmax at temperature 1) in float32;
+    the prompts repeat across syncs, so a stale prefix cache would show;
+  - the project's sampling settings: greedy (temperature 0), top_k=1 and a tiny top_p are greedy;
+    max_new_tokens bounds the answer; a stop token ends it and is kept;
+  - partial rollout: a response continued in rounds (extend) is the greedy response, with the
+    log-probs of the new tokens only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tests.helpers.dist_utils import run_ranks
+from tests.helpers.tiny_hf import save_tiny
+
+PROMPTS = [[5, 9, 13], [7, 7, 30, 2], [21, 3, 8, 1, 44], [11, 12]]
+SYNCS = 3
+NEW = 6  # tokens per answer: prompts + answers stay inside the tiny model's 64 positions
+
+
+def trainer_logprobs(chunks, vocab, seqs, temperature=1.0):
+    """[log p(token) per answer token] for each (prompt, answer) in `seqs`: Megatron's own forward
+    (collective over TP; every rank passes the same seqs)."""
+    from tests.helpers.megatron_ref import megatron_forward
+
+    out = []
+    for prompt, answer in seqs:
+        ids = torch.tensor([list(prompt) + list(answer)])
+        logits = megatron_forward(chunks, ids, critic=False, vocab=vocab)[0].double() / temperature
+        lp = torch.log_softmax(logits, -1)
+        out.append([float(lp[len(prompt) - 1 + k, t]) for k, t in enumerate(answer)])
+    return out
+
+
+def _greedy(chunks, vocab, prompt, n):
+    from tests.helpers.megatron_ref import megatron_forward
+
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(megatron_forward(chunks, torch.tensor([seq]), critic=False, vocab=vocab)[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
+def _capped_start(cfg):
+    import sglang
+
+    from vapo_megatron.rollout.sglang_engine import engine_kwargs
+
+    return sglang.Engine(**engine_kwargs(cfg), max_total_tokens=4096)
+
+
+def _run(hf_dir: Path):
+    from tests.helpers.sglang_world import enter_sglang_world
+
+    enter_sglang_world()  # before sglang is imported in this rank: SGLang's CPU switch, the sgl_kernel double
+
+    import torch.distributed as dist
+
+    from model_providers import family_for, read_hf_config
+    from tests.helpers.megatron_ref import random_update
+    from vapo_megatron.mcore import parallel
+    from vapo_megatron.mcore.models import build_chunks
+    from vapo_megatron.rollout.base import Continuation, SamplingParams
+    from vapo_megatron.rollout.sglang_engine import SGLangEngine
+    from vapo_megatron.rollout.weight_sync import stream_weights
+    from vapo_megatron.weights.hf_read import load_hf_weights
+
+    parallel.init_distributed(2, 1)
+    hf_cfg = read_hf_config(hf_dir)
+    vocab = hf_cfg["vocab_size"]
+    chunks = build_chunks(hf_cfg, params_dtype=torch.float32, critic=False)
+    load_hf_weights(chunks, family_for(hf_cfg), hf_cfg, hf_dir)
+    # The production start (start_engine's engine_kwargs: SGLang's CPU engine, load_format="dummy",
+    # random weights until the first sync) with the KV cache capped at 4,096 tokens: SGLang sizes it
+    # as a share of the host's memory and refuses a share smaller than what the memory it sees free
+    # fell by while it loaded, which other processes on a shared machine decide (seen at 0.01).
+    engine = SGLangEngine.colocated(model_path=str(hf_dir), tp_size=1, mem_fraction=0.5, dtype="float32", seed=0,
+                                    start=_capped_start)
+    mine = PROMPTS[parallel.tp_rank()::2]  # each rank's engine generates its own share
+
+    def everyone(x):
+        got = [None, None]
+        dist.all_gather_object(got, x)
+        return got[0] + got[1]
+
+    res = {"syncs": []}
+    for step in range(SYNCS):
+        if step:
+            random_update(chunks)
+        stream_weights(chunks, family_for(hf_cfg), hf_cfg, engine, version=step + 1, bucket_bytes=8_000)
+        outs = engine.generate(mine, SamplingParams(n=2, temperature=1.0, max_new_tokens=NEW, seed=7 + step))
+        seqs = everyone([(mine[o.prompt_index], o.token_ids) for o in outs])
+        got = everyone([o.logprobs for o in outs])
+        res["syncs"].append({"engine": got, "trainer": trainer_logprobs(chunks, vocab, seqs),
+                             "versions": everyone([o.weight_version for o in outs]),
+                             "reasons": everyone([o.finish_reason for o in outs])})
+
+    greedy = [_greedy(chunks, vocab, p, NEW) for p in PROMPTS]
+    settings = {
+        "temperature 0": SamplingParams(temperature=0.0, max_new_tokens=NEW),
+        "top_k 1": SamplingParams(temperature=1.0, top_k=1, max_new_tokens=NEW),
+        "top_p 1e-6": SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=NEW),
+        "max_new_tokens 2": SamplingParams(temperature=0.0, max_new_tokens=2),
+    }
+    res["settings"] = {k: everyone([(o.token_ids, o.finish_reason) for o in engine.generate(mine, p)])
+                       for k, p in settings.items()}
+    stops = [g[2] for g in greedy[parallel.tp_rank()::2]]  # each prompt's third greedy token as its stop
+    res["stop"] = everyone([(o.token_ids, o.finish_reason) for p, s in zip(mine, stops)
+                            for o in engine.generate([p], SamplingParams(temperature=0.0, max_new_tokens=NEW,
+                                                                         stop_token_ids=(s,)))])
+    # Partial rollout: grown 2 + 2 + 2 tokens from an empty response, greedy.
+    grown = [[] for _ in mine]
+    rounds = []
+    for _ in range(3):
+        outs = engine.extend([Continuation(prompt_ids=p, response_ids=r, seed=3, max_new_tokens=2)
+                              for p, r in zip(mine, grown)], SamplingParams(temperature=0.0, max_new_tokens=NEW))
+        rounds.append([(o.token_ids, len(o.logprobs)) for o in outs])
+        grown = [r + o.token_ids for r, o in zip(grown, outs)]
+    res["grown"] = everyone(grown)
+    res["rounds"] = everyone(rounds)
+    res["greedy"] = greedy
+    res["order"] = everyone(mine)
+    engine.shutdown()  # a forked rank runs no atexit handler: the Engine's own would never run
+    return res
+
+
+def test_colocated_real_engines_sync_sample_and_continue(tmp_path):
+    save_tiny(tmp_path / "hf", tied=False, seed=5)
+    (run, _) = run_ranks(2, _run, tmp_path / "hf", timeout=900)
+    for step, s in enumerate(run["syncs"]):
+        assert s["versions"] == [step + 1] * len(s["versions"])
+        assert all(r in ("stop", "length") for r in s["reasons"])
+        for eng, ref in zip(s["engine"], s["trainer"]):
+            assert len(eng) == len(ref) > 0
+            assert max(abs(a - b) for a, b in zip(eng, ref)) < 1e-4, (step, eng, ref)
+    greedy = dict(zip(map(tuple, PROMPTS), run["greedy"]))
+    want = [greedy[tuple(p)] for p in run["order"]]
+    for name in ("temperature 0", "top_k 1", "top_p 1e-6"):
+        assert [t for t, _ in run["settings"][name]] == want, name
+        assert [r for _, r in run["settings"][name]] == ["length"] * len(want), name
+    assert run["settings"]["max_new_tokens 2"] == [(g[:2], "length") for g in want]
+    assert run["stop"] == [(g[:3], "stop") for g in want]  # the stop token ends the answer and stays in it
+    assert run["grown"] == want
+    assert all(n_lp == len(t) == 2 for r in run["rounds"] for t, n_lp in r)

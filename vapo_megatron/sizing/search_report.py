@@ -1,0 +1,132 @@
+"""vapo-plan --search's printout: the ranking as a table, the config's own place in it, and why the fastest is faster."""
+
+from __future__ import annotations
+
+from vapo_megatron.config import Config
+from vapo_megatron.sizing.search import Row, Search, gib, overrides, phase_deltas
+
+# The step's phases shown in their own columns; the others (offload, onload, sync, checkpoint) are summed.
+COLUMNS = (("rollout", "rollout"), ("score", "score"), ("critic_update", "critic"), ("actor_update", "actor"))
+
+
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def _layout(row: Row) -> str:
+    p, r = row.cfg.parallel, row.cfg.rollout
+    ep = f" EP={p.ep}" if p.ep > 1 else ""
+    return (f"TP={p.tp} PP={p.pp} VPP={p.vpp or '-'}{ep} engine TP={r.sglang_tp}, recompute "
+            f"{_on(row.cfg.model.recompute_activations)}, offload {_on(row.cfg.trainer.offload_during_rollout)}, "
+            f"micro_batch_tokens={row.cfg.trainer.micro_batch_tokens}")
+
+
+def _main_phase(row: Row, reference: Row) -> str:
+    """The step time against the reference and the phase that makes most of the difference."""
+    step = row.estimate.step_s - reference.estimate.step_s
+    if abs(step) < 0.05:
+        return "="
+    name, delta = phase_deltas(row, reference)[0 if step < 0 else -1]
+    return f"{step:+,.0f} s ({name} {delta:+,.0f})"
+
+
+def _row_line(row: Row, rank: int | None, reference: Row | None) -> str:
+    p, e = row.cfg.parallel, row.estimate
+    cells = [f"{rank if rank is not None else '-':>4}", f"{p.tp:>3}", f"{p.pp:>3}", f"{p.vpp or '-':>4}", f"{p.ep:>3}",
+             f"{row.plan.layout[2]:>4}", f"{row.cfg.rollout.sglang_tp:>4}",
+             f"{_on(row.cfg.model.recompute_activations):>4}", f"{_on(row.cfg.trainer.offload_during_rollout):>4}",
+             f"{row.cfg.trainer.micro_batch_tokens:>7}",
+             f"{gib(row.training_peak):6.1f}", f"{gib(row.rollout_peak):6.1f}", f"{gib(row.headroom):5.1f}"]
+    shown = 0.0
+    for name, _ in COLUMNS:
+        s = e.phases[name].seconds if name in e.phases else None
+        shown += s or 0.0
+        cells.append(f"{s:7.1f}" if s is not None else f"{'-':>7}")
+    cells += [f"{e.step_s - shown:6.1f}", f"{e.step_s:7.1f}", f"{e.tokens_per_s_per_gpu:6.0f}", f"{e.run_gpu_hours:8,.0f}"]
+    cells.append("  " + ("<- the config's layout" if row.own else _main_phase(row, reference) if reference else ""))
+    return " ".join(cells)
+
+
+HEADER = (f"{'rank':>4} {'TP':>3} {'PP':>3} {'VPP':>4} {'EP':>3} {'DP':>4} {'eTP':>4} {'rc':>4} {'off':>4} {'mbt':>7} "
+          f"{'train':>6} {'roll':>6} {'free':>5} " + " ".join(f"{label:>7}" for _, label in COLUMNS)
+          + f" {'other':>6} {'step s':>7} {'tok/s':>6} {'GPU-h':>8}  vs the config's layout")
+
+
+def _why(best: Row, reference: Row, what: str) -> list[str]:
+    """The phases that make the fastest layout faster than `reference`, each with both how-lines."""
+    step = reference.estimate.step_s - best.estimate.step_s
+    lines = [f"why the fastest is faster than {what} ({_layout(reference)}): {step:,.0f} s less per step "
+             f"({step / reference.estimate.step_s:.0%})" + (":" if step >= 0.05 else "")]
+    if step < 0.05:
+        return lines
+    for name, delta in phase_deltas(best, reference):
+        if abs(delta) < max(0.05, 0.05 * step):  # the phases that make the difference
+            continue
+        mine, theirs = best.estimate.phases.get(name), reference.estimate.phases.get(name)
+        lines.append(f"  {name} {theirs.seconds if theirs else 0:,.1f} -> {mine.seconds if mine else 0:,.1f} s "
+                     f"({delta:+,.1f} s)")
+        lines.append(f"    fastest: {mine.how if mine else '(no such phase)'}")
+        lines.append(f"    {what.split(' (')[0]}: {theirs.how if theirs else '(no such phase)'}")
+    return lines
+
+
+def format_search(result: Search, cfg: Config, *, top: int, model_source: str, nodes: int, config_path: str,
+                  rerun: str) -> str:
+    """The ranking (the top `top` and the config's own), its assumptions and why the fastest is
+    faster; `rerun`: the vapo-plan command line that shows one layout in full, less its overrides."""
+    a, world = result.assumptions, result.world
+    own = result.own
+    micro = sorted({cfg.trainer.micro_batch_tokens, cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens})
+    lines = [
+        f"vapo-plan --search: {nodes} node(s) x {a.gpus_per_node} GPUs = {world} GPUs of {a.gpu_memory_gib:.1f} GiB; "
+        f"step time on {a.gpu.name} (--gpu)",
+        f"model: {model_source}",
+        "one layout for actor and critic: the trainer builds both on the same ranks with the same parallel.* settings "
+        "(their optimizers stay as configured)" if cfg.algo.estimator == "gae" else
+        "one layout for the actor (algo.estimator=grpo: no critic)",
+        "searched: TP within one NVLink domain, PP, VPP, " + ("EP with its groups in one node, " if result.moe else "")
+        + "the engine's TP (rollout.sglang_tp, dividing TP), full recompute off and on, "
+        + ("offload off and on, " if cfg.rollout.engine == "sglang" else "")
+        + f"micro_batch_tokens {' and '.join(map(str, micro))}; sequence parallelism on wherever TP > 1; every other "
+        f"setting as configured (rollout.sglang_mem_fraction={cfg.rollout.sglang_mem_fraction})",
+        f"layouts: {result.tried:,} tried, {result.refused:,} refused by the checks vapo-plan applies (the trainer's), "
+        f"{result.too_big:,} do not fit (its memory check), {len(result.rows):,} fit",
+        "ranked by modelled step time: computed from shapes and datasheet rates at assumed efficiencies, nothing "
+        "measured; a model until a GPU run checks it (docs/slurm.md, \"Choosing a layout\")",
+        "  eTP: rollout.sglang_tp; rc: full recompute; off: offload during rollout; mbt: micro_batch_tokens; GiB per GPU "
+        "at the worst rank: train(ing) and roll(out) peaks, free = headroom; seconds per step: each phase, other = "
+        "offload + onload + sync + checkpoint; tok/s per GPU; GPU-h of the whole run",
+        "",
+        HEADER,
+    ]
+    shown = result.rows[:top]
+    reference = own if own.fits else None
+    lines += [_row_line(r, i + 1, reference) for i, r in enumerate(shown)]
+    if own.fits and own not in shown:
+        lines.append(f"{'...':>4}")
+        lines.append(_row_line(own, result.own_rank, reference))
+    lines.append("")
+    where = f"the config's layout ({config_path}: {_layout(own)})"
+    if own.fits:
+        lines.append(f"{where}: rank {result.own_rank} of {len(result.rows)}, {own.estimate.step_s:,.0f} s per step")
+    elif own.plan is not None:
+        lines.append(f"{where}: does not fit: {own.problems[0]}")
+    else:
+        lines.append(f"{where}: refused: {own.problems[0]}")
+    if shown and (own.fits or len(shown) > 1):
+        best = shown[0]
+        ref, what = (own, "the config's layout") if own.fits else (shown[-1], f"the rank-{len(shown)} layout")
+        if best is not ref:
+            lines += _why(best, ref, what)
+        else:
+            lines.append("the config's layout is the fastest the model finds")
+        lines.append(f"the fastest as vapo-plan sees one config, its memory and step time in full: {rerun} "
+                     + " ".join(overrides(best.cfg)))
+    if not result.rows:
+        lines.append("no layout fits; the closest (more GPUs, a GPU with more memory or another "
+                     "rollout.sglang_mem_fraction, as an override, may make one fit):")
+        lines += [f"  {_layout(r)}: {r.problems[0]}" for r in result.closest]
+    return "\n".join(lines)
+
+
+__all__ = ["format_search"]

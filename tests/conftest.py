@@ -91,7 +91,7 @@ WORLD_DOUBLES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), "
                       for world in ("te", "apex"))
 
 
-def _doubles_here() -> list[str]:
+def doubles_here() -> list[str]:
     modules = [name for name, module in list(sys.modules.items())
                if (getattr(module, "__file__", None) or "").startswith(WORLD_DOUBLES)]
     paths = [p for p in sys.path if os.path.join(os.path.abspath(p or "."), "").startswith(WORLD_DOUBLES)]
@@ -101,7 +101,7 @@ def _doubles_here() -> list[str]:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     yield
-    leaked = _doubles_here()
+    leaked = doubles_here()
     if leaked:
         raise RuntimeError(f"{item.nodeid} left test doubles of another world in the suite's process "
                            f"(tests/helpers/worlds.py runs them in their own interpreter): {leaked[:10]}")

@@ -49,15 +49,15 @@ def test_a_stand_in_left_in_the_suites_process_is_named(monkeypatch):
     made it, in one process and in any file order (monkeypatch undoes these before that check)."""
     import types
 
-    from tests.conftest import WORLD_DOUBLES, _doubles_here
+    from tests.conftest import WORLD_DOUBLES, doubles_here
     from tests.helpers.worlds import world_path
 
-    assert _doubles_here() == []
+    assert doubles_here() == []
     module = types.ModuleType("leaked")
     module.__file__ = str(Path(world_path("te")[0]) / "transformer_engine" / "__init__.py")
     monkeypatch.setitem(sys.modules, "leaked", module)
     monkeypatch.syspath_prepend(world_path("apex")[0])
-    assert _doubles_here() == ["leaked", f"sys.path entry {world_path('apex')[0]}"]
+    assert doubles_here() == ["leaked", f"sys.path entry {world_path('apex')[0]}"]
     assert len(WORLD_DOUBLES) == 2
 
 

@@ -89,19 +89,28 @@ def demo(tmp_path_factory):
 # test_the_local_world_has_no_transformer_engine would).
 WORLD_DOUBLES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), "doubles", world) + os.sep
                       for world in ("te", "apex"))
+# The names the stand-ins are imported by (their libraries' own: transformer_engine, apex, amp_C, ...).
+DOUBLE_NAMES = sorted({entry.removesuffix(".py") for folder in WORLD_DOUBLES for entry in os.listdir(folder)
+                       if not entry.startswith(("_", "."))})
 
 
 def doubles_here() -> list[str]:
-    modules = [name for name, module in list(sys.modules.items())
-               if (getattr(module, "__file__", None) or "").startswith(WORLD_DOUBLES)]
+    """The stand-ins imported in this process under their libraries' names, and sys.path entries
+    into tests/doubles/te or apex (through which megatron-core would import them)."""
+    modules = [name for name in DOUBLE_NAMES
+               if (getattr(sys.modules.get(name), "__file__", None) or "").startswith(WORLD_DOUBLES)]
     paths = [p for p in sys.path if os.path.join(os.path.abspath(p or "."), "").startswith(WORLD_DOUBLES)]
-    return sorted(modules) + [f"sys.path entry {p}" for p in paths]
+    return modules + [f"sys.path entry {p}" for p in paths]
+
+
+_REPORTED: set[str] = set()  # each leak fails the test that made it, not every test after it
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     yield
-    leaked = doubles_here()
+    leaked = [x for x in doubles_here() if x not in _REPORTED]
+    _REPORTED.update(leaked)
     if leaked:
         raise RuntimeError(f"{item.nodeid} left test doubles of another world in the suite's process "
                            f"(tests/helpers/worlds.py runs them in their own interpreter): {leaked[:10]}")

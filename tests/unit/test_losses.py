@@ -11,7 +11,6 @@ from vapo_megatron.algorithms.losses import (
     masked_moment_sums,
     nll_loss_sum,
     policy_loss_sum,
-    sample_level_policy_loss_sum,
     value_loss_sum,
     whiten,
 )
@@ -42,10 +41,11 @@ def naive_token_term(lp, olp, a, eps_low, eps_high, c):
     return term
 
 
-def naive_policy(logp, old, adv, eps_low, eps_high, c, sample_level):
+def naive_policy(logp, old, adv, eps_low, eps_high, c, sample_level, weights=None):
     total = 0.0
     for b, n in enumerate(LENGTHS):
-        terms = [naive_token_term(float(logp[b, t]), float(old[b, t]), float(adv[b, t]), eps_low, eps_high, c) for t in range(n)]
+        terms = [naive_token_term(float(logp[b, t]), float(old[b, t]), float(adv[b, t]), eps_low, eps_high, c)
+                 * (1.0 if weights is None else float(weights[b, t])) for t in range(n)]
         if sample_level:
             total += sum(terms) / n if n else 0.0
         else:
@@ -53,18 +53,22 @@ def naive_policy(logp, old, adv, eps_low, eps_high, c, sample_level):
     return total
 
 
+@pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("dual_clip_c", [None, 1.5])
 @pytest.mark.parametrize("sample_level", [False, True])
-def test_policy_loss_matches_loop(dual_clip_c, sample_level):
+def test_policy_loss_matches_loop(dual_clip_c, sample_level, weighted):
     logp, old, adv, mask = batch()
-    fn = sample_level_policy_loss_sum if sample_level else policy_loss_sum
-    loss, metrics = fn(logp, old, adv, mask, eps_low=0.2, eps_high=0.28, dual_clip_c=dual_clip_c)
-    ref = naive_policy(logp, old, adv, 0.2, 0.28, dual_clip_c, sample_level)
+    weights = torch.rand(mask.shape, generator=torch.Generator().manual_seed(7)) * 1.5 if weighted else None
+    if weighted:
+        weights[~mask] = float("nan")  # junk on padding must not matter
+    loss, metrics = policy_loss_sum(logp, old, adv, mask, eps_low=0.2, eps_high=0.28, dual_clip_c=dual_clip_c,
+                                    loss_agg="sample" if sample_level else "token", weights=weights)
+    ref = naive_policy(logp, old, adv, 0.2, 0.28, dual_clip_c, sample_level, weights)
     assert loss.item() == pytest.approx(ref, rel=1e-5, abs=1e-5)
 
     n_tokens = sum(LENGTHS)
     low = high = dual = 0
-    kl = 0.0
+    kl = ratios = 0.0
     for b, n in enumerate(LENGTHS):
         for t in range(n):
             r = math.exp(float(logp[b, t]) - float(old[b, t]))
@@ -72,6 +76,7 @@ def test_policy_loss_matches_loop(dual_clip_c, sample_level):
             low += a < 0 and r < 0.8
             high += a > 0 and r > 1.28
             kl += r - 1 - math.log(r)
+            ratios += r
             if dual_clip_c is not None and a < 0:
                 dual += -min(r * a, min(max(r, 0.8), 1.28) * a) > -dual_clip_c * a
     assert metrics["tokens"].item() == n_tokens
@@ -79,27 +84,37 @@ def test_policy_loss_matches_loop(dual_clip_c, sample_level):
     assert metrics["clipped_high_tokens"].item() == high > 0
     assert metrics["clipped_tokens"].item() == low + high
     assert metrics["approx_kl_sum"].item() == pytest.approx(kl, rel=1e-5)
+    assert metrics["ratio_sum"].item() == pytest.approx(ratios, rel=1e-5)
+    assert ("dual_clipped_tokens" in metrics) == (dual_clip_c is not None)
     if dual_clip_c is not None:
         assert metrics["dual_clipped_tokens"].item() == dual > 0
+    assert metrics.get("responses") == (sum(n > 0 for n in LENGTHS) if sample_level else None)
+
+
+def test_policy_loss_refuses_an_unknown_aggregation():
+    logp, old, adv, mask = batch()
+    with pytest.raises(ValueError, match="loss_agg must be 'token' or 'sample', got loss_agg='seq'"):
+        policy_loss_sum(logp, old, adv, mask, eps_low=0.2, eps_high=0.28, dual_clip_c=None, loss_agg="seq")
 
 
 def test_clip_higher_is_asymmetric():
     # A > 0, ratio 1.25: inside [0.8, 1.28] (clip-higher) but clipped by the symmetric 0.2.
     logp, old = torch.tensor([[math.log(1.25)]]), torch.zeros(1, 1)
     adv, mask = torch.ones(1, 1), torch.ones(1, 1, dtype=torch.bool)
-    higher, _ = policy_loss_sum(logp, old, adv, mask, eps_low=0.2, eps_high=0.28, dual_clip_c=None)
-    symmetric, _ = policy_loss_sum(logp, old, adv, mask, eps_low=0.2, eps_high=0.2, dual_clip_c=None)
+    higher, _ = policy_loss_sum(logp, old, adv, mask, eps_low=0.2, eps_high=0.28, dual_clip_c=None, loss_agg="token")
+    symmetric, _ = policy_loss_sum(logp, old, adv, mask, eps_low=0.2, eps_high=0.2, dual_clip_c=None, loss_agg="token")
     assert higher.item() == pytest.approx(-1.25) and symmetric.item() == pytest.approx(-1.2)
     # A < 0, ratio 0.75: clipped at 1 - eps_low = 0.8 either way.
-    low, _ = policy_loss_sum(torch.tensor([[math.log(0.75)]]), old, -adv, mask, eps_low=0.2, eps_high=0.28, dual_clip_c=None)
+    low, _ = policy_loss_sum(torch.tensor([[math.log(0.75)]]), old, -adv, mask, eps_low=0.2, eps_high=0.28, dual_clip_c=None,
+                             loss_agg="token")
     assert low.item() == pytest.approx(0.8)
 
 
 def test_sample_level_differs_from_token_level_and_gradients_match_loop():
     logp, old, adv, mask = batch(seed=3)
     lp = logp.clone().requires_grad_()
-    token, _ = policy_loss_sum(lp, old, adv, mask, eps_low=0.2, eps_high=0.28, dual_clip_c=None)
-    sample, _ = sample_level_policy_loss_sum(lp, old, adv, mask, eps_low=0.2, eps_high=0.28, dual_clip_c=None)
+    token, _ = policy_loss_sum(lp, old, adv, mask, eps_low=0.2, eps_high=0.28, dual_clip_c=None, loss_agg="token")
+    sample, _ = policy_loss_sum(lp, old, adv, mask, eps_low=0.2, eps_high=0.28, dual_clip_c=None, loss_agg="sample")
     assert abs(token.item() - sample.item()) > 1e-3
     (grad_token,) = torch.autograd.grad(token, lp)
     # Direct per-token derivative: d/dlp of -A r = -A r when unclipped, 0 when clipped.
@@ -202,8 +217,8 @@ def test_sample_level_m_skips_empty_responses():
     assert counts.responses == sum(n > 0 for n in LENGTHS) == B - 1 and counts.tokens == sum(LENGTHS)
     total = 0.0
     for rows in ([0, 1, 2], [3, 4, 5]):  # two micro-batches, as the actor's loss sees them
-        pg, _ = sample_level_policy_loss_sum(logp[rows], old[rows], adv[rows], mask[rows],
-                                             eps_low=0.2, eps_high=0.28, dual_clip_c=None)
+        pg, _ = policy_loss_sum(logp[rows], old[rows], adv[rows], mask[rows],
+                                eps_low=0.2, eps_high=0.28, dual_clip_c=None, loss_agg="sample")
         total += (pg * (counts.tokens / counts.responses)).item()
     means = []
     for b, n in enumerate(LENGTHS):

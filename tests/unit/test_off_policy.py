@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vapo_megatron.algorithms import off_policy
-from vapo_megatron.algorithms.losses import policy_loss_sum, sample_level_policy_loss_sum
+from vapo_megatron.algorithms.losses import policy_loss_sum
 from vapo_megatron.data.batch import RolloutBatch, pack_sequences
 from vapo_megatron.mcore import parallel
 from vapo_megatron.trainer import dp_stats
@@ -51,16 +51,17 @@ def weights_of(prox, behav, mask, versions):
     return off_policy.truncated_weights(off_policy.importance_ratios(prox, behav, stale), CAP)
 
 
-@pytest.mark.parametrize("fn", [policy_loss_sum, sample_level_policy_loss_sum])
+@pytest.mark.parametrize("loss_agg", ["token", "sample"])
 @pytest.mark.parametrize("dual_clip_c", [None, 1.5])
-def test_without_stale_tokens_the_weights_are_one_and_the_loss_is_todays_bitwise(fn, dual_clip_c):
+def test_without_stale_tokens_the_weights_are_one_and_the_loss_is_todays_bitwise(loss_agg, dual_clip_c):
     logp, prox, behav, adv, mask, _ = batch()
     w = weights_of(prox, behav, mask, torch.full((len(LENGTHS), T), 3))
     assert torch.equal(w, torch.ones_like(w))
     runs = []
     for weights in (None, w):
         lp = logp.clone().requires_grad_()
-        loss, metrics = fn(lp, prox, adv, mask, dual_clip_c=dual_clip_c, weights=weights, **CLIP)
+        loss, metrics = policy_loss_sum(lp, prox, adv, mask, dual_clip_c=dual_clip_c, loss_agg=loss_agg, weights=weights,
+                                        **CLIP)
         runs.append((loss, torch.autograd.grad(loss, lp)[0], metrics))
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
     assert all(torch.equal(runs[0][2][k], runs[1][2][k]) for k in runs[0][2])
@@ -87,7 +88,7 @@ def test_stale_tokens_give_the_single_process_loss_and_gradient_in_any_split(dua
     for parts in ([[0, 1, 2, 3, 4, 5]], [[0, 3], [1, 2, 5], [4]], [[r] for r in range(6)]):
         lp = logp.clone().requires_grad_()
         total = sum(policy_loss_sum(lp[rows], prox[rows], adv[rows], mask[rows], dual_clip_c=dual_clip_c,
-                                    weights=w[rows], **CLIP)[0] for rows in parts) / N
+                                    loss_agg="token", weights=w[rows], **CLIP)[0] for rows in parts) / N
         (grad,) = torch.autograd.grad(total, lp)
         assert total.item() == pytest.approx(ref, rel=1e-5, abs=1e-7)
         torch.testing.assert_close(grad.double(), ref_grad, rtol=1e-4, atol=1e-6)

@@ -13,6 +13,8 @@ Metric dicts hold detached 0-d float32 tensors (sums or counts), ready for an al
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
@@ -21,22 +23,40 @@ def _real(mask: Tensor) -> Tensor:
     return mask if mask.dtype == torch.bool else mask != 0
 
 
-def _policy_token_terms(
+def policy_loss_sum(
     logp: Tensor,
     old_logp: Tensor,
     advantages: Tensor,
-    real: Tensor,
+    mask: Tensor,
+    *,
     eps_low: float,
     eps_high: float,
     dual_clip_c: float | None,
+    loss_agg: Literal["token", "sample"],
     weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per-token PPO loss [B, T] (0 on padding) and metric sums; `weights` [B, T] (no gradient)
-    multiply each token's term (partial rollout's importance weights, off_policy.py)."""
+    """PPO clip-higher loss, summed (components 4 and 5); logp, old_logp, advantages, mask,
+    weights: [B, T].
+
+    Per token: -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A), r = exp(logp - old_logp);
+    with dual_clip_c, tokens with A < 0 are further bounded by -c * A; with `weights` (no
+    gradient), each token's term times its weight (decoupled PPO, off_policy.py).
+    loss_agg (algo.loss_agg, component 4): "token" sums the terms over real tokens (divide by the
+    global number of response tokens N to get L_PPO); "sample" is the ablation: each response's
+    terms averaged over its own length first (long responses weigh as much as short ones), then
+    summed over responses (divide by the global number of non-empty responses,
+    normalization.GlobalCounts.responses); a response with no real token contributes 0.
+    Metrics (sums/counts over tokens): tokens, clipped_tokens, clipped_low_tokens,
+    clipped_high_tokens, dual_clipped_tokens (only with dual clip), approx_kl_sum (k3),
+    ratio_sum; with "sample" also responses (those with at least one token).
+    """
     if eps_low < 0 or eps_high < 0:
         raise ValueError(f"clip ranges must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
     if dual_clip_c is not None and dual_clip_c <= 1.0:
         raise ValueError(f"dual_clip_c must be > 1 (or None), got dual_clip_c={dual_clip_c}")
+    if loss_agg not in ("token", "sample"):
+        raise ValueError(f"loss_agg must be 'token' or 'sample', got loss_agg={loss_agg!r}")
+    real = _real(mask)
     zero = torch.zeros((), dtype=torch.float32, device=logp.device)
     # Mask the log-ratio before exp so padding cannot produce inf (and NaN gradients).
     log_ratio = torch.where(real, logp.float() - old_logp.float(), zero)
@@ -61,64 +81,16 @@ def _policy_token_terms(
         metrics["dual_clipped_tokens"] = (dual & real).sum().float().detach()
     if weights is not None:  # 1 on padding, so nothing there can reach the gradient
         loss = loss * torch.where(real, weights.detach().float(), torch.ones((), device=logp.device))
-    loss = torch.where(real, loss, zero)
+    loss = torch.where(real, loss, zero)  # [B, T] per-token terms, 0 on padding
     with torch.no_grad():
         # k3 estimator of KL(old || new): (r - 1) - log r >= 0, unbiased under the old policy.
         metrics["approx_kl_sum"] = torch.where(real, ratio - 1.0 - log_ratio, zero).sum()
         metrics["ratio_sum"] = torch.where(real, ratio, zero).sum()
         metrics["tokens"] = real.sum().float()
-    return loss, metrics
-
-
-def policy_loss_sum(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    eps_low: float,
-    eps_high: float,
-    dual_clip_c: float | None,
-    weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Token-level PPO clip-higher loss, summed over real tokens (components 4 and 5).
-
-    Per token: -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A), r = exp(logp - old_logp);
-    with dual_clip_c, tokens with A < 0 are further bounded by -c * A; with `weights`, each
-    token's term times its weight (decoupled PPO, off_policy.py). Divide by the global number of
-    response tokens N to get L_PPO. logp, old_logp, advantages, mask, weights: [B, T].
-    Metrics (sums/counts): tokens, clipped_tokens, clipped_low_tokens, clipped_high_tokens,
-    dual_clipped_tokens (only with dual clip), approx_kl_sum (k3), ratio_sum.
-    """
-    terms, metrics = _policy_token_terms(
-        logp, old_logp, advantages, _real(mask), eps_low, eps_high, dual_clip_c, weights
-    )
-    return terms.sum(), metrics
-
-
-def sample_level_policy_loss_sum(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    eps_low: float,
-    eps_high: float,
-    dual_clip_c: float | None,
-    weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """The sample-level ablation of component 4: per-response token mean, summed over responses.
-
-    Same per-token terms as policy_loss_sum; each response's terms are averaged over its own
-    length first (so long responses weigh as much as short ones), then summed; divide by the
-    global number of non-empty responses (normalization.GlobalCounts.responses). Responses with no
-    real token contribute 0. Metrics as in
-    policy_loss_sum (token sums), plus "responses" (responses with at least one token).
-    """
-    real = _real(mask)
-    terms, metrics = _policy_token_terms(logp, old_logp, advantages, real, eps_low, eps_high, dual_clip_c, weights)
+    if loss_agg == "token":
+        return loss.sum(), metrics
     lengths = real.sum(dim=1)  # [B]
-    per_response = terms.sum(dim=1) / lengths.clamp(min=1).to(terms.dtype)
+    per_response = loss.sum(dim=1) / lengths.clamp(min=1).to(loss.dtype)
     metrics["responses"] = (lengths > 0).sum().float()
     return per_response.sum(), metrics
 

@@ -17,7 +17,7 @@ from functools import partial
 
 import torch
 
-from vapo_megatron.algorithms.losses import nll_loss_sum, policy_loss_sum, sample_level_policy_loss_sum
+from vapo_megatron.algorithms.losses import nll_loss_sum, policy_loss_sum
 from vapo_megatron.algorithms.normalization import GlobalCounts
 from vapo_megatron.algorithms.vocab_parallel import vocab_parallel_logprobs_entropy
 from vapo_megatron.data.batch import RolloutBatch, shifted_targets
@@ -75,11 +75,9 @@ def policy_loss(mb: RolloutBatch, logits: torch.Tensor, *, settings: PolicyLossS
     old_logp, adv = mb.old_logp.to(device), mb.advantages.to(device)
     # Partial rollout: decoupled PPO's importance weight of each token (algorithms/off_policy.py).
     weights = mb.extras["is_weights"].to(device) if "is_weights" in mb.extras else None
-    clip = dict(eps_low=settings.eps_low, eps_high=settings.eps_high, dual_clip_c=settings.dual_clip_c, weights=weights)
-    if settings.loss_agg == "token":
-        pg_sum, metrics = policy_loss_sum(logp, old_logp, adv, mask, **clip)
-    else:
-        pg_sum, metrics = sample_level_policy_loss_sum(logp, old_logp, adv, mask, **clip)
+    pg_sum, metrics = policy_loss_sum(logp, old_logp, adv, mask, eps_low=settings.eps_low, eps_high=settings.eps_high,
+                                      dual_clip_c=settings.dual_clip_c, loss_agg=settings.loss_agg, weights=weights)
+    if settings.loss_agg == "sample":
         pg_sum = pg_sum * (counts.tokens / counts.responses) if counts.responses else pg_sum * 0.0  # M = 0: N = 0
     loss = pg_sum
     nll_sum = nll_loss_sum(logp, mask, mb.correct.to(device))

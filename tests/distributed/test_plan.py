@@ -10,8 +10,6 @@ into the pytest process.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 from pathlib import Path
@@ -19,6 +17,7 @@ from pathlib import Path
 import torch
 
 from tests.helpers.dist_utils import run_ranks
+from tests.helpers.plan_runs import plan_outputs
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_32B = str(REPO / "configs" / "qwen2.5_32b_vapo.yaml")
@@ -54,18 +53,6 @@ def megatron_padded_vocab(vocab: int, tp: int) -> int:
 
 # ---- CLI runs (in one spawned process) -------------------------------------------------------------
 
-def _run_cli(arg_lists: list[list[str]]) -> list[tuple[int, str, str]]:
-    from vapo_megatron.plan import main
-
-    out = []
-    for args in arg_lists:
-        o, e = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
-            rc = main(args)
-        out.append((rc, o.getvalue(), e.getvalue()))
-    return out
-
-
 def _shards(hf_cfg: dict, world: int, tp: int, pp: int, vpp):
     from vapo_megatron.sizing.shards import shard_sizes
 
@@ -74,7 +61,7 @@ def _shards(hf_cfg: dict, world: int, tp: int, pp: int, vpp):
 
 def _cli_and_shards(tiny_dir: str):
     base = ["--config", CONFIG_32B, "--preset", "qwen2.5-32b"]
-    runs = _run_cli([
+    runs = plan_outputs([
         base + ["--nodes", "8", "--gpus-per-node", "8", "--gpu", "h100"],
         base + ["--nodes", "1", "--gpus-per-node", "8"],
         base + ["--nodes", "1", "--gpus-per-node", "8", "parallel.pp=1"],

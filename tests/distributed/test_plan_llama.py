@@ -6,31 +6,18 @@ and a fake process group, which must not leak into pytest)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 from pathlib import Path
 
 from tests.helpers.dist_utils import run_ranks
+from tests.helpers.plan_runs import plan_outputs
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "configs" / "qwen2.5_32b_vapo.yaml")  # its training settings; the model is the preset's
 PUBLISHED = {"llama3.1-8b": (8_030_261_248, 4096), "llama3.1-70b": (70_553_706_496, 8192)}
 
 
-def _plans(arg_lists):
-    from vapo_megatron.plan import main
-
-    out = []
-    for args in arg_lists:
-        o, e = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
-            rc = main(args)
-        out.append((rc, o.getvalue(), e.getvalue()))
-    return out
-
-
 def test_vapo_plan_sizes_the_llama3_1_presets():
-    ((rc8, out8, err8), (rc70, out70, err70)), = run_ranks(1, _plans, [
+    ((rc8, out8, err8), (rc70, out70, err70)), = run_ranks(1, plan_outputs, [
         # One node: TP=8 (divides the 8 KV heads), no pipeline; the engine's share lowered to 0.5.
         ["--config", CONFIG, "--preset", "llama3.1-8b", "--nodes", "1", "--gpus-per-node", "8",
          "parallel.tp=8", "parallel.pp=1", "rollout.sglang_mem_fraction=0.5"],

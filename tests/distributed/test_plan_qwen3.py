@@ -9,16 +9,14 @@ spawned process (it activates cpu_compat and a fake process group, which must no
 
 from __future__ import annotations
 
-import contextlib
-import io
 import math
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.helpers.dist_utils import run_ranks
+from tests.helpers.plan_runs import plan_outputs
 
 REPO = Path(__file__).resolve().parents[2]
 DENSE = str(REPO / "configs" / "qwen3_32b_vapo.yaml")
@@ -36,23 +34,10 @@ def naive_moe_count(*, critic: bool) -> int:
     return V * H + L * layer + H + (H + 1 if critic else V * H)
 
 
-def _run(arg_lists):
-    from vapo_megatron.plan import main
-
-    out = []
-    for args in arg_lists:
-        o, e = io.StringIO(), io.StringIO()
-        # Warnings are recorded into stderr's text: the user's terminal would show them there.
-        with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e), warnings.catch_warnings(record=True) as caught:
-            rc = main(args)
-        out.append((rc, o.getvalue(), e.getvalue() + "".join(f"{w.category.__name__}: {w.message}\n" for w in caught)))
-    return out
-
-
 def test_vapo_plan_accepts_the_qwen3_configs_and_names_a_bad_ep():
     dense = ["--config", DENSE, "--preset", "qwen3-32b", "--nodes", "8", "--gpus-per-node", "8"]
     moe = ["--config", MOE, "--preset", "qwen3-30b-a3b", "--nodes", "8", "--gpus-per-node", "8"]
-    (ok_dense, ok_moe, not_dp, not_experts, on_dense, no_sp), = run_ranks(1, _run, [
+    (ok_dense, ok_moe, not_dp, not_experts, on_dense, no_sp), = run_ranks(1, plan_outputs, [
         dense, moe,
         moe + ["parallel.ep=32"],  # DP = 64 / 4 = 16
         ["--config", MOE, "--preset", "qwen3-30b-a3b", "--nodes", "6", "--gpus-per-node", "8",

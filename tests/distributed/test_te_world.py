@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.e2e.test_qwen3_moe_train import write_tiny_qwen3_moe
 from tests.helpers import te_world_runs as runs
 from tests.helpers.dist_utils import run_ranks
+from tests.helpers.tiny_hf import save_demo_sized
 from tests.helpers.train_runs import ROOT, make_demo_data
 from tests.helpers.worlds import drive_in_world, run_command
 
@@ -59,7 +59,7 @@ def random_norms(model: Path, seed: int) -> None:
 def work(tmp_path_factory) -> Path:
     w = tmp_path_factory.mktemp("te-world")
     data = make_demo_data(w / "data", n_train=64, n_eval=8, n_sft=16)
-    write_tiny_qwen3_moe(w / "moe-model", data / "tokenizer")
+    save_demo_sized(w / "moe-model", data / "tokenizer", family="qwen3_moe")
     random_norms(data / "model", 1)
     random_norms(w / "moe-model", 2)
     return w

@@ -103,3 +103,34 @@ def save_tiny_tokenizer(path, vocab: int = 300) -> None:
     tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(path)
+
+
+def save_demo_sized(model_dir, tokenizer_dir, *, family: str, seed: int = 0) -> None:
+    """A random-init untied model of `family` with the demo tokenizer (tests/helpers/train_runs.py
+    make_demo_data), for runs of the trainer on the demo data. "llama": 2 layers, Llama 3.1's
+    llama3 RoPE scaling; "qwen3_moe": 3 layers of 4 experts (top-2, renormalized), layer 1 dense."""
+    import shutil
+
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    common = dict(
+        # the tokenizer's size rounded to 64 as the demo does; Megatron pads it further (to 256 at TP=2)
+        vocab_size=-(-len(tok) // 64) * 64, hidden_size=48, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
+        bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    arch, cfg = {
+        "llama": lambda: ("Llama", transformers.LlamaConfig(
+            **common, num_hidden_layers=2, max_position_embeddings=131072, rms_norm_eps=1e-5,
+            rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE), architectures=["LlamaForCausalLM"])),
+        "qwen3_moe": lambda: ("Qwen3Moe", transformers.Qwen3MoeConfig(
+            **common, moe_intermediate_size=32, num_hidden_layers=3, max_position_embeddings=512, num_experts=4,
+            num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1], rope_theta=10000.0,
+            architectures=["Qwen3MoeForCausalLM"])),
+    }[family]()
+    torch.manual_seed(seed)
+    shutil.rmtree(model_dir, ignore_errors=True)
+    getattr(transformers, f"{arch}ForCausalLM")(cfg).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)

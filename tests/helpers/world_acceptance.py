@@ -85,13 +85,13 @@ def train_and_resume(data: Path, root: Path, layout: tuple[str, ...]) -> dict:
 
 
 def moe_train_and_resume(data: Path, root: Path) -> dict:
-    """train_and_resume on the demo data with test_qwen3_moe_train's random Qwen3-MoE (4 experts,
-    top-2, layer 1 dense, the demo tokenizer)."""
-    from tests.e2e.test_qwen3_moe_train import write_tiny_qwen3_moe
+    """train_and_resume on the demo data with tiny_hf.save_demo_sized's random Qwen3-MoE (4
+    experts, top-2, layer 1 dense, the demo tokenizer)."""
+    from tests.helpers.tiny_hf import save_demo_sized
 
     moe = root / "data"
     shutil.copytree(data, moe)
-    write_tiny_qwen3_moe(moe / "model", data / "tokenizer")
+    save_demo_sized(moe / "model", data / "tokenizer", family="qwen3_moe")
     return train_and_resume(moe, root, MOE_LAYOUT)
 
 

@@ -6,5 +6,4 @@
     losses.py         PPO with clip-higher, positive-example NLL, value loss: SUMS over tokens
     off_policy.py     partial rollout's staleness and truncated importance weights (decoupled PPO)
     normalization.py  the global counts N, N_pos, M a mini-batch's loss sums are divided by
-    vocab_parallel.py log-probs and entropy from vocabulary-sharded logits (TP)
 """

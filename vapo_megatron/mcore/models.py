@@ -366,6 +366,14 @@ def _placed(model):
     return model
 
 
+def unwrap(chunk):
+    """The megatron model of a chunk, DDP-wrapped or not."""
+    # DDP / Float16Module wrappers keep the model under `.module`.
+    while hasattr(chunk, "module") and not hasattr(chunk, "decoder"):
+        chunk = chunk.module
+    return chunk
+
+
 def build_chunks(hf_cfg: dict, *, params_dtype: torch.dtype, critic: bool, recompute: bool = False,
                  on_gpu: bool | None = None, sequence_parallel: bool = False, moe_aux_loss_coeff: float = 0.0,
                  deterministic: bool = False) -> list:
@@ -381,5 +389,5 @@ def build_chunks(hf_cfg: dict, *, params_dtype: torch.dtype, critic: bool, recom
 
 __all__ = ["apex_softmax_available", "apex_wgrad_available", "broken_te_line", "build_actor", "build_chunks", "build_critic",
            "compiled_fusions", "host_compiler", "layer_spec", "padded_vocab_size", "softmax_fusion",
-           "te_available", "te_spec", "TE_SPEC_ON_CPU", "te_checkpoint_keys", "transformer_config", "wgrad_fusion",
+           "te_available", "te_spec", "TE_SPEC_ON_CPU", "te_checkpoint_keys", "transformer_config", "unwrap", "wgrad_fusion",
            "wgrad_fusion_hardware", "WGRAD_FUSION_ON_CPU"]

@@ -102,7 +102,7 @@ def _rss_kib(field: str) -> int:
 def logprob_child(method: str, tokens: int, vocab: int, dtype_name: str, chunk: int) -> None:
     """Runs in a fresh process: one forward + backward, prints peak bytes beyond the logits."""
     torch.set_num_threads(1)
-    from vapo_megatron.algorithms.vocab_parallel import vocab_parallel_logprobs_entropy
+    from vapo_megatron.mcore.vocab_parallel import vocab_parallel_logprobs_entropy
 
     dtype = getattr(torch, dtype_name)
 

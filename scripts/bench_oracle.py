@@ -127,7 +127,7 @@ class OracleCritic:
 
     def fit(self, batch) -> dict[str, float]:
         """How well the oracle's values predict the step's returns, as the learned critic's are logged."""
-        from vapo_megatron.trainer import dp_stats
+        from vapo_megatron.mcore import dp_stats
 
         tokens = dp_stats.global_sum(self.tokens)
         return {"critic/explained_variance": dp_stats.explained_variance(batch),

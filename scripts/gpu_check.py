@@ -111,7 +111,7 @@ def check_wait_groups(env: Env) -> None:
 
 def check_vocab_parallel(env: Env) -> None:
     from vapo_megatron.mcore import parallel
-    from vapo_megatron.algorithms.vocab_parallel import vocab_parallel_logprobs_entropy
+    from vapo_megatron.mcore.vocab_parallel import vocab_parallel_logprobs_entropy
 
     g = torch.Generator().manual_seed(1)
     # GPU: a 32k vocabulary shard (Qwen2.5-32B at TP=8 has 19k); CPU: small, the machine is shared.

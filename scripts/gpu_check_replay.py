@@ -25,7 +25,7 @@ def check_routing_replay(env: Env) -> None:
     from vapo_megatron.mcore.update import forward_only
     from vapo_megatron.rollout.base import SamplingParams
     from vapo_megatron.rollout.embedded import EmbeddedEngine
-    from vapo_megatron.rollout.routes import pack_routes
+    from vapo_megatron.data.routes import pack_routes
     from vapo_megatron.rollout.weight_sync import stream_weights
 
     name = f"routing_replay:{env.preset}"

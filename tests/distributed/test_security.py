@@ -60,7 +60,7 @@ def _rank(work: str) -> dict:
     from torch.distributed.checkpoint import FileSystemReader
 
     from vapo_megatron.checkpoint import dist_io
-    from vapo_megatron.checkpoint.atomic import CONVERT_HF_TO_MCORE
+    from vapo_megatron.runtime.atomic import CONVERT_HF_TO_MCORE
     from vapo_megatron.mcore import parallel
 
     parallel.init_distributed(1, 1)

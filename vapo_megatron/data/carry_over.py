@@ -7,7 +7,7 @@
 A group is one prompt's n samples. Each sample keeps what a later step needs to continue it
 exactly: its seed, its tokens so far, the behaviour log-prob of each token (the engine's, as it
 sampled it) and the weight version that produced each token; `finish` is set once it stopped or
-reached rollout.max_new_tokens. A group trains only when every sample has finished (partial.py).
+reached rollout.max_new_tokens. A group trains only when every sample has finished (rollout/partial.py).
 
 The file is written with the checkpoint (into its temporary directory, renamed into place with
 it: checkpoint/manager.py), so the buffer and the prompt sampler's position are saved together
@@ -160,7 +160,7 @@ def _content_problem(table: list, dp_size: int, tokens: torch.Tensor, logprobs: 
         if not samples or (b.n_samples is not None and len(samples) != b.n_samples):
             return f"{where}: {len(samples)} samples, not rollout.n_samples={b.n_samples}"
         for seed, n, finish in samples:
-            if not 0 <= seed < 2**32:  # partial.py's seeds: below 2**31 - 1 plus a sample's place in its batch
+            if not 0 <= seed < 2**32:  # rollout/partial.py's seeds: below 2**31 - 1 plus a sample's place in its batch
                 return f"{where}: sampling seed {seed} is outside [0, 2**32)"
             if finish is None and b.max_new_tokens is not None and n >= b.max_new_tokens:
                 return f"{where}: an unfinished response of {n} tokens, rollout.max_new_tokens={b.max_new_tokens}"

@@ -2,7 +2,7 @@
 carry-over buffer.
 
 Saved in every checkpoint's state.json (checkpoint/manager.py) and restored on resume; each field
-is named once, here. The buffer's groups go to their own file beside it (rollout/carry_over.py);
+is named once, here. The buffer's groups go to their own file beside it (data/carry_over.py);
 state.json keeps its admission counter.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from vapo_megatron.data.carry_over import CarryOver
 from vapo_megatron.data.prompts import PromptSampler
-from vapo_megatron.rollout.carry_over import CarryOver
 
 
 @dataclass

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import ast
 import subprocess
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "vapo_megatron"
-ENTRY_POINTS = {"train", "convert", "eval", "plan"}  # the commands: vapo_megatron/<name>.py
+ENTRY_POINTS = {"train", "convert", "eval", "plan", "check"}  # the commands: vapo_megatron/<name>.py
 LIBRARY_DIRS = ("vapo_megatron", "model_providers")
 
 
@@ -37,18 +38,20 @@ def _imports(path: Path) -> list[tuple[str, list[str], int]]:
 def test_top_level_holds_only_the_commands():
     modules = {p.stem for p in PKG.glob("*.py")} - {"__init__"}
     assert modules == ENTRY_POINTS, modules
-    assert len(modules) <= 4
+    assert len(modules) <= 5
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {f"vapo-{e}": f"vapo_megatron.{e}:main" for e in ENTRY_POINTS}, scripts  # each one installed
 
 
 def test_every_folder_opens_with_a_docstring_of_what_it_holds():
-    packages = [p for p in _py_files(*LIBRARY_DIRS, "tests") if p.name == "__init__.py"]
+    packages = [p for p in _py_files(*LIBRARY_DIRS, "tests", "benchmarks") if p.name == "__init__.py"]
     assert len(packages) >= 15
     missing = [str(p.relative_to(ROOT)) for p in packages if not ast.get_docstring(ast.parse(p.read_text()))]
     assert not missing, f"packages without a docstring: {missing}"
 
 
 def test_no_file_exceeds_400_lines():
-    long = {str(p.relative_to(ROOT)): n for p in _py_files(*LIBRARY_DIRS, "tests", "scripts")
+    long = {str(p.relative_to(ROOT)): n for p in _py_files(*LIBRARY_DIRS, "tests", "scripts", "benchmarks")
             if (n := len(p.read_text().splitlines())) > 400}
     assert not long, long
 
@@ -67,9 +70,9 @@ def test_library_modules_never_import_a_command():
 
 
 def test_no_private_name_is_imported_across_modules():
-    ours = ("vapo_megatron", "model_providers", "tests")
+    ours = ("vapo_megatron", "model_providers", "tests", "benchmarks")
     bad = []
-    for path in _py_files(*LIBRARY_DIRS, "tests", "scripts"):
+    for path in _py_files(*LIBRARY_DIRS, "tests", "scripts", "benchmarks"):
         for module, names, line in _imports(path):
             if module.split(".")[0] not in ours:
                 continue

@@ -8,7 +8,7 @@
    kernel's resident-set high-water mark (VmHWM, reset through /proc/self/clear_refs just
    before the measured call), the same way for both. Prints `ratio: ours_extra / logits_bytes`.
 
-Run: python scripts/bench_algo.py [--threads 1] [--only gae|logprob]
+Run: python -m benchmarks.algo [--threads 1] [--only gae|logprob]
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def logprob_child(method: str, tokens: int, vocab: int, dtype_name: str, chunk: 
 def measure(method, tokens, vocab, dtype_name, chunk):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
     out = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", method, str(tokens), str(vocab), dtype_name, str(chunk)],
+        [sys.executable, "-m", "benchmarks.algo", "--child", method, str(tokens), str(vocab), dtype_name, str(chunk)],
         capture_output=True, text=True, env=env, check=False,
     )
     if out.returncode != 0:

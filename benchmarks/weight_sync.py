@@ -21,7 +21,7 @@ Every rank runs --threads torch threads. Also printed: the peak bytes the sync h
 (one bucket + the largest full tensor), and each rank's resident-set growth during the timed
 syncs (kernel VmHWM).
 
-Run: python scripts/bench_weight_sync.py [--preset qwen2.5-0.5b] [--dtype bf16] [--bucket-mb 1024]
+Run: python -m benchmarks.weight_sync [--preset qwen2.5-0.5b] [--dtype bf16] [--bucket-mb 1024]
      [--transport auto|shm|collective] [--buckets]
 The last line is `ratio: <sync rate / copy rate>` (bytes per second).
 """

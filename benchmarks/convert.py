@@ -16,7 +16,7 @@ final bitwise comparison of the export with the source (tensor by tensor) run in
 Printed per direction: wall time, peak RSS, and peak RSS / model bytes; the last line is
 `ratio: <the larger of the two ratios>` (peak RSS / bytes of the model's safetensors).
 
-Run: python scripts/bench_convert.py [--preset qwen2.5-1.5b] [--shards 4] [--max-shard-mb 512] [--keep]
+Run: python -m benchmarks.convert [--preset qwen2.5-1.5b] [--shards 4] [--max-shard-mb 512] [--keep]
 Needs about 3x the model's size of free disk under the work directory (removed at the end).
 """
 
@@ -154,10 +154,9 @@ def main() -> None:
     args = p.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench_convert_", dir=args.workdir))
-    me = str(Path(__file__).resolve())
     try:
         hf = work / "hf"
-        _, _, out = run_child([me, "--write-synthetic", str(hf), args.preset, str(args.shards)])
+        _, _, out = run_child(["-m", "benchmarks.convert", "--write-synthetic", str(hf), args.preset, str(args.shards)])
         model_bytes = int(out.split()[-1])
         tied = json.loads((hf / "config.json").read_text())["tie_word_embeddings"]
         print(f"model: {args.preset} shape, {model_bytes / 2 / 1e9:.2f}B parameters, {model_bytes / 1e9:.2f} GB bf16 "

@@ -1,4 +1,4 @@
-"""The statistics of a study with several primary comparisons (issue 54; scripts/bench_learning_report.py).
+"""The statistics of a study with several primary comparisons (issue 54; report.py).
 
     t_quantile(df)               t(0.975, df), the two-sided 95% critical value
     t_test(values)               (mean, 95% interval, two-sided p) of paired differences against 0

@@ -9,6 +9,7 @@ side by side in the same process (docs/benchmarks.md; `make bench` runs the firs
     partial_rollout.py  partial rollout's rollout time per trained sample against the synchronous one
     plan_search.py      vapo-plan --search's time per world size
     startup.py          a trainer rank's start-up CPU time against a plain `import megatron.core`
+    peak_rss.py         this process's resident set (VmRSS, VmHWM and its reset): algo.py, weight_sync.py
     learning/           the learning benchmark and its pre-registered studies on the chain task
                         (`python -m benchmarks.learning`, studies as data in learning/studies.yaml)
 

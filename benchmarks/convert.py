@@ -76,21 +76,6 @@ def write_synthetic(hf_dir: Path, cfg: dict, shards: int) -> int:
     return total
 
 
-def run_child(args: list[str]) -> tuple[float, int]:
-    """(wall seconds, peak RSS bytes) of one child process, which must succeed."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, *args], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage; ru_maxrss in KiB on Linux
-    seconds = time.perf_counter() - start
-    err = proc.stderr.read()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        sys.exit(f"child failed ({proc.returncode}): {' '.join(args)}\n{err[-3000:]}")
-    return seconds, usage.ru_maxrss * 1024
-
-
 def compare(src: Path, dst: Path) -> int:
     """Bitwise equality of every tensor, one at a time; returns the count."""
     import torch
@@ -175,7 +160,7 @@ def main() -> None:
             ratios.append(peak / model_bytes)
             print(f"{name}: {seconds:.1f} s, peak RSS {peak / 1e9:.2f} GB "
                   f"(baseline + {(peak - base) / 1e9:.2f} GB), peak RSS / model bytes = {ratios[-1]:.3f}")
-        _, _, out = run_child([me, "--compare", str(hf), str(work / "back")])
+        _, _, out = run_child(["-m", "benchmarks.convert", "--compare", str(hf), str(work / "back")])
         print(f"round trip bitwise equal: {out.split()[-1]} tensors")
         print(f"ratio: {max(ratios):.3f}")
     finally:

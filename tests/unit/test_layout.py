@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import ast
 import subprocess
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "vapo_megatron"
-ENTRY_POINTS = {"train", "convert", "eval", "plan"}  # the commands: vapo_megatron/<name>.py
+ENTRY_POINTS = {"train", "convert", "eval", "plan", "check"}  # the commands: vapo_megatron/<name>.py
 LIBRARY_DIRS = ("vapo_megatron", "model_providers")
 COMMANDS = "the commands"  # the layer of vapo_megatron/<entry point>.py
 # The layers, bottom to top (docs/architecture.md, "The tree"): a module imports modules of its own
@@ -30,7 +31,8 @@ LAYERS = (
     "vapo_megatron.evaluation",  # evals over the engines and verifiers
     "vapo_megatron.sizing",      # vapo-plan's models of memory and time, over the models' shapes
     "vapo_megatron.trainer",     # the loop, which uses all of the above
-    COMMANDS,                    # train.py, convert.py, eval.py, plan.py
+    "vapo_megatron.nodecheck",   # vapo-check's checks of a GPU node, over every layer below
+    COMMANDS,                    # train.py, convert.py, eval.py, plan.py, check.py
     "vapo_megatron.testing",     # test and demo helpers: no module of the package imports them
 )
 # The upward imports allowed, each with its reason: (importer, imported) -> why. Each imported
@@ -49,6 +51,9 @@ UPWARD: dict[tuple[str, str], str] = {
         "a trainer checkpoint carries the files vapo-convert's hf-to-mcore writes beside the weights "
         "(write_source_files), so every Megatron checkpoint exports alike; hf_write.py needs only the "
         "runtime, mcore's process groups and the family registry",
+    ("vapo_megatron.nodecheck.steps", "vapo_megatron.testing.demo_task"):
+        "vapo-check trains VAPO steps on the demo's tiny model and prompts (the README's demo task), "
+        "written where the node runs; demo_task.py imports nothing of the package",
 }
 
 
@@ -166,27 +171,30 @@ def test_imports_run_down_the_layers():
 
 def test_no_module_of_the_package_imports_the_test_helpers():
     """vapo_megatron/testing/ is for the tests and the demo (scripts/make_demo_data.py): nothing the
-    commands run imports it. The fault points the tests hook are the runtime's (runtime/fault_points.py)."""
+    commands run imports it but vapo-check, whose workload is the demo task. The fault points the tests hook are the runtime's (runtime/fault_points.py)."""
     bad = [f"{a} imports {b}" for a, edges in _import_graph().items() for b in edges
-           if b.startswith("vapo_megatron.testing") and not a.startswith("vapo_megatron.testing")]
+           if b.startswith("vapo_megatron.testing") and not a.startswith("vapo_megatron.testing")
+           and (a, b) not in UPWARD]  # vapo-check's workload is the demo's task (UPWARD says why)
     assert not bad, bad
 
 
 def test_top_level_holds_only_the_commands():
     modules = {p.stem for p in PKG.glob("*.py")} - {"__init__"}
     assert modules == ENTRY_POINTS, modules
-    assert len(modules) <= 4
+    assert len(modules) <= 5
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {f"vapo-{e}": f"vapo_megatron.{e}:main" for e in ENTRY_POINTS}, scripts  # each one installed
 
 
 def test_every_folder_opens_with_a_docstring_of_what_it_holds():
-    packages = [p for p in _py_files(*LIBRARY_DIRS, "tests") if p.name == "__init__.py"]
+    packages = [p for p in _py_files(*LIBRARY_DIRS, "tests", "benchmarks") if p.name == "__init__.py"]
     assert len(packages) >= 15
     missing = [str(p.relative_to(ROOT)) for p in packages if not ast.get_docstring(ast.parse(p.read_text()))]
     assert not missing, f"packages without a docstring: {missing}"
 
 
 def test_no_file_exceeds_400_lines():
-    long = {str(p.relative_to(ROOT)): n for p in _py_files(*LIBRARY_DIRS, "tests", "scripts")
+    long = {str(p.relative_to(ROOT)): n for p in _py_files(*LIBRARY_DIRS, "tests", "scripts", "benchmarks")
             if (n := len(p.read_text().splitlines())) > 400}
     assert not long, long
 
@@ -205,9 +213,9 @@ def test_library_modules_never_import_a_command():
 
 
 def test_no_private_name_is_imported_across_modules():
-    ours = ("vapo_megatron", "model_providers", "tests")
+    ours = ("vapo_megatron", "model_providers", "tests", "benchmarks")
     bad = []
-    for path in _py_files(*LIBRARY_DIRS, "tests", "scripts"):
+    for path in _py_files(*LIBRARY_DIRS, "tests", "scripts", "benchmarks"):
         for module, names, line in _imports(path):
             if module.split(".")[0] not in ours:
                 continue

@@ -38,7 +38,7 @@ def state_bytes(n_params: int, *, dtype_bytes: int, dp: int, distributed_optimiz
 
 
 # ---- the reserve: what the trainer and the engine use besides tensors ---------------------------
-# Estimates, not measured on a GPU here (docs/slurm.md says so); scripts/gpu_check.py measures
+# Estimates, not measured on a GPU here (docs/slurm.md says so); vapo-check measures
 # torch.cuda.memory_reserved around the phase switches on a real GPU.
 # A CUDA context with PyTorch's kernels (CUDA 12 lazy loading) and cuBLAS workspaces, per process
 # on the GPU: the trainer's rank and the colocated engine's TP worker each have one, and the

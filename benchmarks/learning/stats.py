@@ -1,4 +1,4 @@
-"""The statistics of a study with several primary comparisons (issue 54; scripts/bench_learning_report.py).
+"""The statistics of a study with several primary comparisons (issue 54; report.py).
 
     t_quantile(df)               t(0.975, df), the two-sided 95% critical value
     t_test(values)               (mean, 95% interval, two-sided p) of paired differences against 0
@@ -11,6 +11,7 @@ sympy, which math-verify needs), not from a hand-written series.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 
@@ -22,6 +23,7 @@ def t_sf2(t: float, df: int) -> float:
     return float(mpmath.betainc(df / 2, 0.5, 0, df / (df + t * t), regularized=True))
 
 
+@functools.cache  # a report asks for the same few df hundreds of times, each 60 betainc calls
 def t_quantile(df: int, level: float = 0.95) -> float:
     """The t such that P(|T| >= t) = 1 - level (bisection on t_sf2; monotone in t)."""
     lo, hi = 0.0, 1000.0

@@ -9,7 +9,7 @@ largest resident set of any of its descendants (getrusage RUSAGE_CHILDREN: a tra
 its models, optimizer state and, on rank 0, the rollout engine). Per-step times are medians of
 perf/* over the steps after the first (metrics.jsonl).
 
-    python scripts/bench_estimators.py [--steps 8] [--out runs/bench_estimators]
+    python -m benchmarks.estimators [--steps 8] [--out runs/bench_estimators]
 
 Prints per phase `gae  grpo  ratio (grpo / gae)`, then peak RSS and its ratio.
 """

@@ -2,7 +2,7 @@
 which every vapo-plan pays), each world size in a fresh interpreter (nothing built by one carries
 to the next), the sizes alternating over the repeats so that a load that comes and goes hits all.
 
-    python scripts/bench_plan_search.py [--repeats 3] [--gpus 8,16,32,64,128,256,512]
+    python -m benchmarks.plan_search [--repeats 3] [--gpus 8,16,32,64,128,256,512]
            [--config configs/qwen2.5_32b_vapo.yaml --preset qwen2.5-32b] [--gpus-per-node 8] [--gpu h100]
 
 Prints per world size the median wall and CPU seconds of the search, the layouts it tried and

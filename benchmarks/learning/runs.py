@@ -1,4 +1,4 @@
-"""What scripts/bench_learning.py reads and records of one run (issues 31 and 45).
+"""What the learning benchmark reads and records of one run (issues 31 and 45).
 
     spawn(cmd, log, env)           run a child that the kernel kills when the harness dies; (rc, wall s, CPU s)
     finished(run)                  the run's latest checkpoint says finished

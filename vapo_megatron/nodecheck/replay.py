@@ -1,8 +1,8 @@
-"""gpu_check.py's routing_replay check (MoE presets): the embedded engine on the device, synced from
+"""vapo-check's routing_replay check (MoE presets): the embedded engine on the device, synced from
 the actor, samples with its routes; step 4's forward (mcore/update.py forward_only) with and without
 routing replay (mcore/routing_replay.py) against the engine's log-probs. On a GPU it also counts the
 synchronizing CUDA calls of each forward (torch.cuda.set_sync_debug_mode): replay adds none, its
-routes reaching the GPU in one non-blocking copy (issue 55 item 3). Run through gpu_check.py."""
+routes reaching the GPU in one non-blocking copy (issue 55 item 3). Run through vapo_megatron/check.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from functools import partial
 from types import SimpleNamespace
 
 import torch
-from gpu_check_models import Env, report
+
+from vapo_megatron.nodecheck.models import Env, report
 
 
 def check_routing_replay(env: Env) -> None:

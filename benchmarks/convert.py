@@ -16,7 +16,7 @@ final bitwise comparison of the export with the source (tensor by tensor) run in
 Printed per direction: wall time, peak RSS, and peak RSS / model bytes; the last line is
 `ratio: <the larger of the two ratios>` (peak RSS / bytes of the model's safetensors).
 
-Run: python scripts/bench_convert.py [--preset qwen2.5-1.5b] [--shards 4] [--max-shard-mb 512] [--keep]
+Run: python -m benchmarks.convert [--preset qwen2.5-1.5b] [--shards 4] [--max-shard-mb 512] [--keep]
 Needs about 3x the model's size of free disk under the work directory (removed at the end).
 """
 
@@ -74,21 +74,6 @@ def write_synthetic(hf_dir: Path, cfg: dict, shards: int) -> int:
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     (hf_dir / "config.json").write_text(json.dumps(cfg, indent=2))
     return total
-
-
-def run_child(args: list[str]) -> tuple[float, int]:
-    """(wall seconds, peak RSS bytes) of one child process, which must succeed."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, *args], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage; ru_maxrss in KiB on Linux
-    seconds = time.perf_counter() - start
-    err = proc.stderr.read()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        sys.exit(f"child failed ({proc.returncode}): {' '.join(args)}\n{err[-3000:]}")
-    return seconds, usage.ru_maxrss * 1024
 
 
 def compare(src: Path, dst: Path) -> int:
@@ -154,10 +139,9 @@ def main() -> None:
     args = p.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench_convert_", dir=args.workdir))
-    me = str(Path(__file__).resolve())
     try:
         hf = work / "hf"
-        _, _, out = run_child([me, "--write-synthetic", str(hf), args.preset, str(args.shards)])
+        _, _, out = run_child(["-m", "benchmarks.convert", "--write-synthetic", str(hf), args.preset, str(args.shards)])
         model_bytes = int(out.split()[-1])
         tied = json.loads((hf / "config.json").read_text())["tie_word_embeddings"]
         print(f"model: {args.preset} shape, {model_bytes / 2 / 1e9:.2f}B parameters, {model_bytes / 1e9:.2f} GB bf16 "
@@ -176,7 +160,7 @@ def main() -> None:
             ratios.append(peak / model_bytes)
             print(f"{name}: {seconds:.1f} s, peak RSS {peak / 1e9:.2f} GB "
                   f"(baseline + {(peak - base) / 1e9:.2f} GB), peak RSS / model bytes = {ratios[-1]:.3f}")
-        _, _, out = run_child([me, "--compare", str(hf), str(work / "back")])
+        _, _, out = run_child(["-m", "benchmarks.convert", "--compare", str(hf), str(work / "back")])
         print(f"round trip bitwise equal: {out.split()[-1]} tensors")
         print(f"ratio: {max(ratios):.3f}")
     finally:

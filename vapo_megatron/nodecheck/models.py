@@ -1,6 +1,6 @@
-"""gpu_check.py's model checks (model_logits, recompute, weight_sync and the real SGLang engine's
+"""vapo-check's model checks (model_logits, recompute, weight_sync and the real SGLang engine's
 engine_memory, sync_memory, engine_signals) and what every check shares: the Env, report().
-Described in scripts/gpu_check.py's docstring; run through it."""
+Described in vapo_megatron/check.py's docstring; run through it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The tables and figures of scripts/bench_learning.py (its runs' summary.json files; issues 31 and 45).
+"""The tables and figures of the learning benchmark (its runs' summary.json files; issues 31 and 45).
 
     table(summaries)               markdown: per variant, mean ± std [min, max] over seeds of each column
     figure(summaries, path)        PNG: held-out greedy accuracy vs RL step, mean and min-max band per variant
@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from bench_stats import fieller, holm, t_test  # scripts/, beside this file
+from benchmarks.learning.stats import fieller, holm, t_test
 
 COLUMNS = ("accuracy", "avg@K", "short_accuracy", "short_avg@K", "long_accuracy", "long_avg@K", "wall_s")  # issue 31's summaries
 STUDY_COLUMNS = ("heldout_avg@K", "long_avg@K", "heldout_accuracy", "auc", "short_avg@K", "samples_generated", "cpu_s")

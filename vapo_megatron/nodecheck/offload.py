@@ -1,4 +1,4 @@
-"""gpu_check.py's offload checks (trainer.offload_during_rollout, vapo_megatron/mcore/offload.py).
+"""vapo-check's offload checks (trainer.offload_during_rollout, vapo_megatron/mcore/offload.py).
 
     offload         an actor (model dtype, fp32 main params under bf16; the distributed optimizer)
                     and a critic (the plain optimizer) built by the project's builders, one real
@@ -9,7 +9,7 @@
     offload_memory  torch.cuda.memory_reserved before the offload, after it (cache emptied) and after
                     the onload, and the host<->device copy bandwidth each way (GPU only: SKIP on the CPU)
 
-Each check returns (name, status, detail) lines; gpu_check.py prints them.
+Each check returns (name, status, detail) lines; vapo_megatron/check.py prints them.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Partial rollout's rollout time per trained sample against the synchronous rollout's, on the chain
 task, side by side in one process (issue 47; docs/benchmarks.md, "Partial rollout").
 
-    python scripts/bench_partial_rollout.py [--steps 10] [--sft-steps 300] [--seed 0] [--model DIR]
-                                            [--round-tokens 32] [--spare-batches 1] [--max-staleness 1]
+    python -m benchmarks.partial_rollout [--steps 10] [--sft-steps 300] [--seed 0] [--model DIR]
+                                         [--round-tokens 32] [--spare-batches 1] [--max-staleness 1]
 
 1. The chain task's files (vapo_megatron/testing/chain_task.py: answers of 7-80 tokens) in --out,
    and, unless --model names a warm-started HF model directory, a short supervised warm start of

@@ -1,6 +1,6 @@
 """Credit-assignment diagnostics on the chain task (issue 31): does the critic blame the first wrong step?
 
-    python scripts/credit_diagnostics.py --run runs/bench/vapo/seed0 [--prompts 64 --samples 4]
+    python -m benchmarks.learning.credit --run runs/bench/vapo/seed0 [--prompts 64 --samples 4]
 
 Loads a finished run's final actor (run_dir/hf) and critic (its last checkpoint's critic, exported
 once with `vapo-convert mcore-to-hf` to run_dir/critic_hf; AutoModelForTokenClassification),
@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def critic_hf(run: Path) -> Path:

@@ -1,5 +1,5 @@
-"""scripts/bench_learning.py's runs: where they live, what they are made with, and the work
-(data, warm starts, training, vapo-eval, credit diagnostics, summaries). See bench_learning.py."""
+"""The learning benchmark's runs: where they live, what they are made with, and the work
+(data, warm starts, training, vapo-eval, credit diagnostics, summaries). See cli.py."""
 
 from __future__ import annotations
 
@@ -15,12 +15,10 @@ import sys
 import threading
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from bench_runs import (curve_figures, eval_figures, finished, metric_records, read_json, record_mismatch,  # noqa: E402
-                        spawn)
-from bench_variants import (CRITIC_MODELS, VARIANTS, BadInput, base_settings, derived_yaml, has_critic,  # noqa: E402
-                            resolve, run_problems)
+from benchmarks.learning.runs import (curve_figures, eval_figures, finished, metric_records, read_json,
+                                      record_mismatch, spawn)
+from benchmarks.learning.variants import (CRITIC_MODELS, ROOT, VARIANTS, BadInput, base_settings, derived_yaml,
+                                          has_critic, resolve, run_problems)
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -118,7 +116,7 @@ class Bench:
                 str(rw["correct_score"]), "--incorrect-score", str(rw["incorrect_score"]), "--seed", str(seed)]
 
     def credit_cmd(self, run: Path) -> list[str]:
-        return [self.py, str(ROOT / "scripts" / "credit_diagnostics.py"), "--run", str(run), "--out", str(run / "credit.json")]
+        return [self.py, "-m", "benchmarks.learning.credit", "--run", str(run), "--out", str(run / "credit.json")]
 
     # ---- checks, before any work ---------------------------------------------------------------
     def settings_problems(self, variants: list[str]) -> list[str]:
@@ -229,7 +227,7 @@ class Bench:
             rc, wall, cpu = spawn(self.credit_cmd(run), run / "bench.log", self.env, ROOT)
             self.add_time(run, "eval_", wall, cpu)
             if rc != 0:
-                return f"credit_diagnostics.py failed ({run / 'bench.log'})"
+                return f"the credit diagnostics failed ({run / 'bench.log'})"
         credit = json.loads((run / "credit.json").read_text())
         # The run's place relative to --out: a committed summary names no path of this machine.
         return credit | {"run": str(run.relative_to(self.out)) if run.is_relative_to(self.out) else run.name}

@@ -8,7 +8,7 @@
    kernel's resident-set high-water mark (VmHWM, reset through /proc/self/clear_refs just
    before the measured call), the same way for both. Prints `ratio: ours_extra / logits_bytes`.
 
-Run: python scripts/bench_algo.py [--threads 1] [--only gae|logprob]
+Run: python -m benchmarks.algo [--threads 1] [--only gae|logprob]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchmarks.peak_rss import reset_peak_rss, rss_kib  # noqa: E402
 from vapo_megatron.algorithms.gae import compute_gae, length_adaptive_lambda  # noqa: E402
 
 
@@ -91,14 +92,6 @@ def bench_gae(repeats: int) -> None:
 
 
 # ----------------------------------------------------------------------------- log-probs
-def _rss_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def logprob_child(method: str, tokens: int, vocab: int, dtype_name: str, chunk: int) -> None:
     """Runs in a fresh process: one forward + backward, prints peak bytes beyond the logits."""
     torch.set_num_threads(1)
@@ -128,18 +121,14 @@ def logprob_child(method: str, tokens: int, vocab: int, dtype_name: str, chunk: 
     targets = torch.randint(0, vocab, (tokens,), generator=g)
     weights = torch.randn(tokens, generator=g)
 
-    def reset_peak():  # VmHWM := current RSS
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-
-    reset_peak()
-    start = _rss_kib("VmRSS")
+    reset_peak_rss()
+    start = rss_kib("VmRSS")
     logp, entropy = forward(logits, targets)
-    fwd_peak = _rss_kib("VmHWM") - start
-    reset_peak()
-    kept = _rss_kib("VmRSS") - start  # what forward keeps for backward (+ its outputs)
+    fwd_peak = rss_kib("VmHWM") - start
+    reset_peak_rss()
+    kept = rss_kib("VmRSS") - start  # what forward keeps for backward (+ its outputs)
     (logp * weights).sum().backward()
-    bwd_peak = kept + _rss_kib("VmHWM") - (start + kept)
+    bwd_peak = kept + rss_kib("VmHWM") - (start + kept)
     grad_bytes = logits.grad.numel() * logits.grad.element_size()
     print(json.dumps({
         "forward_peak": fwd_peak * 1024, "backward_peak": bwd_peak * 1024, "kept": kept * 1024,
@@ -150,7 +139,7 @@ def logprob_child(method: str, tokens: int, vocab: int, dtype_name: str, chunk: 
 def measure(method, tokens, vocab, dtype_name, chunk):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
     out = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", method, str(tokens), str(vocab), dtype_name, str(chunk)],
+        [sys.executable, "-m", "benchmarks.algo", "--child", method, str(tokens), str(vocab), dtype_name, str(chunk)],
         capture_output=True, text=True, env=env, check=False,
     )
     if out.returncode != 0:

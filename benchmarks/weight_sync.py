@@ -21,7 +21,7 @@ Every rank runs --threads torch threads. Also printed: the peak bytes the sync h
 (one bucket + the largest full tensor), and each rank's resident-set growth during the timed
 syncs (kernel VmHWM).
 
-Run: python scripts/bench_weight_sync.py [--preset qwen2.5-0.5b] [--dtype bf16] [--bucket-mb 1024]
+Run: python -m benchmarks.weight_sync [--preset qwen2.5-0.5b] [--dtype bf16] [--bucket-mb 1024]
      [--transport auto|shm|collective] [--buckets]
 The last line is `ratio: <sync rate / copy rate>` (bytes per second).
 """
@@ -39,22 +39,10 @@ import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from benchmarks.peak_rss import reset_peak_rss, rss_kib  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 TP = 2
-
-
-def _rss_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def _reset_peak_rss() -> None:  # VmHWM := current VmRSS
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 def _rank_main(rank: int, port: int, args, queue) -> None:
@@ -117,8 +105,8 @@ def _bench_rank(rank: int, args) -> dict:
 
     sync(0)  # warm-up: first touch of buffers; creates the shared-memory staging kept for later syncs
     copy_all()  # warm-up: first touch of dst
-    _reset_peak_rss()
-    rss0 = _rss_kib("VmRSS")
+    reset_peak_rss()
+    rss0 = rss_kib("VmRSS")
     # Sync and copy alternate, so both see the same load from whatever else runs on the machine.
     runs, copy_s = [], []
     for v in range(1, args.repeats + 1):
@@ -126,11 +114,11 @@ def _bench_rank(rank: int, args) -> dict:
         if engine is not None:
             copy_s.append(copy_all())
         parallel.barrier()
-    rss_growth = (_rss_kib("VmHWM") - rss0) * 1024
+    rss_growth = (rss_kib("VmHWM") - rss0) * 1024
     out = {"rank": rank, "local_params": n_local, "build_s": build_s,
            "sync_s": [s.seconds for s in runs], "peak_bytes": max(s.peak_bytes for s in runs),
            "bound": runs[0].bound(), "rss_growth": rss_growth,
-           "largest_tensor_bytes": runs[0].largest_tensor_bytes, "rss": _rss_kib("VmRSS") * 1024}
+           "largest_tensor_bytes": runs[0].largest_tensor_bytes, "rss": rss_kib("VmRSS") * 1024}
     if engine is None:
         return out
     s = runs[0]

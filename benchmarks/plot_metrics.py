@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plot a run's main curves: scripts/plot_metrics.py RUN_DIR [--out FILE.png]
+"""Plot a run's main curves: python -m benchmarks.plot_metrics RUN_DIR [--out FILE.png]
 
 Reads RUN_DIR/metrics.jsonl and writes RUN_DIR/curves.png (reward, response length, entropy,
 value loss, explained variance, eval accuracy: those the run logged, so a run without a critic

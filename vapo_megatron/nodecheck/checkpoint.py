@@ -1,4 +1,4 @@
-"""gpu_check.py's checkpoint checks (issue 43): Adam's state through a save and a resume, with
+"""vapo-check's checkpoint checks (issue 43): Adam's state through a save and a resume, with
 whichever Adam megatron-core picks on this node (TE's FusedAdam when Transformer Engine imports,
 Apex's when Apex does, torch's AdamW otherwise), compared bitwise with a twin that never saved.
 

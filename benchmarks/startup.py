@@ -5,7 +5,7 @@ megatron.core` (megatron's jit_fuser = torch.compile), and the commands' full st
 config/package_index.py's packages_distributions for transformers' import), side by side,
 alternating, in one run.
 
-    python scripts/bench_startup.py [--repeats 3]
+    python -m benchmarks.startup [--repeats 3]
 
 Prints each way's median CPU seconds (user + system of the child) and its ratio to the plain import. On a machine
 with CUDA both ways are the same import (the GPU keeps megatron's compiled fusions).

@@ -6,6 +6,7 @@ into a function still makes one module need the other."""
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import tomllib
 from pathlib import Path
@@ -66,6 +67,7 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache  # every test reads the same files: each is parsed once
 def _imports(path: Path) -> list[tuple[str, list[str], int]]:
     """(module, names, line) of every import in a file (the project writes absolute imports only)."""
     out = []
@@ -78,6 +80,7 @@ def _imports(path: Path) -> list[tuple[str, list[str], int]]:
     return out
 
 
+@functools.cache
 def _import_graph() -> dict[str, dict[str, int]]:
     """{module: {module it imports: first line}} over the library's modules. `from pkg import name`
     is an import of pkg.name when that is a module, else of pkg (its __init__)."""

@@ -16,17 +16,17 @@ $(STAMP): pyproject.toml scripts/setup_env.sh scripts/sglang_cpu_requirements.tx
 test: $(STAMP)
 	@# The project's own modules byte-compiled first (only what changed): where PYTHONDONTWRITEBYTECODE
 	@# is set, as on CI, every one of the suite's hundreds of processes would compile them again.
-	@$(PY) -m compileall -q vapo_megatron model_providers tests scripts
+	@$(PY) -m compileall -q vapo_megatron model_providers tests scripts benchmarks
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
 
 demo: $(STAMP)
 	bash scripts/run_demo.sh
 
 bench: $(STAMP)
-	$(PY) scripts/bench_algo.py
-	$(PY) scripts/bench_weight_sync.py
-	$(PY) scripts/bench_convert.py
-	$(PY) scripts/bench_estimators.py
+	$(PY) -m benchmarks.algo
+	$(PY) -m benchmarks.weight_sync
+	$(PY) -m benchmarks.convert
+	$(PY) -m benchmarks.estimators
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

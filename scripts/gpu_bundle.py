@@ -35,7 +35,7 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT_BYTES = 64 << 20
 # Optional at run time, and too large for the bundle: tensorboard (trainer.tensorboard=false),
-# pyarrow (.parquet data; .jsonl needs nothing), matplotlib (scripts/plot_metrics.py only).
+# pyarrow (.parquet data; .jsonl needs nothing), matplotlib (benchmarks/plot_metrics.py only).
 OPTIONAL = ("tensorboard", "pyarrow", "matplotlib")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64")

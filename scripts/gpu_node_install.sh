@@ -29,4 +29,4 @@ export PYTHONPATH="$TARGET"
 (cd "$BUNDLE/vapo-megatron" && "$PY" -c "import megatron.core, transformers, vapo_megatron.train; print('gpu_node_install: megatron-core', megatron.core.__version__, 'transformers', transformers.__version__, 'import')")
 echo "gpu_node_install: next:"
 echo "  export PYTHONPATH=$TARGET"
-echo "  cd $BUNDLE/vapo-megatron && python3 scripts/gpu_check.py"
+echo "  cd $BUNDLE/vapo-megatron && python3 -m vapo_megatron.check"

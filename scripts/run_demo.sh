@@ -35,5 +35,5 @@ fi
   trainer.run_dir="$RUN" model.hf_path="$DATA/model" "data.train_files=[$DATA/train.jsonl]" \
   "data.eval_files=[$DATA/eval.jsonl]" "sft.files=[$DATA/sft.jsonl]" trainer.seed="$SEED" data.seed="$SEED" \
   "$@" 2> >(grep -v -E "UserWarning|warnings.warn|DEPRECATED|RNG state changed|^\s*$" >&2)
-"$PY" scripts/plot_metrics.py "$RUN"
-"$PY" scripts/demo_report.py "$RUN" --seconds $(( $(date +%s) - start ))
+"$PY" -m benchmarks.plot_metrics "$RUN"
+"$PY" -m benchmarks.demo_report "$RUN" --seconds $(( $(date +%s) - start ))

@@ -107,7 +107,7 @@ def format_summary(s: dict) -> str:
 
 def evaluate(args: argparse.Namespace) -> int:
     """The checks that need no model, then the collective run; prints the figures on rank 0."""
-    from vapo_megatron.checkpoint.atomic import EVAL_OUTPUT, check_replaceable
+    from vapo_megatron.runtime.atomic import EVAL_OUTPUT, check_replaceable
 
     ks = check_args(args)
     model = resolve_model(args.model)  # its tokenizer, template and generation config loaded once

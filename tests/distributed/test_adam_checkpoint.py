@@ -14,16 +14,11 @@ the libraries' stand-ins imported for real. References: the same model trained w
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from tests.helpers.adams import use_adam
 from tests.helpers.dist_utils import run_ranks
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 CASES = {  # name: (megatron's Adam, distributed optimizer)
     "torch": ("torch", False),
@@ -37,10 +32,9 @@ CASES = {  # name: (megatron's Adam, distributed optimizer)
 def _round_trips(kind: str, distributed: bool, tmp: str) -> dict[str, list[str]]:
     from pathlib import Path
 
-    from gpu_check_checkpoint import round_trips  # scripts/: the same checks gpu_check runs on a node
-
     from model_providers.presets import preset
     from vapo_megatron.mcore import parallel
+    from vapo_megatron.nodecheck.checkpoint import round_trips  # the same checks vapo-check runs on a node
 
     use_adam(kind)
     parallel.init_distributed(1, 1, seed=3)

@@ -4,7 +4,7 @@ device the group's backend needs (NCCL: CUDA only; gloo: CPU) and back (issue 15
 Three guards: the source has no direct torch.distributed communication call outside mcore/parallel.py
 (covers paths that only run on GPUs: SGLang engines, CUDA transports); a real TP=2 x DP=2 training
 run (sequence parallelism on) with torch.distributed wrapped records no direct call from project
-code at run time; and the wrapper itself notices a direct call. scripts/gpu_check.py runs the same
+code at run time; and the wrapper itself notices a direct call. vapo-check runs the same
 helpers on NCCL. Both runs also record each rank's NCCL settings when it starts torch.distributed:
 the same on every rank (mcore/nccl_env.py).
 """
@@ -21,7 +21,7 @@ from tests.helpers import collective_audit
 from tests.helpers.dist_utils import run_ranks
 from tests.helpers.train_runs import ROOT, make_demo_data, train_in_forks
 
-PROJECT_DIRS = ("vapo_megatron", "model_providers", "scripts")
+PROJECT_DIRS = ("vapo_megatron", "model_providers", "scripts", "benchmarks")
 HELPERS = ROOT / "vapo_megatron" / "mcore" / "parallel.py"
 
 

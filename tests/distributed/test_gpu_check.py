@@ -1,7 +1,7 @@
-"""scripts/gpu_check.py stays runnable without a GPU: its --cpu mode runs every check that can run
+"""vapo-check (vapo_megatron/check.py) stays runnable without a GPU: its --cpu mode runs every check that can run
 on the CPU (gloo) with no FAIL (assert_cpu_mode_passes, run by tests/e2e/test_gpu_bundle.py in the
 bundle's environment), and without --cpu on a machine with no GPU it says so in one line and exits
-2, without a traceback. What it checks on a GPU is described in the script."""
+2, without a traceback. What it checks on a GPU is described in vapo_megatron/check.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import sys
 
 from tests.helpers.train_runs import ROOT
 
-SCRIPT = ROOT / "scripts" / "gpu_check.py"
-FAMILIES = ("tiny-qwen2", "tiny-qwen3", "tiny-llama3", "tiny-qwen3-moe")  # gpu_check's default presets
+FAMILIES = ("tiny-qwen2", "tiny-qwen3", "tiny-llama3", "tiny-qwen3-moe")  # vapo-check's default presets
 CHECKS = ("collectives", "wait_groups", "wgrad_fusion", "recompute", "vocab_parallel",
           *(f"{check}:{p}" for p in FAMILIES for check in ("model_logits", "weight_sync")),
           "routing_replay:tiny-qwen3-moe", "offload", "offload_memory", "adam_resume", "save_before_update",
@@ -22,7 +21,7 @@ CHECKS = ("collectives", "wait_groups", "wgrad_fusion", "recompute", "vocab_para
 def _run(*args: str) -> subprocess.CompletedProcess:
     # CUDA hidden: the same answer on a GPU machine as on this one.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "vapo_megatron.check", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=900)
 
 
@@ -32,10 +31,10 @@ CPU_ARGS = ("--cpu", "--model-preset", *FAMILIES, "qwen3-235b-a22b")
 
 
 def assert_cpu_mode_passes(run: subprocess.CompletedProcess) -> None:
-    """`gpu_check.py *CPU_ARGS`: every check that can run on the CPU passed; only the GPU
+    """`vapo-check *CPU_ARGS`: every check that can run on the CPU passed; only the GPU
     measurements and the oversized preset's model checks are skipped, each with its reason.
     Run by tests/e2e/test_gpu_bundle.py, in the environment the air-gapped bundle installs (the
-    same pinned libraries as this one): one gpu_check --cpu run serves both."""
+    same pinned libraries as this one): one vapo-check --cpu run serves both."""
     lines = run.stdout.splitlines()
     status = {line.split()[1]: line.split()[0] for line in lines if line[:4] in ("PASS", "FAIL", "SKIP")}
     assert run.returncode == 0 and "FAIL" not in status.values(), run.stdout + run.stderr[-4000:]

@@ -261,6 +261,7 @@ def _engine_share(offload: bool):
     from vapo_megatron.config import ConfigError, load_config
     from vapo_megatron.mcore import offload as off
     from vapo_megatron.mcore import parallel
+    from vapo_megatron.sizing.plan import check_engine_share
 
     parallel.init_distributed(1, 1)
     cfg = load_config(str(ROOT / "configs" / "qwen3_32b_vapo.yaml"),
@@ -271,7 +272,7 @@ def _engine_share(offload: bool):
     torch.cuda.get_device_properties = lambda _: types.SimpleNamespace(total_memory=80 << 30)
     off.host_bytes = lambda models: (10 if parallel.is_rank0() else 30) << 30
     try:
-        off.check_engine_share(cfg, [])
+        check_engine_share(cfg, [])
     except ConfigError as e:
         return str(e)
     return None

@@ -16,7 +16,6 @@ again, every stored tensor is bitwise what it was.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,8 +24,6 @@ import torch
 from tests.helpers.adams import use_adam
 from tests.helpers.dist_utils import run_ranks
 from tests.helpers.train_runs import checkpoint_tensors
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 PRESET = "tiny-qwen2"
 # Its vocabulary here: megatron pads it to 128 rows at TP=1, 256 at TP=2, so a load at TP=2 takes
@@ -42,9 +39,8 @@ def _hf(preset_name: str) -> dict:
 
 
 def _model(kind: str, tp: int = 1, pp: int = 1, ep: int = 1, preset_name: str = PRESET, distributed: bool = True):
-    from gpu_check_checkpoint import build
-
     from vapo_megatron.mcore import parallel
+    from vapo_megatron.nodecheck.checkpoint import build
 
     use_adam(kind)
     parallel.init_distributed(tp, pp, ep=ep, seed=3)
@@ -81,10 +77,9 @@ def _megatron_format(model, path: Path, fmt: str = "fully_reshardable") -> None:
 def _written(work: str, kind: str, tp: int, pp: int, ep: int, preset_name: str) -> dict:
     """Two steps, a save (measured) and megatron's own fully_reshardable checkpoint of the same
     state; then a fresh model, stepped once as a run's would be, loads the save (measured)."""
-    from gpu_check_checkpoint import snapshot, train_step
-
     from tests.helpers.tensor_bytes import CheckpointReads, CheckpointWrites, TensorBytes
     from vapo_megatron.checkpoint.model_state import load_model_state, save_model_state
+    from vapo_megatron.nodecheck.checkpoint import snapshot, train_step
 
     model = _model(kind, tp, pp, ep, preset_name)
     train_step(model, 1), train_step(model, 2)
@@ -207,14 +202,14 @@ def test_a_mixture_of_experts_chained_optimizer_round_trips(tmp_path):
 
 def _run_state(iteration: int):
     from vapo_megatron.data.prompts import PromptRecord, PromptSampler
-    from vapo_megatron.trainer.state import RunState
+    from vapo_megatron.checkpoint.run_state import RunState
 
     return RunState(PromptSampler([PromptRecord([1, 2], "1", "x:1", "p")], batch_size=1, seed=0), iteration=iteration)
 
 
 def _adams(model) -> dict[str, torch.Tensor]:
     """Parameters and Adam's moments by name, and the step count, whichever Adam keeps it where."""
-    from gpu_check_checkpoint import snapshot
+    from vapo_megatron.nodecheck.checkpoint import snapshot
 
     out = {k: v for k, v in snapshot(model).items() if not k.endswith("step")}
     return out | {"step": torch.tensor(sorted({float(v) for k, v in snapshot(model).items() if k.endswith("step")}))}
@@ -226,10 +221,9 @@ def _switches(work: str) -> list[str]:
     torch's Adam (megatron's dp_reshardable, as written before issue 55) resumed by TE's. Each
     resumes, its parameters, moments and step count as saved. Without the distributed optimizer
     the resume stops in one line naming the setting, the checkpoints intact."""
-    from gpu_check_checkpoint import train_step
-
     from vapo_megatron.checkpoint.manager import CheckpointManager, CheckpointMismatch
     from vapo_megatron.checkpoint.model_state import megatron_optimizers, per_parameter_steps
+    from vapo_megatron.nodecheck.checkpoint import train_step
 
     found, run = [], Path(work) / "run"
     writer = _model("te")

@@ -42,7 +42,7 @@ def rollout(tmp_path_factory):
     from vapo_megatron.data.batch import RolloutBatch, pack_sequences, pad_ragged, to_sequence
     from vapo_megatron.rollout.base import SamplingParams
     from vapo_megatron.rollout.embedded import EmbeddedEngine
-    from vapo_megatron.rollout.routes import pack_routes
+    from vapo_megatron.data.routes import pack_routes
 
     hf_dir = tmp_path_factory.mktemp("replay") / "actor"
     model = AutoModelForCausalLM.from_config(qwen3_moe_config(vocab=VOCAB), dtype=torch.float32)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.helpers.dist_utils import run_ranks
-from vapo_megatron.algorithms.vocab_parallel import vocab_parallel_logprobs_entropy
+from vapo_megatron.mcore.vocab_parallel import vocab_parallel_logprobs_entropy
 
 V, TEMP = 50, 0.7
 

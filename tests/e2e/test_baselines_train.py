@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import faults
 from tests.helpers.train_runs import checkpoint_tensors, launch, make_demo_data, records, train_in_forks
 
 CONFIG = "dapo.yaml"
@@ -77,7 +78,7 @@ def test_dapo_run_has_no_critic_and_samples_dynamically(reference):
 def test_killed_mid_step_resumes_to_the_same_run(reference, demo_data, tmp_path):
     run_dir = tmp_path / "run"
     killed = launch(CONFIG, _settings(demo_data, run_dir), env={"VAPO_FAULT": "actor_update@1"},
-                    torchrun_args=("--monitor-interval", "2"))
+                    torchrun_args=("--monitor-interval", "2"), module=faults.ENTRY)
     assert killed.returncode != 0 and "VAPO_FAULT: killing rank" in killed.stdout, killed.output[-3000:]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_0000001"
     train_in_forks(CONFIG, *_settings(demo_data, run_dir))

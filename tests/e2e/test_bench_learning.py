@@ -1,4 +1,4 @@
-"""scripts/bench_learning.py end to end, as small as it gets (issues 31 and 45): one seed, two rows
+"""The learning benchmark (python -m benchmarks.learning) end to end, as small as it gets (issues 31 and 45): one seed, two rows
 of the chain task with a tiny model, one RL step each, both at once (--jobs 2, one process each):
 a critic with a trunk of its own (vapo_critic_4x: the seed's bigger random-init model) and the
 positive control's oracle critic (vapo_oracle: scripts/bench_oracle.py, no critic model at all). The harness trains, evaluates each export once on all held-out prompts (the
@@ -23,7 +23,7 @@ SETTINGS = ["parallel.tp=1", "sft.steps=0", "algo.value_pretrain_steps=0", "roll
 
 def bench(tmp_path, *extra: str) -> subprocess.CompletedProcess:
     sets = [w for s in SETTINGS for w in ("--set", s)]
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench_learning.py"), "--variants", "vapo_critic_4x,vapo_oracle",
+    cmd = [sys.executable, "-m", "benchmarks.learning", "--variants", "vapo_critic_4x,vapo_oracle",
            "--seeds", "0", "--jobs", "2", "--nproc", "1", "--eval-k", "2", "--credit", "--out", str(tmp_path / "bench"),
            "--summaries", str(tmp_path / "summaries"), *TINY, *sets, *(extra or ("--steps", "1"))]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -60,7 +60,7 @@ def made(tmp_path_factory):
 def test_convert_fills_an_empty_out_in_place_both_ways(made):
     from safetensors.torch import load_file
 
-    from vapo_megatron.checkpoint.atomic import CONVERT_HF_TO_MCORE, CONVERT_MCORE_TO_HF, writer_of
+    from vapo_megatron.runtime.atomic import CONVERT_HF_TO_MCORE, CONVERT_MCORE_TO_HF, writer_of
 
     root, inodes, proc = made
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -69,7 +69,7 @@ def test_plan_names_a_missing_config_file(tmp_path, capsys):
 
 def test_eval_never_writes_into_a_directory_it_did_not_write(model, capsys):
     """--out . (a project directory) or the model itself: refused before any model is built, the
-    user's files untouched (the same ownership rule as vapo-convert's, checkpoint/atomic.py)."""
+    user's files untouched (the same ownership rule as vapo-convert's, runtime/atomic.py)."""
     from vapo_megatron import eval as vapo_eval
 
     project = model / "project"

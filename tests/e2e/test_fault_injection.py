@@ -1,5 +1,5 @@
-"""Crash consistency and numerics of real runs, by test-only fault injection (VAPO_FAULT,
-vapo_megatron/faults.py; docs/faults.md).
+"""Crash consistency and numerics of real runs, by test-only fault injection (VAPO_FAULT under
+tests/helpers/faults.py's entry point; docs/faults.md).
 
 The shortened demo (torchrun, 2 ranks, TP=2, embedded engine, deterministic) runs once
 uninterrupted. A second run on its own directory is SIGKILLed at each of the five kill points
@@ -27,8 +27,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from tests.helpers import faults
 from tests.helpers.train_runs import Launch, checkpoint_tensors, launch, make_demo_data, records, train_in_forks
-from vapo_megatron.rollout import carry_over
+from vapo_megatron.data import carry_over
 
 CONFIG = "demo_cpu.yaml"
 VAPO_STEPS = 4
@@ -66,7 +67,8 @@ def reference(demo_data, tmp_path_factory) -> Path:
 
 
 def _faulty(data: Path, run_dir: Path, fault: str, *extra: str) -> Launch:
-    return launch(CONFIG, _settings(data, run_dir, *extra), env={"VAPO_FAULT": fault}, torchrun_args=TORCHRUN_ARGS)
+    return launch(CONFIG, _settings(data, run_dir, *extra), env={"VAPO_FAULT": fault}, torchrun_args=TORCHRUN_ARGS,
+                  module=faults.ENTRY)
 
 
 def _worker_exit_codes(run: Launch) -> list[int]:
@@ -236,7 +238,7 @@ def test_a_damaged_carry_over_file_falls_back_and_sigterm_to_torchrun_checkpoint
     save_file(tensors, str(damaged), metadata=meta)
     run = launch(CONFIG, _settings(demo_data, run_dir, f"trainer.total_steps={VAPO_STEPS + 1}"),
                  env={"VAPO_FAULT": f"term_launcher@{1 + VAPO_STEPS}"},
-                 torchrun_args=(*TORCHRUN_ARGS, "--shutdown-timeout", "300"))
+                 torchrun_args=(*TORCHRUN_ARGS, "--shutdown-timeout", "300"), module=faults.ENTRY)
     last = len(carry_over.read_groups(reference / "checkpoints" / FINAL / carry_over.FILE)[1]) - 1
     assert (f"[vapo] checkpoint {root / FINAL} is damaged, falling back to an older one: {damaged} is damaged: "
             f"group {last} (key ") in run.stdout, run.output[-3000:]

@@ -1,9 +1,9 @@
 """The air-gapped GPU node (docs/gpu_node.md): a node with Python 3.12 and torch and nothing else
 gets the bundle of scripts/gpu_bundle.py, installs it with scripts/gpu_node_install.sh, and runs
-gpu_check. Here the node is a fresh venv that sees only torch's closure (symlinked from this
+vapo-check. Here the node is a fresh venv that sees only torch's closure (symlinked from this
 environment), and the install runs with no index; the bundle's wheels come from the package index
-as `make setup`'s do. What a GPU adds (CUDA) is not checked here: gpu_check runs with --cpu, and
-this is the suite's run of gpu_check's CPU mode."""
+as `make setup`'s do. What a GPU adds (CUDA) is not checked here: vapo-check runs with --cpu, and
+this is the suite's run of vapo-check's CPU mode."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_bundle_pins_follow_pyproject_and_leave_torch_to_the_node():
     assert not [n for n in pins if n.startswith("nvidia-")]
 
 
-def test_bundle_installs_offline_beside_torch_and_gpu_check_runs(tmp_path):
+def test_bundle_installs_offline_beside_torch_and_vapo_check_runs(tmp_path):
     bundle = tmp_path / "bundle"
     made = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_bundle.py"), str(bundle)],
                           capture_output=True, text=True, timeout=600)
@@ -67,7 +67,8 @@ def test_bundle_installs_offline_beside_torch_and_gpu_check_runs(tmp_path):
                                capture_output=True, text=True, timeout=600)
     assert installed.returncode == 0, installed.stdout + installed.stderr[-3000:]
     assert "megatron-core 0.19.2 transformers 5.19.0 import" in installed.stdout
-    # gpu_check's whole CPU mode (tests/distributed/test_gpu_check.py's assertions), from the bundle.
-    check = subprocess.run([str(python), "scripts/gpu_check.py", *CPU_ARGS], cwd=bundle / "vapo-megatron",
+    # vapo-check's whole CPU mode (tests/distributed/test_gpu_check.py's assertions), from the bundle, where
+    # the package is not installed: `python -m vapo_megatron.check`, as docs/gpu_node.md says.
+    check = subprocess.run([str(python), "-m", "vapo_megatron.check", *CPU_ARGS], cwd=bundle / "vapo-megatron",
                            env={**env, "PYTHONPATH": str(bundle / "site")}, capture_output=True, text=True, timeout=900)
     assert_cpu_mode_passes(check)

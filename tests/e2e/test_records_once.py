@@ -2,7 +2,7 @@
 across reruns of a finished run (trainer/metrics.py, RunState.finished; issue 25, item 7).
 
 Single-process `python -m vapo_megatron.train` on the tiny demo model; the crash is the test-only
-fault injection (VAPO_FAULT, vapo_megatron/testing/faults.py), a SIGKILL in the middle of a step."""
+fault injection (VAPO_FAULT, tests/helpers/faults.py), a SIGKILL in the middle of a step."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ CONFIG = ROOT / "configs" / "demo_cpu.yaml"
 def _cli(demo: Path, run_dir: Path, *extra: str, fault: str = "") -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
     env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)} | ({"VAPO_FAULT": fault} if fault else {}))
-    cmd = [sys.executable, "-m", "vapo_megatron.train", "--config", str(CONFIG),
+    # A fault needs the tests' entry point (vapo-train with the fault hook installed).
+    cmd = [sys.executable, "-m", "tests.helpers.faults" if fault else "vapo_megatron.train", "--config", str(CONFIG),
            f"trainer.run_dir={run_dir}", f"model.hf_path={demo}/model", f"data.train_files=[{demo}/train.jsonl]",
            f"data.eval_files=[{demo}/eval.jsonl]", "eval.n_samples=2", "eval.every=0",
            f"sft.files=[{demo}/sft.jsonl]", "sft.steps=3", "sft.batch_size=4", "sft.eval_every=100",

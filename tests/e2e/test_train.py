@@ -113,7 +113,7 @@ def test_demo_config_runs_end_to_end(full_run):
     out = model.generate(**ids, max_new_tokens=4, do_sample=False)
     assert out.shape[1] > ids["input_ids"].shape[1]
     # The plot script reads the run.
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_metrics.py"), str(full_run)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "benchmarks.plot_metrics", str(full_run)], cwd=ROOT, check=True, capture_output=True)
     assert (full_run / "curves.png").stat().st_size > 10_000
 
 

@@ -4,7 +4,8 @@ id, and no step is logged twice (trainer/wandb_run.py). What W&B would sync is r
 transaction logs (trainer/wandb_records.py); nothing contacts a server.
 
 Single-process `python -m vapo_megatron.train` on the tiny demo model, as tests/e2e/test_records_once.py;
-the crash is the test-only fault injection (VAPO_FAULT), a SIGKILL in the middle of iteration 3."""
+the crash is the test-only fault injection (VAPO_FAULT, tests/helpers/faults.py), a SIGKILL in the middle
+of iteration 3."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def _cli(demo: Path, run_dir: Path, home: Path, *, fault: str = "") -> subproces
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS") and not k.startswith("WANDB_")}
     env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "WANDB_CONFIG_DIR": str(home),
                 "WANDB_CACHE_DIR": str(home), "WANDB_DATA_DIR": str(home)} | ({"VAPO_FAULT": fault} if fault else {}))
-    cmd = [sys.executable, "-m", "vapo_megatron.train", "--config", str(CONFIG),
+    # A fault needs the tests' entry point (vapo-train with the fault hook installed).
+    cmd = [sys.executable, "-m", "tests.helpers.faults" if fault else "vapo_megatron.train", "--config", str(CONFIG),
            f"trainer.run_dir={run_dir}", f"model.hf_path={demo}/model", f"data.train_files=[{demo}/train.jsonl]",
            f"data.eval_files=[{demo}/eval.jsonl]", "eval.n_samples=2", "eval.every=2",
            f"sft.files=[{demo}/sft.jsonl]", "sft.steps=2", "sft.batch_size=4", "sft.eval_every=100",

@@ -73,7 +73,8 @@ def _children() -> dict[int, str]:
 def launch(config: str | Path, overrides: list[str], *, env: dict[str, str] | None = None, nproc: int = 2,
            torchrun_args: tuple[str, ...] = (), timeout: float = 600, module: str = "vapo_megatron.train") -> Launch:
     """`python -m torch.distributed.run -m vapo_megatron.train` on this machine (gloo, CPU); `module`:
-    another entry point taking the same arguments (tests/collective_audit.py)."""
+    another entry point taking the same arguments (tests/helpers/collective_audit.py; with VAPO_FAULT,
+    tests/helpers/faults.py)."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *torchrun_args,
@@ -116,9 +117,10 @@ def _is_zombie(pid: int) -> bool:
         return True  # gone already
 
 
-def train(config: str | Path, *overrides: str, env: dict[str, str] | None = None, nproc: int = 2) -> Launch:
+def train(config: str | Path, *overrides: str, env: dict[str, str] | None = None, nproc: int = 2,
+          module: str = "vapo_megatron.train") -> Launch:
     """A launch that must succeed and leave no process behind."""
-    run = launch(config, list(overrides), env=env, nproc=nproc)
+    run = launch(config, list(overrides), env=env, nproc=nproc, module=module)
     assert run.returncode == 0, f"vapo-train failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
     assert not run.leftovers, f"processes left running after the run: {run.leftovers}"
     return run

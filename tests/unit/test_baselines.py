@@ -7,11 +7,11 @@ import statistics
 import pytest
 import torch
 
-from vapo_megatron.algorithms.advantages import ESTIMATORS, group_relative_advantages
+from vapo_megatron.algorithms.advantages import ESTIMATORS, group_relative_advantages, informative_groups
 from vapo_megatron.config import AlgoConfig
 from vapo_megatron.data.batch import RolloutBatch, pack_sequences
 from vapo_megatron.rewards.shaping import OverlongShaping
-from vapo_megatron.rollout.dynamic_sampling import deal, fill, informative_groups
+from vapo_megatron.rollout.dynamic_sampling import deal, fill
 
 
 def naive_grpo(rewards: list[float], groups: list[int], *, std_norm: bool, eps: float) -> list[float]:

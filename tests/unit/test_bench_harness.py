@@ -1,4 +1,4 @@
-"""scripts/bench_learning.py's harness (issue 45), in this process: bad flags and settings are one
+"""The learning benchmark's harness (benchmarks/learning; issue 45), in this process: bad flags and settings are one
 line and exit 2 before any work; a run, warm start or summary made with other settings is
 refused, a matching committed summary is reused; the study's order and commands; the figures a
 summary is made of, against hand-computed values; and a kill -9 of the harness takes its
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+import benchmarks.learning.cli as bench
+from benchmarks.learning.report import decisions, paired, study_report, t_interval
+from benchmarks.learning.runs import curve_figures, eval_figures
+from benchmarks.learning.variants import STUDIES
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import bench_learning as bench  # noqa: E402
-from bench_learning_report import decisions, paired, study_report, t_interval  # noqa: E402
-from bench_runs import curve_figures, eval_figures  # noqa: E402
-from bench_variants import STUDIES  # noqa: E402
 
 
 def call(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -78,7 +78,7 @@ def test_the_study_runs_its_primary_arms_over_every_seed_first(capsys, tmp_path,
     lines = out.splitlines()
     evals = [w for w in lines if "-m vapo_megatron.eval" in w]
     assert len(evals) == 9 * 5 + 5 and all("--n-samples 8 " in w and "/eval.jsonl " in w for w in evals)
-    assert sum("credit_diagnostics.py" in w for w in lines) == 6 * 5  # vapo and the five mechanism arms
+    assert sum("-m benchmarks.learning.credit" in w for w in lines) == 6 * 5  # vapo and the five mechanism arms
     k = next(i for i, w in enumerate(lines) if w.startswith("# vapo_critic_4x, seed 103:"))
     assert f"model.critic_hf_path={tmp_path}/warm/seed103_critic4x/hf" in lines[k + 1]
     warm = lines[lines.index("# warm start of seed 103, the 4x critic's model") + 1]
@@ -241,8 +241,8 @@ def test_eval_and_curve_figures_against_hand_computed_values(tmp_path):
 def test_a_kill_9_of_the_harness_kills_its_children(tmp_path):
     pidfile = tmp_path / "child.pid"
     child = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
-    harness = (f"import os, sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from pathlib import Path; "
-               f"from bench_runs import spawn; spawn([sys.executable, '-c', {child!r}], Path({str(tmp_path / 'log')!r}), "
+    harness = (f"import os, sys; sys.path.insert(0, {str(ROOT)!r}); from pathlib import Path; "
+               f"from benchmarks.learning.runs import spawn; spawn([sys.executable, '-c', {child!r}], Path({str(tmp_path / 'log')!r}), "
                "dict(os.environ), Path('.'))")
     p = subprocess.Popen([sys.executable, "-c", harness])
     pid = None

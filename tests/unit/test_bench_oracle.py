@@ -1,25 +1,20 @@
-"""The positive control's oracle value function (scripts/bench_oracle.py; issue 54) and the statistics
-of its study (scripts/bench_stats.py, the report's Holm table and decision rules), on hand-built values."""
+"""The positive control's oracle value function (benchmarks/learning/oracle.py; issue 54) and the statistics
+of its study (benchmarks/learning/stats.py, the report's Holm table and decision rules), on hand-built values."""
 
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-from bench_learning_report import T975, oracle_decisions, study_report  # noqa: E402
-from bench_oracle import OracleCritic, first_wrong, oracle_values  # noqa: E402
-from bench_stats import fieller, holm, t_quantile, t_test  # noqa: E402
-from bench_variants import STUDIES  # noqa: E402
-
-from vapo_megatron.data.batch import RolloutBatch, to_response  # noqa: E402
-from vapo_megatron.testing.chain_task import chain_answer, chain_prompt  # noqa: E402
-from vapo_megatron.testing.demo_task import build_tokenizer  # noqa: E402
+from benchmarks.learning.oracle import OracleCritic, first_wrong, oracle_values
+from benchmarks.learning.report import T975, oracle_decisions, study_report
+from benchmarks.learning.stats import fieller, holm, t_quantile, t_test
+from benchmarks.learning.variants import STUDIES
+from vapo_megatron.data.batch import RolloutBatch, to_response
+from vapo_megatron.testing.chain_task import chain_answer, chain_prompt
+from vapo_megatron.testing.demo_task import build_tokenizer
 
 W, R = -1.0, 1.0  # the chain config's scores
 

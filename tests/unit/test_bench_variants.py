@@ -1,20 +1,18 @@
-"""scripts/bench_learning.py's variant table (issue 31): every row is a valid configuration on the
+"""The learning benchmark's variant table (benchmarks/learning/studies.yaml; issue 31): every row is a valid configuration on the
 base config, switches what it names and nothing else, and the grpo rows drop the base's
 critic-only keys (which a grpo config refuses) by writing the base YAML without them."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import bench_learning as bench  # noqa: E402
-from bench_variants import STUDIES  # noqa: E402
+import benchmarks.learning.cli as bench
+from benchmarks.learning.variants import STUDIES, STUDIES_FILE, load_definitions
+from vapo_megatron.config.load import flatten, load_config, to_dict
 
-from vapo_megatron.config.load import flatten, load_config, to_dict  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 BASE = ROOT / "configs" / "chain_cpu.yaml"
 
@@ -110,3 +108,19 @@ def test_the_positive_controls_arms_change_only_what_they_name(tmp_path):
     study = STUDIES["oracle"]
     assert all(v in bench.VARIANTS for v in study["primary"]) and study["primary"][:2] == ["vapo", "vapo_no_critic"]
     assert all(a in study["primary"] and b in study["primary"] for a, b in study["pairs"] + study["secondary_pairs"])
+
+
+@pytest.mark.parametrize("old, new, names", [
+    ("primary: [vapo, vapo_no_critic, grpo_paper, dapo]", "primary: [vapo, vapo_no_critc, grpo_paper, dapo]",
+     "studies.critic: arms vapo_no_critc are not variants"),
+    ("vapo_critic_4x: {set: [], critic: 4x}", "vapo_critic_4x: {set: [], critic: 8x}", "variants.vapo_critic_4x.critic: '8x'"),
+    ("pairs: [[vapo_partial, vapo], [dapo_partial, dapo]]", "pairs: [[vapo_partial, grpo], [dapo_partial, dapo]]",
+     "studies.partial.pairs: every pair is [a, b], two of the study's arms"),
+    ("entry: scripts/bench_oracle.py", "entry: scripts/no_such.py", "variants.vapo_oracle.entry"),
+])
+def test_a_bad_studies_file_is_refused_naming_the_file_and_key(old, new, names, tmp_path):
+    bad = tmp_path / "studies.yaml"
+    bad.write_text(STUDIES_FILE.read_text().replace(old, new, 1))
+    with pytest.raises(ValueError) as e:
+        load_definitions(bad)
+    assert str(e.value).startswith(f"{bad}: ") and names in str(e.value), e.value

@@ -1,5 +1,5 @@
 """Partial rollout's carry-over file read back against what the resumed run will do with it
-(rollout/carry_over.py, Bounds; issue 55 item 10). Before, read_groups checked only that the table
+(data/carry_over.py, Bounds; issue 55 item 10). Before, read_groups checked only that the table
 matched the tensors: a token id outside the vocabulary failed the first step after every resume
 with an IndexError, a version newer than the policy with a bincount error, so the run crash-looped
 on one checkpoint. Now each is the damage of that checkpoint, named with its group and field, and
@@ -16,8 +16,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from vapo_megatron.rollout import carry_over
-from vapo_megatron.rollout.carry_over import Bounds, Group, Sample
+from vapo_megatron.data import carry_over
+from vapo_megatron.data.carry_over import Bounds, Group, Sample
 
 VOCAB, N = 96, 2
 BOUNDS = Bounds(vocab_size=VOCAB, prompts=10, admitted=8, version=5, pretrain_iterations=1, n_samples=N, max_new_tokens=6)

@@ -8,7 +8,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from vapo_megatron.config import ConfigError, load_config, parse_config
-from vapo_megatron.trainer.deadline import Deadline, StepClock, fits, parse_time
+from vapo_megatron.config.checks import parse_time
+from vapo_megatron.trainer.deadline import Deadline, StepClock, fits
 
 
 def test_fits_counts_the_step_the_save_and_the_margin():

@@ -1,4 +1,4 @@
-"""scripts/demo_report.py judges what the demo demonstrates, learning, and only reports the time:
+"""benchmarks/demo_report.py judges what the demo demonstrates, learning, and only reports the time:
 run on metrics.jsonl files written here (the trainer's record layout), as `make demo` runs it."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def _write_run(run_dir: Path, before: float, after: float, steps: int = 4) -> No
 
 
 def _report(run_dir: Path, seconds: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "demo_report.py"), str(run_dir), "--seconds",
-                           str(seconds)], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "benchmarks.demo_report", str(run_dir), "--seconds", str(seconds)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def test_a_demo_that_learned_passes_however_slow_the_machine(tmp_path):

@@ -1,6 +1,6 @@
 """Issue 32, item 7: rollout.sglang_mem_fraction against trainer.offload_during_rollout at vapo-train's
 start-up, not only in vapo-plan (sizing/plan.py resident_rollout_problem; the Trainer calls it through
-mcore/offload.py check_engine_share once the models' state is measured, before any step, and
+sizing/plan.py check_engine_share once the models' state is measured, before any step, and
 vapo-train answers its ConfigError with one line and exit 2). The 32B configs share 0.85 of the GPU
 assuming the offload: without it the first KV-cache resume runs out of memory."""
 
@@ -46,9 +46,9 @@ def test_what_fits_passes():
 def test_vapo_train_answers_it_as_a_configuration_error():
     """The ConfigError is raised inside Trainer(...), whose ConfigError vapo-train prints as one
     `configuration error` line with exit 2 (train.py main)."""
-    from vapo_megatron.mcore import offload
+    from vapo_megatron.sizing import plan
     from vapo_megatron.trainer import trainer
 
     src = Path(trainer.__file__).read_text()
     assert "check_engine_share(cfg, list(self.models.values()))" in src
-    assert "raise ConfigError(problem)" in Path(offload.__file__).read_text().split("def check_engine_share")[1]
+    assert "raise ConfigError(problem)" in Path(plan.__file__).read_text().split("def check_engine_share")[1]

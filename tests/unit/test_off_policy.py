@@ -1,5 +1,5 @@
 """Partial rollout's off-policy correction (algorithms/off_policy.py, losses.py's weights,
-trainer/dp_stats.py off_policy) against plain-Python loops: with no stale token the loss is
+mcore/dp_stats.py off_policy) against plain-Python loops: with no stale token the loss is
 today's bitwise; with stale tokens it is the decoupled-PPO loss of a single-process reference,
 whatever the split into DP ranks and micro-batches (issue 47)."""
 
@@ -11,8 +11,7 @@ import torch
 from vapo_megatron.algorithms import off_policy
 from vapo_megatron.algorithms.losses import policy_loss_sum
 from vapo_megatron.data.batch import RolloutBatch, pack_sequences
-from vapo_megatron.mcore import parallel
-from vapo_megatron.trainer import dp_stats
+from vapo_megatron.mcore import dp_stats, parallel
 
 LENGTHS = [5, 1, 8, 3, 6, 7]
 T = 8

@@ -1,4 +1,4 @@
-"""Writers replace only what they wrote (checkpoint/atomic.py; issue 25 item 1).
+"""Writers replace only what they wrote (runtime/atomic.py; issue 25 item 1).
 
 `vapo-convert ... --out .` once renamed a project directory away and deleted it. Here the rule
 itself, on real directories: commit_dir never touches a directory another writer (or the user)
@@ -13,9 +13,9 @@ import os
 
 import pytest
 
-from vapo_megatron.checkpoint.atomic import (CONVERT_HF_TO_MCORE, CONVERT_MCORE_TO_HF, EVAL_OUTPUT, MARKER, TRAINER_CHECKPOINT,
-                                             TRAINER_EXPORT, TargetRefused, check_replaceable, commit_dir,
-                                             staging_dir, writer_of)
+from vapo_megatron.runtime.atomic import (CONVERT_HF_TO_MCORE, CONVERT_MCORE_TO_HF, EVAL_OUTPUT, MARKER, TRAINER_CHECKPOINT,
+                                          TRAINER_EXPORT, TargetRefused, check_replaceable, commit_dir,
+                                          staging_dir, writer_of)
 
 
 def user_dir(path):

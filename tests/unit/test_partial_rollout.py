@@ -12,10 +12,10 @@ import torch
 from transformers import Qwen2Config
 
 from vapo_megatron.config import PartialRolloutConfig, RolloutConfig
+from vapo_megatron.data import carry_over
+from vapo_megatron.data.carry_over import CarryOver
 from vapo_megatron.data.prompts import PromptRecord, PromptSampler
-from vapo_megatron.rollout import carry_over
 from vapo_megatron.rollout.base import SamplingParams
-from vapo_megatron.rollout.carry_over import CarryOver
 from vapo_megatron.rollout.embedded import EmbeddedEngine
 from vapo_megatron.rollout.generator import Generator, Rollout
 from vapo_megatron.rollout.partial import DataParallel, PartialRollouts

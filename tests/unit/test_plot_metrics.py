@@ -1,17 +1,15 @@
-"""scripts/plot_metrics.py draws what a run logged: a run without a critic (algo.estimator=grpo)
+"""benchmarks/plot_metrics.py draws what a run logged: a run without a critic (algo.estimator=grpo)
 has no value-loss or explained-variance panel and its RL steps are labelled grpo, not vapo."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import plot_metrics  # noqa: E402
+from benchmarks import plot_metrics
+from vapo_megatron.config import load_config, resume
 
-from vapo_megatron.config import load_config, resume  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(tmp_path: Path, config: str, critic: bool) -> Path:

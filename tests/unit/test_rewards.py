@@ -6,8 +6,7 @@ import time
 import pytest
 import torch
 
-from vapo_megatron.rewards import build_reward_fn, score_batch
-from vapo_megatron.rewards.math_reward import score
+from vapo_megatron.rewards import build_reward_fn, score, score_batch
 
 TIMEOUT_S = 3.0  # a normal check takes milliseconds; 3 s leaves room on a loaded 2-core machine
 SLACK_S = 3.0  # kill + reap of one worker process

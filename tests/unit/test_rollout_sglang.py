@@ -221,7 +221,7 @@ def _http_engine(monkeypatch, url: str, model: str = "", replay: bool | None = N
     from vapo_megatron.mcore import parallel
     from model_providers import read_hf_config
     from vapo_megatron.rollout.generator import build_engine
-    from vapo_megatron.rollout.routes import replays
+    from vapo_megatron.data.routes import replays
 
     for name in ("tp_rank", "pp_rank", "dp_rank"):  # the replica's first rank holds the engine
         monkeypatch.setattr(parallel, name, lambda: 0)

@@ -1,4 +1,4 @@
-"""Routing replay's data (rollout/routes.py): the embedded engine's routes against transformers' own
+"""Routing replay's data (data/routes.py): the embedded engine's routes against transformers' own
 router outputs, the batch's routes through packing and micro-batch selection, SGLang's encoding."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_a_dense_engine_refuses_to_return_routes():
 
 def test_batch_routes_sit_at_their_tokens_and_follow_micro_batches():
     from vapo_megatron.data.batch import RolloutBatch, pack_sequences
-    from vapo_megatron.rollout.routes import pack_routes, routed_positions
+    from vapo_megatron.data.routes import pack_routes, routed_positions
 
     prompts, responses = [[1, 2, 3], [4, 5], [6]], [[7, 8], [9, 10, 11, 12], [13]]
     rows = [torch.randint(0, 8, (len(p) + len(r) - 1, 3, 2), dtype=torch.uint8) for p, r in zip(prompts, responses)]
@@ -81,7 +81,7 @@ def test_positions_without_a_route_spread_over_the_experts_and_the_ep_ranks(expe
     sequence-major token order): the engine's where it routed, and where it did not (the last
     token, padding) k distinct experts per token, spread so that every EP rank (E / EP contiguous
     experts each) gets its share of the padding; experts 0..k-1 sent all of it to EP rank 0."""
-    from vapo_megatron.rollout.routes import id_dtype, replay_routes
+    from vapo_megatron.data.routes import id_dtype, replay_routes
 
     b, width, layers = 4, 40, 3
     seq_lens = torch.tensor([9, 40, 3, 17])
@@ -108,7 +108,7 @@ def test_sglang_routes_decode_what_sglang_encodes():
     import numpy as np
 
     from tests.helpers.sglang_doubles import decode_routes, encode_routes
-    from vapo_megatron.rollout.routes import sglang_routes
+    from vapo_megatron.data.routes import sglang_routes
 
     ids = torch.randint(0, 128, (5, 3, 8), dtype=torch.int32)
     encoded = encode_routes(ids)  # SGLang's detokenizer, from its source

@@ -1,9 +1,9 @@
 """VAPO's math as pure functions of tensors (docs/algorithm.md; arXiv 2504.05118).
 
     gae.py            GAE, length-adaptive lambda (components 2, 3)
-    advantages.py     step 5: the estimators, GAE (decoupled returns and advantages) and GRPO
+    advantages.py     step 5: the estimators, GAE (decoupled returns and advantages) and GRPO;
+                      which groups carry a signal at all (dynamic sampling's rule)
     losses.py         PPO with clip-higher, positive-example NLL, value loss: SUMS over tokens
     off_policy.py     partial rollout's staleness and truncated importance weights (decoupled PPO)
     normalization.py  the global counts N, N_pos, M a mini-batch's loss sums are divided by
-    vocab_parallel.py log-probs and entropy from vocabulary-sharded logits (TP)
 """

@@ -73,6 +73,17 @@ def group_relative_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, *,
     return (dev / (var.sqrt()[ids] + eps)).float()
 
 
+def informative_groups(scores: list[float], group_of: list[int], groups: int) -> list[bool]:
+    """[groups] True where a group's scores are not all equal. scores[i] belongs to group
+    group_of[i]; a group with one sample (or none) is never informative. The others have advantage
+    0 on every sample (above): DAPO's dynamic sampling drops them (rollout/dynamic_sampling.py,
+    rollout/partial.py)."""
+    seen: list[set] = [set() for _ in range(groups)]
+    for score, g in zip(scores, group_of):
+        seen[g].add(score)
+    return [len(s) > 1 for s in seen]
+
+
 def gae_estimator(batch: RolloutBatch, algo: AlgoConfig, *, value_pretrain: bool):
     """VAPO's estimator: decoupled, length-adaptive GAE on the critic's values."""
     advantages, returns = compute_advantages(batch, algo, value_pretrain=value_pretrain)

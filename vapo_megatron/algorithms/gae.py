@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 # Positions per chunk. Work is B*T*C multiply-adds plus T/C small steps; 64 balances the two
-# on CPUs and GPUs alike (measured by scripts/bench_algo.py).
+# on CPUs and GPUs alike (measured by benchmarks/algo.py).
 _CHUNK = 64
 # Responses per length group (see compute_gae).
 _GROUP = 64

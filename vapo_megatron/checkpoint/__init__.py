@@ -8,7 +8,9 @@
                       check_storage: every storage file whole, before any command reads one
     complete.py       which of a run's checkpoints is whole and whether the run finished, from its files
     lazy_save.py      a dist-checkpoint save whose tensors are made one at a time (hf-to-mcore)
+    run_state.py      RunState: the loop's counters, the prompt sampler's position and the carry-over
+                      buffer, as state.json holds them
     safe_unpickle.py  no checkpoint file can run code when loaded
-    atomic.py         the one atomic/fsync helper every writer of the project uses, and the rule
-                      that a writer replaces only directories it wrote (the .vapo-writer marker)
+
+Every file is written through runtime/atomic.py.
 """

@@ -19,7 +19,7 @@ from pathlib import Path
 from megatron.core import dist_checkpointing
 
 from vapo_megatron.checkpoint import dist_io
-from vapo_megatron.trainer.state import RunState
+from vapo_megatron.checkpoint.run_state import RunState
 
 
 class CheckpointCorrupt(RuntimeError):

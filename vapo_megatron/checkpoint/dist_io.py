@@ -2,7 +2,7 @@
 
 A checkpoint directory is a megatron.core.dist_checkpointing directory (metadata.json, common.pt,
 *.distcp) plus whatever files the caller adds (weights/hf_write.py's write_source_files: hf/ with
-the HF config and tokenizer, and vapo.json). Writes are atomic (atomic.py): everything goes into a
+the HF config and tokenizer, and vapo.json). Writes are atomic (runtime/atomic.py): everything goes into a
 staging directory beside the target, which is committed into place only once complete, so a
 crash never leaves a half-written checkpoint under the target name.
 
@@ -27,9 +27,9 @@ from megatron.core import dist_checkpointing
 from torch.distributed.checkpoint.api import CheckpointException
 
 from vapo_megatron.checkpoint import safe_unpickle
-from vapo_megatron.checkpoint.atomic import CONVERT_HF_TO_MCORE, commit_dir, staging_dir, staging_path
 from vapo_megatron.mcore import parallel
-from vapo_megatron.weights.params import unwrap
+from vapo_megatron.mcore.models import unwrap
+from vapo_megatron.runtime.atomic import CONVERT_HF_TO_MCORE, commit_dir, staging_dir, staging_path
 
 safe_unpickle.install()  # before any load: no checkpoint file may run code
 
@@ -244,7 +244,7 @@ def vocab_padding_only(sh, saved_shape, vocab_size: int | None) -> bool:
     checkpoint has (dist_checkpointing/strategies/torch.py). That is exact here because the
     padding rows are zero and stay zero: the import writes zeros (model_providers/layouts.py), no
     token id looks them up, and the log-softmax leaves the padding columns out
-    (algorithms/vocab_parallel.py, num_valid), so their gradient, Adam moments and weight decay are
+    (mcore/vocab_parallel.py, num_valid), so their gradient, Adam moments and weight decay are
     all zero. Rows the checkpoint lacks load as zeros, rows the model lacks are padding dropped.
     A tensor with fewer rows than the real vocabulary is another model."""
     model_shape, saved_shape = tuple(sh.global_shape), tuple(saved_shape)

@@ -7,11 +7,11 @@
 A checkpoint is run_dir/checkpoints/iter_NNNNNNN/ holding
     actor/, critic/   each a Megatron dist checkpoint (weights + optimizer state) with hf/ and
                       vapo.json, so `vapo-convert mcore-to-hf --ckpt .../actor` works on it
-    state.json        the RunState (trainer/state.py), each model's LR-schedule position, the config
+    state.json        the RunState (checkpoint/run_state.py), each model's LR-schedule position, the config
     rng/rank_R.safetensors   each rank's torch RNG state (uint8 tensor)
     carry_over.safetensors   partial rollout's groups in flight, every DP rank's (only when there are any)
 It is written under a temporary name, flushed, and renamed into place when complete; then the
-`latest` pointer file is replaced atomically (atomic.py). A crash at any point leaves the previous
+`latest` pointer file is replaced atomically (runtime/atomic.py). A crash at any point leaves the previous
 checkpoint as the latest; a damaged one is detected on load and the previous one is used
 (docs/faults.md). Dist checkpoints load at any TP/PP layout.
 """
@@ -31,17 +31,17 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.api import CheckpointException
 
 from vapo_megatron.checkpoint import dist_io  # also installs safe_unpickle: no checkpoint pickle runs code
+from vapo_megatron.checkpoint.complete import CheckpointCorrupt, candidates, check_complete
 from vapo_megatron.checkpoint.model_state import (has_distributed_optimizer, load_model_state, resume_layout_problem,
                                                   save_model_state, saved_optimizer_format)
-from vapo_megatron.checkpoint.atomic import commit_dir, fsync_path, staging_dir, staging_path, write_atomic
-from vapo_megatron.checkpoint.complete import CheckpointCorrupt, candidates, check_complete
+from vapo_megatron.checkpoint.run_state import RunState
 from vapo_megatron.config.resume import ep_change
+from vapo_megatron.data import carry_over
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.model import TrainModel
 from vapo_megatron.mcore.optimizer import set_lr_steps
-from vapo_megatron.rollout import carry_over
-from vapo_megatron.testing import faults
-from vapo_megatron.trainer.state import RunState
+from vapo_megatron.runtime import fault_points
+from vapo_megatron.runtime.atomic import commit_dir, fsync_path, staging_dir, staging_path, write_atomic
 
 KEEP_CHECKPOINTS = 2
 T = TypeVar("T")
@@ -163,7 +163,7 @@ class CheckpointManager:
             for sub, model in self.models.items():
                 _agreed(partial(save_model_state, model, tmp / sub))
                 if sub == "actor":
-                    faults.fault_point("checkpoint")  # test-only (testing/faults.py): a crash mid-write
+                    fault_points.point("checkpoint")  # a test's (runtime/fault_points.py): a crash mid-write
             _agreed(partial(self._write_rng, tmp))
             _agreed(partial(self._write_carry, tmp, state))
             _agreed(partial(self._commit, tmp, target, state))
@@ -237,7 +237,7 @@ class CheckpointManager:
         self._remove_leftovers()
 
     def _carried(self, path: Path, meta: dict, state: RunState) -> list:
-        """This DP rank's carried groups (rollout/carry_over.py); the file must hold as many as state.json
+        """This DP rank's carried groups (data/carry_over.py); the file must hold as many as state.json
         says, and groups this run can continue (carry_over.Bounds: else the first step after every
         resume failed on them, IndexError or worse)."""
         count = meta["carried_groups"] if "carried_groups" in meta else 0

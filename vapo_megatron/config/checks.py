@@ -1,6 +1,7 @@
 """Every check of a configuration's values that needs neither the launch nor the files' contents.
 
     config_problems(cfg) -> list[str]      one message per problem, naming the key(s)
+    parse_time(text)                       an ISO-8601 time (trainer.deadline, squeue's end time)
 
 The parallel layout's checks are layout.py's (one check for every command); preflight.py adds
 what needs the launch or the disk. Pure Python.
@@ -9,13 +10,21 @@ what needs the launch or the disk. Pure Python.
 from __future__ import annotations
 
 import os
+from datetime import datetime
 
 from vapo_megatron.config.schema import Config, OptimConfig
 
 
-def _is_iso_time(text: str) -> bool:
-    from vapo_megatron.trainer.deadline import parse_time
+def parse_time(text: str) -> float | None:
+    """An ISO-8601 time as seconds since the epoch (no zone: local time, as squeue prints it);
+    None for Slurm's "no end" values (N/A, Unknown, NONE, UNLIMITED) and anything unparsable."""
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        return None
 
+
+def _is_iso_time(text: str) -> bool:
     return parse_time(text) is not None
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from vapo_megatron.config.schema import ConfigError
+from vapo_megatron.config.schema import ConfigError, problems_error
 
 
 @dataclass(frozen=True)
@@ -130,8 +130,6 @@ def _experts(model: dict) -> int | None:
 def check_layout(world_size: int, tp: int, pp: int, vpp: int | None = None, *, model: dict | None = None,
                  model_key: str = "model.hf_path", keys: LayoutKeys = CONFIG_KEYS, ep: int = 1) -> Layout:
     """The layout with DP derived (world_size / (tp * pp)); ConfigError listing every problem."""
-    from vapo_megatron.config.load import problems_error
-
     problems = layout_problems(world_size, tp, pp, vpp, model=model, model_key=model_key, keys=keys, ep=ep)
     if problems:
         raise problems_error(problems)

@@ -20,7 +20,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from vapo_megatron.config.schema import Config, ConfigError
+from vapo_megatron.config.schema import Config, ConfigError, problems_error
 
 MOVED_KEYS = {"trainer.eval_every": "eval.every", "data.eval_max_prompts": "eval.max_prompts"}
 
@@ -94,13 +94,6 @@ def _coerce(value, default, hint: str, key: str):
             raise ConfigError(f"{key} must be a string, got {value!r}")
         return value
     return value
-
-
-def problems_error(problems: list[str]) -> ConfigError:
-    """One ConfigError listing every problem (a user fixes them all in one go)."""
-    if len(problems) == 1:
-        return ConfigError(problems[0])
-    return ConfigError(f"{len(problems)} invalid settings:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 def _read_yaml(path: str) -> dict:

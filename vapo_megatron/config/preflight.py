@@ -82,7 +82,7 @@ def _files(cfg: Config, out: list[str]) -> None:
                 out.append(f"{key}: {p} has an unknown file type (allowed: {', '.join(PROMPT_SUFFIXES)})")
             elif not os.access(p, os.R_OK):
                 out.append(f"{key}: {p} is not readable")
-    from vapo_megatron.checkpoint.atomic import can_create_in
+    from vapo_megatron.runtime.atomic import can_create_in
 
     run_dir = Path(cfg.trainer.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
@@ -99,7 +99,7 @@ def _files(cfg: Config, out: list[str]) -> None:
 def export_problems(cfg: Config) -> list[str]:
     """The run ends by replacing run_dir/hf with its export (atomic.commit_dir refuses to replace
     what the trainer did not write): said now, not after hours of training."""
-    from vapo_megatron.checkpoint.atomic import TRAINER_EXPORT, TargetRefused, check_replaceable
+    from vapo_megatron.runtime.atomic import TRAINER_EXPORT, TargetRefused, check_replaceable
 
     try:
         check_replaceable(Path(cfg.trainer.run_dir) / "hf", TRAINER_EXPORT, overwrite=True, flag=None, key="")

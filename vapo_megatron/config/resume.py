@@ -16,9 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from vapo_megatron.checkpoint.atomic import write_atomic
-from vapo_megatron.config.load import flatten, parse_config, problems_error, run_record, to_dict
-from vapo_megatron.config.schema import Config, ConfigError
+from vapo_megatron.config.load import flatten, parse_config, run_record, to_dict
+from vapo_megatron.config.schema import Config, ConfigError, problems_error
+from vapo_megatron.runtime.atomic import write_atomic
 
 CONFIG_FILE = "config.yaml"
 

@@ -2,6 +2,7 @@
 
 load.py reads YAML and overrides into these classes, checks.py and layout.py check the values,
 preflight.py checks them against the launch and the files. Nothing downstream mutates a Config.
+A problem is a ConfigError; problems_error makes one of every problem found (each check's answer).
 """
 
 from __future__ import annotations
@@ -12,6 +13,13 @@ from typing import Literal
 
 class ConfigError(ValueError):
     """An invalid setting; the message names the key and what is allowed."""
+
+
+def problems_error(problems: list[str]) -> ConfigError:
+    """One ConfigError listing every problem (a user fixes them all in one go)."""
+    if len(problems) == 1:
+        return ConfigError(problems[0])
+    return ConfigError(f"{len(problems)} invalid settings:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 @dataclass(frozen=True)

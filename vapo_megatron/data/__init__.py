@@ -7,4 +7,6 @@
                    by every command's checks (a file that parses but does not load: one line)
     batch.py       RolloutBatch: sequence vs response layouts, prediction positions
     microbatch.py  token-budget micro-batch planning
+    routes.py      routing replay's data: the experts each token was routed to (MoE models)
+    carry_over.py  partial rollout's groups in flight between steps, and their checkpoint file
 """

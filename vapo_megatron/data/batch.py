@@ -34,7 +34,7 @@ class RolloutBatch:
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
-    # Routing replay (rollout/routes.py): [B, S, moe_layers, k] small ints, the experts the engine
+    # Routing replay (data/routes.py): [B, S, moe_layers, k] small ints, the experts the engine
     # routed the token at each position to (placeholders where it routed none); None without replay.
     routes: torch.Tensor | None = None
     extras: dict = field(default_factory=dict)

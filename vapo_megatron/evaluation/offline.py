@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from vapo_megatron.checkpoint.atomic import EVAL_OUTPUT, mark, write_atomic
+from vapo_megatron.runtime.atomic import EVAL_OUTPUT, mark, write_atomic
 
 
 class EvalInputError(ValueError):

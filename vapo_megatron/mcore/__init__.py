@@ -12,8 +12,11 @@
     moe_metrics.py   the router's load-balancing loss read back for the logs (MoE models)
     routing_replay.py  the actor's MoE routers take the rollout engine's routes (R3)
     actor.py         the policy: old log-probs, PPO + positive-example NLL update
+    vocab_parallel.py  log-probs and entropy from vocabulary-sharded logits (TP)
     critic.py        the value model: values, clipped value-loss update
+    dp_stats.py      figures of a step over every data-parallel rank (sums, means, whitening)
     memory.py        GPU memory handed back at the trainer <-> rollout-engine phase switches
     offload.py       the trainer's state in host memory during rollout (trainer.offload_during_rollout)
     dtypes.py        parameter dtypes by name
+    megatron_import.py  megatron-core imported without torch.compile where no GPU is visible
 """

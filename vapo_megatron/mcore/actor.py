@@ -19,12 +19,12 @@ import torch
 
 from vapo_megatron.algorithms.losses import nll_loss_sum, policy_loss_sum
 from vapo_megatron.algorithms.normalization import GlobalCounts
-from vapo_megatron.algorithms.vocab_parallel import vocab_parallel_logprobs_entropy
 from vapo_megatron.data.batch import RolloutBatch, shifted_targets
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.model import TrainModel
 from vapo_megatron.mcore.routing_replay import mismatch_share
 from vapo_megatron.mcore.update import UpdateSettings, forward_only, optimize
+from vapo_megatron.mcore.vocab_parallel import vocab_parallel_logprobs_entropy
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ import torch
 
 from vapo_megatron.algorithms.losses import value_loss_sum
 from vapo_megatron.algorithms.normalization import GlobalCounts
-from vapo_megatron.data.batch import RolloutBatch
 from vapo_megatron.config import Config
+from vapo_megatron.data.batch import RolloutBatch
+from vapo_megatron.mcore import dp_stats
 from vapo_megatron.mcore.model import TrainModel, build_model, copy_trunk
 from vapo_megatron.mcore.update import UpdateSettings, forward_only, optimize
-from vapo_megatron.trainer import dp_stats
 
 
 def value_outputs(mb: RolloutBatch, values: torch.Tensor):

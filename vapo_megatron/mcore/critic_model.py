@@ -1,10 +1,22 @@
-"""The critic's model: the policy's trunk with a scalar value head in place of the LM head."""
+"""The critic's model: the policy's trunk with a scalar value head in place of the LM head, and
+that head's initial values (fresh_value_head; models.py builds the model)."""
 
 from __future__ import annotations
 
 import torch
 from megatron.core.models.gpt import GPTModel
 from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+
+def fresh_value_head(config) -> dict[str, torch.Tensor]:
+    """The critic's initial value head {"weight": [1, H], "bias": [1]} (float32, CPU).
+
+    Identical on every rank whatever the RNG state (TP replicas must agree); replaced when the HF
+    checkpoint has a trained `score` head. vapo-convert, which builds the critic on the meta
+    device, writes these values for a critic made from a causal LM."""
+    gen = torch.Generator().manual_seed(0)
+    return {"weight": torch.randn(1, config.hidden_size, generator=gen) * config.init_method_std,
+            "bias": torch.zeros(1)}
 
 
 class CriticModel(GPTModel):
@@ -19,8 +31,6 @@ class CriticModel(GPTModel):
     """
 
     def __init__(self, **kwargs):
-        from vapo_megatron.mcore.models import fresh_value_head
-
         super().__init__(share_embeddings_and_output_weights=False, **kwargs)
         if self.post_process:
             del self.output_layer  # the vocab projection is not part of the critic

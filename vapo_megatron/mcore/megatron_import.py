@@ -21,7 +21,7 @@ is hidden while megatron-core loads (timers.py then binds wandb = None, its own 
 importable again right after; a wandb imported before is left alone.
 Called first by every command that builds a model (config/quiet.py `device_startup`, vapo-plan)
 and by the test suite's forkserver; a module imported before it that imports megatron-core
-gets the compiled decoration, which is only slower to import. scripts/bench_startup.py measures
+gets the compiled decoration, which is only slower to import. benchmarks/startup.py measures
 the difference.
 """
 

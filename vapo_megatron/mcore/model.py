@@ -19,12 +19,12 @@ import torch
 from model_providers import Family, family_for, read_hf_config
 from vapo_megatron.config import Config
 from vapo_megatron.config.layout import check_layout
+from vapo_megatron.data.routes import replays
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.dtypes import torch_dtype
 from vapo_megatron.mcore.models import build_chunks
 from vapo_megatron.mcore.optimizer import build_lr_scheduler, build_optimizer
 from vapo_megatron.mcore.routing_replay import RouteReplay
-from vapo_megatron.rollout.routes import replays
 
 
 @dataclass

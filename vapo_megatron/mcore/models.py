@@ -337,17 +337,6 @@ def build_actor(hf_cfg: dict, *, params_dtype: torch.dtype, vp_stage: int | None
     return _placed(GPTModel(share_embeddings_and_output_weights=tied, **_gpt_kwargs(hf_cfg, config, vp_stage)))
 
 
-def fresh_value_head(config) -> dict[str, torch.Tensor]:
-    """The critic's initial value head {"weight": [1, H], "bias": [1]} (float32, CPU).
-
-    Identical on every rank whatever the RNG state (TP replicas must agree); replaced when the HF
-    checkpoint has a trained `score` head. vapo-convert, which builds the critic on the meta
-    device, writes these values for a critic made from a causal LM."""
-    gen = torch.Generator().manual_seed(0)
-    return {"weight": torch.randn(1, config.hidden_size, generator=gen) * config.init_method_std,
-            "bias": torch.zeros(1)}
-
-
 def build_critic(hf_cfg: dict, *, params_dtype: torch.dtype, vp_stage: int | None = None, recompute: bool = False,
                  on_gpu: bool | None = None, sequence_parallel: bool = False, moe_aux_loss_coeff: float = 0.0,
                  deterministic: bool = False):
@@ -377,6 +366,14 @@ def _placed(model):
     return model
 
 
+def unwrap(chunk):
+    """The megatron model of a chunk, DDP-wrapped or not."""
+    # DDP / Float16Module wrappers keep the model under `.module`.
+    while hasattr(chunk, "module") and not hasattr(chunk, "decoder"):
+        chunk = chunk.module
+    return chunk
+
+
 def build_chunks(hf_cfg: dict, *, params_dtype: torch.dtype, critic: bool, recompute: bool = False,
                  on_gpu: bool | None = None, sequence_parallel: bool = False, moe_aux_loss_coeff: float = 0.0,
                  deterministic: bool = False) -> list:
@@ -391,6 +388,6 @@ def build_chunks(hf_cfg: dict, *, params_dtype: torch.dtype, critic: bool, recom
 
 
 __all__ = ["apex_softmax_available", "apex_wgrad_available", "broken_te_line", "build_actor", "build_chunks", "build_critic",
-           "compiled_fusions", "fresh_value_head", "host_compiler", "layer_spec", "padded_vocab_size", "softmax_fusion",
-           "te_available", "te_spec", "TE_SPEC_ON_CPU", "te_checkpoint_keys", "transformer_config", "wgrad_fusion",
+           "compiled_fusions", "host_compiler", "layer_spec", "padded_vocab_size", "softmax_fusion",
+           "te_available", "te_spec", "TE_SPEC_ON_CPU", "te_checkpoint_keys", "transformer_config", "unwrap", "wgrad_fusion",
            "wgrad_fusion_hardware", "WGRAD_FUSION_ON_CPU"]

@@ -338,26 +338,5 @@ def check_host_memory(models) -> None:
         raise ConfigError(problem)
 
 
-def check_engine_share(cfg, models) -> None:
-    """Collective over the world: with a colocated SGLang engine and trainer.offload_during_rollout
-    off, raises the same ConfigError on every rank when the worst rank's resident state, the
-    engine's share and the reserve exceed the GPU (sizing/plan.py resident_rollout_problem). Only on
-    CUDA: without it no colocated engine runs (config/preflight.py)."""
-    from vapo_megatron.config import ConfigError
-    from vapo_megatron.mcore import parallel
-    from vapo_megatron.sizing.plan import resident_rollout_problem
-
-    if not torch.cuda.is_available() or cfg.rollout.engine != "sglang" or cfg.trainer.offload_during_rollout:
-        return
-    mine = (host_bytes(models), torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
-    group = parallel.wait_group()
-    every: list = [None] * torch.distributed.get_world_size(group)
-    parallel.all_gather_object(every, mine, group=group)
-    problem = resident_rollout_problem(cfg, state_bytes=max(s for s, _ in every), gpu_bytes=min(g for _, g in every),
-                                       world_size=torch.distributed.get_world_size())
-    if problem:
-        raise ConfigError(problem)
-
-
-__all__ = ["HOST_HEADROOM_FRACTION", "check_engine_share", "Offloader", "grad_buffer_storages", "available_host_bytes", "cgroup_available_bytes", "check_host_memory",
+__all__ = ["HOST_HEADROOM_FRACTION", "Offloader", "grad_buffer_storages", "available_host_bytes", "cgroup_available_bytes", "check_host_memory",
            "host_bytes", "host_memory_problem", "node_available_bytes", "state_tensors", "unique_storages"]

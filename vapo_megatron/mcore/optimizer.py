@@ -7,7 +7,7 @@
                                              the schedule advances only on an applied step
 
 The schedule counts a model's applied optimizer updates; RunState.lr_steps saves the count and a
-resume sets it back, so the schedule resumes exactly (trainer/state.py).
+resume sets it back, so the schedule resumes exactly (checkpoint/run_state.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Routing replay (R3), the trainer's side: the actor's MoE routers send each token to the experts
-the rollout engine chose for it (rollout/routes.py), through megatron-core 0.19.2's RouterReplay
+the rollout engine chose for it (data/routes.py), through megatron-core 0.19.2's RouterReplay
 (transformer/moe/router_replay.py), one per router.
 
     replay = RouteReplay(chunks, hf_cfg)     the actor's routers (mcore/model.py, build_model)
@@ -23,13 +23,13 @@ Token order: a MoE layer routes its hidden states [S, b, h] flattened sequence-m
 with sequence parallelism each TP rank routes its S / TP positions. Each pipeline stage routes its
 own layers (router.layer_number is the layer's global number). Expert parallelism does not change
 what a rank routes: its own tokens, before the all-to-all. Positions without a route (a sequence's
-last token, padding) get experts spread over all of them (rollout/routes.py, filler_experts), so
+last token, padding) get experts spread over all of them (data/routes.py, filler_experts), so
 that no EP rank gets every rank's padding.
 
 One copy to the device per forward: megatron's RouterReplay.get_replay_topk moves the indices it
 is given to the scores' device with a blocking `.to(device)`, once per router per forward (and
 again in the recomputed forward): 2 x MoE layers host syncs per micro-batch. `forward` instead
-shapes the micro-batch's routes on the host (routes.py, replay_routes: [L, T, k] in the compact id
+shapes the micro-batch's routes on the host (data/routes.py, replay_routes: [L, T, k] in the compact id
 dtype), copies them once, from pinned memory, without blocking (to_device), and widens them to
 int64 on the device; each router gets its layer's row, already there, which megatron's `.to`
 leaves as it is. Those int64 ids stay on the device while queued for the backward.
@@ -40,7 +40,7 @@ moe/routing_mismatch: while `counting` (step 4), a forward hook on each router a
 router's own choice (megatron's topk_routing_with_score_function, no replay) and marks the tokens
 whose top-k set differs from the engine's in any MoE layer (counted on the device, brought to the
 host once, in mismatch_flags); `mismatch_share` is the share of the
-response tokens the engine routed (rollout/routes.py, routed_positions), over every DP rank.
+response tokens the engine routed (data/routes.py, routed_positions), over every DP rank.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class RouteReplay:
         from megatron.core.transformer.moe.router import TopKRouter
         from megatron.core.transformer.moe.router_replay import RouterReplay
 
-        from vapo_megatron.rollout.routes import moe_layers, route_shape
+        from vapo_megatron.data.routes import moe_layers, route_shape
 
         column = {layer: i for i, layer in enumerate(moe_layers(hf_cfg))}  # global layer -> routes' column
         self.num_experts = route_shape(hf_cfg)[2]
@@ -105,7 +105,7 @@ class RouteReplay:
         if mb.routes is None or not routers:
             yield
             return
-        from vapo_megatron.rollout.routes import replay_routes
+        from vapo_megatron.data.routes import replay_routes
 
         b = mb.routes.shape[0]
         part = None
@@ -193,7 +193,7 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 def mismatch_share(flags: torch.Tensor, batch: RolloutBatch) -> float:
     """moe/routing_mismatch: the share of the response tokens the engine routed (every DP rank's)
     whose flag is set."""
-    from vapo_megatron.rollout.routes import routed_positions
+    from vapo_megatron.data.routes import routed_positions
 
     routed = routed_positions(batch.prompt_lens, batch.response_lens, batch.tokens.shape[1])
     sums = torch.tensor([float((flags * routed).sum()), float(routed.sum())], dtype=torch.float64)

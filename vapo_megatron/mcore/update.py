@@ -21,7 +21,7 @@ from vapo_megatron.mcore import moe_metrics, parallel
 from vapo_megatron.mcore.model import TrainModel
 from vapo_megatron.mcore.optimizer import current_lr, optimizer_step
 from vapo_megatron.mcore.schedule import broadcast_from_last_stage, forward_backward, reduce_metric_sums
-from vapo_megatron.testing import faults
+from vapo_megatron.runtime import fault_points
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def optimize(model: TrainModel, role: str, batch: RolloutBatch, loss_for: Callab
                                                        replay=model.replay))
             aux_loss = moe_metrics.take_aux_loss(model.config, len(micro))
             applied, grad_norm = guarded_step(model, sums, role, settings.max_consecutive_skips)
-            faults.fault_point(f"{role}_update")  # test-only (testing/faults.py): a crash mid-update
+            fault_points.point(f"{role}_update")  # a test's (runtime/fault_points.py): a crash mid-update
             step_logs = _means(sums, counts)
             step_logs[f"{role}/grad_norm"] = grad_norm
             step_logs[f"{role}/skipped_steps"] = 0.0 if applied else 1.0

@@ -17,6 +17,8 @@ Reward specs (``build_reward_fn(spec, ...)``):
   run continues. This holds for any exception, SystemExit and KeyboardInterrupt included,
   and for a worker that dies outright (kind ``WorkerDied``; it is replaced).
 
+``score(response, ground_truth)``: one response checked with math-verify, over a shared pool.
+
 Beside it: scorer.py (step 3 of the loop: a rollout's rewards as batch tensors) and shaping.py
 (DAPO's overlong reward shaping, added to the verifier's score in the training batch only).
 """
@@ -35,7 +37,7 @@ from vapo_megatron.rewards.pool import BoundedPool, Outcome, resolve_function
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["RewardFn", "RewardResult", "PoolRewardFn", "ExactMatchRewardFn", "build_reward_fn", "score_batch", "summarize"]
+__all__ = ["RewardFn", "RewardResult", "PoolRewardFn", "ExactMatchRewardFn", "build_reward_fn", "score", "score_batch", "summarize"]
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +135,30 @@ def build_reward_fn(
     target = MATH_SPEC if spec == "math" else spec
     return PoolRewardFn(target, correct_score=correct_score, incorrect_score=incorrect_score,
                         timeout_s=timeout_s, num_workers=num_workers)
+
+
+_DEFAULT_POOLS: dict[float, object] = {}
+
+
+def score(
+    response_text: str,
+    ground_truth: str,
+    *,
+    correct_score: float = 1.0,
+    incorrect_score: float = -1.0,
+    timeout_s: float = 5.0,
+) -> RewardResult:
+    """Score one response with math-verify over a shared default pool of one worker per bound (paper: +1 correct, -1 wrong; 0/1 works too). A check that runs past
+    ``timeout_s`` (wall clock, hard) scores ``incorrect_score`` with ``timed_out=True``."""
+    fn = _DEFAULT_POOLS.get(timeout_s)
+    if fn is None:
+        fn = _DEFAULT_POOLS[timeout_s] = PoolRewardFn(
+            MATH_SPEC, correct_score=1.0, incorrect_score=0.0, timeout_s=timeout_s, num_workers=1
+        )
+    (r,) = fn([""], [response_text], [ground_truth])
+    return RewardResult(
+        score=correct_score if r.correct else incorrect_score, correct=r.correct, timed_out=r.timed_out, error=r.error
+    )
 
 
 def score_batch(

@@ -2,7 +2,8 @@
 
 ``math_equal`` is the check itself; it runs inside a ``BoundedPool`` worker (rewards/pool.py),
 so math-verify's signal-based timeouts are switched off and the parent's hard deadline is
-the bound. ``score`` is the one-call convenience form over a shared default pool.
+the bound. ``score`` (rewards/__init__.py) is the one-call convenience form over a shared
+default pool.
 """
 
 from __future__ import annotations
@@ -59,32 +60,6 @@ def _warmup() -> None:
 
 
 math_equal.warmup = _warmup  # type: ignore[attr-defined]  # run by each pool worker at start-up
-
-
-_DEFAULT_POOLS: dict[float, object] = {}
-
-
-def score(
-    response_text: str,
-    ground_truth: str,
-    *,
-    correct_score: float = 1.0,
-    incorrect_score: float = -1.0,
-    timeout_s: float = 5.0,
-) -> RewardResult:
-    """Score one response (paper: +1 correct, -1 wrong; 0/1 works too). A check that runs past
-    ``timeout_s`` (wall clock, hard) scores ``incorrect_score`` with ``timed_out=True``."""
-    from vapo_megatron.rewards import PoolRewardFn
-
-    fn = _DEFAULT_POOLS.get(timeout_s)
-    if fn is None:
-        fn = _DEFAULT_POOLS[timeout_s] = PoolRewardFn(
-            MATH_SPEC, correct_score=1.0, incorrect_score=0.0, timeout_s=timeout_s, num_workers=1
-        )
-    (r,) = fn([""], [response_text], [ground_truth])
-    return RewardResult(
-        score=correct_score if r.correct else incorrect_score, correct=r.correct, timed_out=r.timed_out, error=r.error
-    )
 
 
 def answer_op(op: str, a: str, b: str) -> str | bool | None:

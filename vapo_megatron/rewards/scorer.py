@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 
 from vapo_megatron.data.batch import RolloutBatch, pack_sequences
+from vapo_megatron.data.routes import pack_routes
 from vapo_megatron.mcore import parallel
 from vapo_megatron.rewards import RewardFn, score_batch, summarize
 from vapo_megatron.rewards.shaping import OverlongShaping
-from vapo_megatron.rollout.routes import pack_routes
 
 
 class Scorer:

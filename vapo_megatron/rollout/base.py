@@ -34,7 +34,7 @@ class SamplingParams:
     temperature == 0 means greedy. top_k <= 0 and top_p >= 1 switch those filters off. Sample
     j of prompt i uses seed `seed + i * n + j`, so results do not depend on batching.
     return_routes: each output also carries the experts every token was routed to (routing
-    replay, rollout/routes.py; mixture-of-experts models only).
+    replay, data/routes.py; mixture-of-experts models only).
     """
 
     n: int = 1
@@ -64,7 +64,7 @@ class SamplingParams:
 class RolloutOutput:
     """One sampled response. `logprobs[t]` = log_softmax(logits / temperature)[token t]
     as the engine computed it (None when the engine did not return them). `routes`: the experts
-    the engine routed each token to, [prompt + response - 1, moe_layers, k] (rollout/routes.py),
+    the engine routed each token to, [prompt + response - 1, moe_layers, k] (data/routes.py),
     when asked for (SamplingParams.return_routes)."""
 
     prompt_index: int

@@ -26,21 +26,14 @@ from dataclasses import replace
 
 import torch
 
+from vapo_megatron.algorithms.advantages import informative_groups
 from vapo_megatron.config import RolloutConfig
 from vapo_megatron.data.prompts import PromptSampler
 from vapo_megatron.mcore import parallel
 from vapo_megatron.rollout.generator import Generator, Rollout
+from vapo_megatron.rollout.partial import PartialRollouts
 
 _ROUND_SEED_STRIDE = 104_729  # a prime: round r samples with seed + r * stride (round 0: the step's seed)
-
-
-def informative_groups(scores: list[float], group_of: list[int], groups: int) -> list[bool]:
-    """[groups] True where a group's scores are not all equal. scores[i] belongs to group
-    group_of[i]; a group with one sample (or none) is never informative."""
-    seen: list[set] = [set() for _ in range(groups)]
-    for score, g in zip(scores, group_of):
-        seen[g].add(score)
-    return [len(s) > 1 for s in seen]
 
 
 def fill(flags_per_round: list[list[bool]], target: int, floor: int) -> tuple[list[tuple[int, int]], int]:
@@ -64,8 +57,6 @@ def deal(items: list, parts: int, index: int) -> list:
 
 class StepRollouts:
     def __init__(self, generator: Generator, scorer, rollout: RolloutConfig, *, mini_batches: int):
-        from vapo_megatron.rollout.partial import PartialRollouts
-
         self.generator, self.scorer, self.cfg, self.mini_batches = generator, scorer, rollout, mini_batches
         self.partial = PartialRollouts(generator, scorer, rollout, mini_batches=mini_batches)
 
@@ -150,4 +141,4 @@ class StepRollouts:
         return Rollout(prompts=prompts, outputs=outputs, n=self.cfg.n_samples, results=results)
 
 
-__all__ = ["StepRollouts", "deal", "fill", "informative_groups"]
+__all__ = ["StepRollouts", "deal", "fill"]

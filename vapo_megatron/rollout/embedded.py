@@ -4,7 +4,7 @@ The model is built once; weight updates copy full HF-named tensors into the exis
 (no rebuild). Sampling is a small batched loop over a DynamicCache with left padding. Every sample
 draws from its own torch.Generator seeded with SamplingParams.sample_seed, so sample j of prompt
 i gets the same response whatever else is in the batch, and a run is reproducible given the seed.
-A mixture-of-experts model's routers are watched (rollout/routes.py, RouteRecorder): asked for
+A mixture-of-experts model's routers are watched (data/routes.py, RouteRecorder): asked for
 (SamplingParams.return_routes), each output carries the experts its tokens were routed to.
 """
 
@@ -14,9 +14,9 @@ from typing import Sequence
 
 import torch
 
+from vapo_megatron.data.routes import RouteRecorder
 from vapo_megatron.rollout.base import MEMORY_TAGS, Continuation, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket
-from vapo_megatron.rollout.routes import RouteRecorder
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Set logits outside top-k / the top-p nucleus to -inf. logits: [B, V] (already / T)."""

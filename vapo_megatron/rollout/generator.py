@@ -28,7 +28,7 @@ from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.dtypes import torch_dtype
 from vapo_megatron.mcore.memory import free_cached_memory
 from vapo_megatron.rollout.base import Continuation, RolloutEngine, RolloutOutput, SamplingParams
-from vapo_megatron.testing import faults
+from vapo_megatron.runtime import fault_points
 
 
 @dataclass
@@ -52,7 +52,7 @@ def build_engine(cfg: Config, *, with_weights: bool = True, routes: bool = False
     routes (routing replay): SGLang engines are started (or their servers checked) to return the
     routed experts; the embedded engine always can, for a MoE model."""
     from model_providers import read_hf_config
-    from vapo_megatron.rollout.routes import route_shape
+    from vapo_megatron.data.routes import route_shape
 
     r = cfg.rollout
     routes = route_shape(read_hf_config(cfg.model.hf_path)) if routes and r.engine != "embedded" else None
@@ -101,7 +101,7 @@ class Generator:
     def __init__(self, engine: RolloutEngine | None, rollout: RolloutConfig, stop_token_ids: tuple[int, ...], *,
                  routes: bool = False):
         """routes: the step's rollouts (collect) carry the experts each token was routed to (routing
-        replay, rollout/routes.py); evaluations never do."""
+        replay, data/routes.py); evaluations never do."""
         self.engine, self.cfg, self.stop_token_ids, self.routes = engine, rollout, stop_token_ids, routes
         self.generators = generating_ranks(engine)  # global ranks of this replica that generate, in share order
 
@@ -109,7 +109,7 @@ class Generator:
     def build(cls, cfg: Config, stop_token_ids: tuple[int, ...], *, with_weights: bool = True,
               routes: bool = False, synced: bool = True) -> "Generator":
         """Collective: every rank's engines (build_engine), then the replica's generating ranks.
-        routes: the trainer's rollouts carry the routed experts (rollout/routes.py, replays);
+        routes: the trainer's rollouts carry the routed experts (data/routes.py, replays);
         synced: a weight sync comes before the first generation (build_engine)."""
         return cls(build_engine(cfg, with_weights=with_weights, routes=routes, synced=synced), cfg.rollout,
                    stop_token_ids, routes=routes)
@@ -196,7 +196,7 @@ class Generator:
         free_cached_memory()  # the updates' activations, before the engine takes its weights back
         stream_weights(model.modules, model.family, model.hf_cfg, self.engine, version=version,
                      bucket_bytes=self.cfg.weight_sync_bucket_mb << 20)
-        faults.fault_point("weight_sync")  # test-only (testing/faults.py): the engine is ahead of the checkpoint
+        fault_points.point("weight_sync")  # a test's (runtime/fault_points.py): the engine is ahead of the checkpoint
 
     def close(self) -> None:
         from vapo_megatron.rollout.tp_gather import free_staging

@@ -35,12 +35,12 @@ from dataclasses import dataclass
 
 import torch
 
+from vapo_megatron.algorithms.advantages import informative_groups
 from vapo_megatron.config import RolloutConfig
+from vapo_megatron.data.carry_over import CarryOver, Group, Sample
 from vapo_megatron.data.prompts import PromptSampler
 from vapo_megatron.mcore import parallel
 from vapo_megatron.rollout.base import Continuation, RolloutOutput
-from vapo_megatron.rollout.carry_over import CarryOver, Group, Sample
-from vapo_megatron.rollout.dynamic_sampling import informative_groups
 from vapo_megatron.rollout.generator import Rollout
 
 BATCH_SEED_STRIDE = 104_729      # batch b of a step samples with seed + b * stride (dynamic_sampling's rounds)

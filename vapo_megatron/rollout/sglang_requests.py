@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Sequence
 
+from vapo_megatron.data.routes import sglang_routes
 from vapo_megatron.rollout.base import Continuation, RolloutOutput, SamplingParams
-from vapo_megatron.rollout.routes import sglang_routes
 
 
 def sampling_params_dict(p: SamplingParams, prompt_index: int, sample_index: int) -> dict:

@@ -38,7 +38,7 @@ def state_bytes(n_params: int, *, dtype_bytes: int, dp: int, distributed_optimiz
 
 
 # ---- the reserve: what the trainer and the engine use besides tensors ---------------------------
-# Estimates, not measured on a GPU here (docs/slurm.md says so); scripts/gpu_check.py measures
+# Estimates, not measured on a GPU here (docs/slurm.md says so); vapo-check measures
 # torch.cuda.memory_reserved around the phase switches on a real GPU.
 # A CUDA context with PyTorch's kernels (CUDA 12 lazy loading) and cuBLAS workspaces, per process
 # on the GPU: the trainer's rank and the colocated engine's TP worker each have one, and the
@@ -234,7 +234,7 @@ def activation_parts(hf_cfg: dict, *, tokens: int, tp: int, pp: int, vpp: int | 
     in full (its MoE items once). logits_vocab: the padded vocabulary on the last stage of the actor
     (0 elsewhere and for the critic, whose value head is [T, 1]): vocab-parallel logits [T, V/TP]
     and their gradient, for the one micro-batch the last stage holds, plus the log-prob kernel's one
-    float32 work buffer [min(chunk_tokens, T), V/TP] (algorithms/vocab_parallel.py;
+    float32 work buffer [min(chunk_tokens, T), V/TP] (mcore/vocab_parallel.py;
     trainer.logprob_chunk_tokens). The MoE combine buffer is counted once (a transient)."""
     # Layers with stored activations: in-flight (chunk) micro-batches x layers per (virtual) stage.
     n_layers = inflight_microbatches * (hf_cfg["num_hidden_layers"] // (pp * (vpp or 1)))
@@ -264,7 +264,7 @@ ROUTES_DEVICE_ITEM = "routing replay ids [L, T/s, k], this stage"
 
 
 def route_parts(cfg: Config, hf_cfg: dict, *, dp: int, inflight_microbatches: int) -> dict[str, int]:
-    """Routing replay's routes on one rank ({} when off: rollout/routes.py, replays), at most (every
+    """Routing replay's routes on one rank ({} when off: data/routes.py, replays), at most (every
     sequence at data.max_prompt_tokens + rollout.max_new_tokens):
       host    the step's routes [tokens, moe_layers, k] in the smallest id dtype, held twice (the
               rollout's outputs, on every rank of the replica after its all-gather, and the packed
@@ -274,7 +274,7 @@ def route_parts(cfg: Config, hf_cfg: dict, *, dp: int, inflight_microbatches: in
               micro-batch's, or every in-flight one's when recomputation queues them for the
               backward) and one layer's float32 weights [T/s, k] while it routes (ROUTES_DEVICE_ITEM;
               s = TP with sequence parallelism; mcore/routing_replay.py), in the training reserve"""
-    from vapo_megatron.rollout.routes import id_dtype, replays, route_shape
+    from vapo_megatron.data.routes import id_dtype, replays, route_shape
 
     shape = route_shape(hf_cfg)
     if shape is None or not replays(cfg, hf_cfg):

@@ -277,4 +277,27 @@ def resident_rollout_problem(cfg: Config, *, state_bytes: int, gpu_bytes: int, w
             "(vapo-plan sizes both)")
 
 
-__all__ = ["Plan", "RankMemory", "make_plan", "resident_rollout_problem"]
+def check_engine_share(cfg, models) -> None:
+    """Collective over the world: with a colocated SGLang engine and trainer.offload_during_rollout
+    off, raises the same ConfigError on every rank when the worst rank's resident state, the
+    engine's share and the reserve exceed the GPU (resident_rollout_problem of the worst rank's state
+    as mcore/offload.py host_bytes measures it). Only on CUDA: without it no colocated engine runs
+    (config/preflight.py)."""
+    import torch
+
+    from vapo_megatron.config import ConfigError
+    from vapo_megatron.mcore import offload, parallel
+
+    if not torch.cuda.is_available() or cfg.rollout.engine != "sglang" or cfg.trainer.offload_during_rollout:
+        return
+    mine = (offload.host_bytes(models), torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    group = parallel.wait_group()
+    every: list = [None] * torch.distributed.get_world_size(group)
+    parallel.all_gather_object(every, mine, group=group)
+    problem = resident_rollout_problem(cfg, state_bytes=max(s for s, _ in every), gpu_bytes=min(g for _, g in every),
+                                       world_size=torch.distributed.get_world_size())
+    if problem:
+        raise ConfigError(problem)
+
+
+__all__ = ["Plan", "RankMemory", "check_engine_share", "make_plan", "resident_rollout_problem"]

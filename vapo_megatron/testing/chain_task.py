@@ -35,7 +35,7 @@ from vapo_megatron.testing.demo_task import (
 )
 
 MIN_TERMS, MAX_TERMS = 2, 10
-# The held-out length buckets of vapo-eval / scripts/bench_learning.py: eval_short.jsonl and
+# The held-out length buckets of vapo-eval / benchmarks/learning: eval_short.jsonl and
 # eval_long.jsonl are the held-out prompts with this many terms.
 SHORT_TERMS = (2, 4)   # answers of 7-25 tokens
 LONG_TERMS = (7, 10)   # answers of 50-80 tokens

@@ -2,7 +2,6 @@
 
     trainer.py     Trainer: the run (warm start, value pretraining, VAPO steps, evals, saves) and
                    one step that reads top to bottom
-    state.py       RunState: the loop's counters and the prompt sampler's position
     warm_start.py  the optional supervised phase before RL
     signals.py     SIGUSR1/SIGTERM/Ctrl-C, and the collective decision to stop after a step
     run_guard.py   one trainer per run directory (a lock), workers that die with their launcher
@@ -11,5 +10,4 @@
     wandb_run.py   Weights & Biases tracking: one W&B run per run directory, each step once
     wandb_records.py  what a W&B run directory holds, read from its transaction logs
     timing.py      perf/<phase>_s of every step
-    dp_stats.py    figures of a step over every data-parallel rank
 """

@@ -23,7 +23,8 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime
+
+from vapo_megatron.config.checks import parse_time
 
 
 def fits(*, now: float, end: float, step_s: float, save_s: float, margin_s: float) -> bool:
@@ -66,15 +67,6 @@ class StepClock:
         if measured or not predicted:
             return f"longest so far {measured:.0f} s"
         return f"predicted {predicted:.0f} s, none measured yet"
-
-
-def parse_time(text: str) -> float | None:
-    """An ISO-8601 time as seconds since the epoch (no zone: local time, as squeue prints it);
-    None for Slurm's "no end" values (N/A, Unknown, NONE, UNLIMITED) and anything unparsable."""
-    try:
-        return datetime.fromisoformat(text.strip()).timestamp()
-    except ValueError:
-        return None
 
 
 def slurm_end_time(job_id: str) -> float | None:

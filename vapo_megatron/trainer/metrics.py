@@ -11,7 +11,7 @@ import os
 
 from tqdm import tqdm
 
-from vapo_megatron.checkpoint.atomic import write_atomic
+from vapo_megatron.runtime.atomic import write_atomic
 from vapo_megatron.trainer import timing
 
 

@@ -22,16 +22,18 @@ from model_providers import read_hf_config
 from vapo_megatron.algorithms.advantages import ESTIMATORS
 from vapo_megatron.checkpoint.complete import finished_message
 from vapo_megatron.checkpoint.manager import CheckpointManager
+from vapo_megatron.checkpoint.run_state import RunState
 from vapo_megatron.config import Config, resume, run_record
 from vapo_megatron.config.determinism import determinism_env
 from vapo_megatron.data.datasets import Datasets, repeat_warnings, stop_token_ids
 from vapo_megatron.data.prompts import PromptSampler
+from vapo_megatron.data.routes import replays
 from vapo_megatron.evaluation.sampled import greedy_accuracy, sample_eval
-from vapo_megatron.mcore import parallel
+from vapo_megatron.mcore import dp_stats, parallel
 from vapo_megatron.mcore.actor import Actor, PolicyLossSettings
 from vapo_megatron.mcore.critic import build_critic
 from vapo_megatron.mcore.model import build_model
-from vapo_megatron.mcore.offload import Offloader, check_engine_share, check_host_memory
+from vapo_megatron.mcore.offload import Offloader, check_host_memory
 from vapo_megatron.mcore.optimizer import current_lr
 from vapo_megatron.mcore.update import UpdateSettings
 from vapo_megatron.rewards import build_reward_fn
@@ -40,14 +42,12 @@ from vapo_megatron.rewards.scorer import Scorer
 from vapo_megatron.rewards.shaping import OverlongShaping
 from vapo_megatron.rollout.dynamic_sampling import StepRollouts
 from vapo_megatron.rollout.generator import Generator
-from vapo_megatron.rollout.routes import replays
-from vapo_megatron.testing import faults
-from vapo_megatron.trainer import dp_stats
+from vapo_megatron.runtime import fault_points
+from vapo_megatron.sizing.plan import check_engine_share
 from vapo_megatron.trainer.deadline import Deadline, StepClock
 from vapo_megatron.trainer.metrics import MetricsLogger
 from vapo_megatron.trainer.run_guard import RunDirLock
 from vapo_megatron.trainer.signals import StopSignals, request_requeue, stop_reason
-from vapo_megatron.trainer.state import RunState
 from vapo_megatron.trainer.timing import PhaseTimer
 
 PREEMPTED_EXIT_CODE = 3  # checkpoint written after SIGUSR1/SIGTERM or at the deadline; the launcher may requeue
@@ -209,15 +209,15 @@ class Trainer:
         algo, timed = self.cfg.algo, self.timer
         pretraining = self.state.iteration < algo.value_pretrain_steps and not self.state.pretrain_finished
         t0 = time.perf_counter()
-        faults.set_iteration(self.state.iteration)  # test-only fault injection (testing/faults.py)
+        fault_points.set_iteration(self.state.iteration)  # what a test's fault point@N counts (runtime/fault_points.py)
         with self._offloaded(timed=True):  # trainer.offload_during_rollout: state on the host until scoring
             with timed("rollout"):
                 rollout, sampling_logs = self.rollouts.collect(self.state.sampler, seed=self._rollout_seed(),  # 1, 2
                                                                carry=self.state.carry, version=self.state.policy_version)
                 self.generator.release_weights()  # colocated SGLang: its GPU memory goes to training until step 8
-            faults.fault_point("rollout")
-            faults.fault_point("usr1")
-            faults.fault_point("term_launcher")
+            fault_points.point("rollout")
+            fault_points.point("usr1")
+            fault_points.point("term_launcher")
         with timed("reward"):
             batch, reward_logs = self.scorer.score(rollout)                                  # 3
         with timed("score"):
@@ -231,7 +231,7 @@ class Trainer:
         batch.advantages, batch.returns, estimator_logs = self.estimate(batch, algo, value_pretrain=pretraining)  # 5
         if algo.whiten_advantages:
             batch.advantages = dp_stats.whiten_advantages(batch)
-        if faults.poisoned("nan_loss"):  # test-only: NaN losses and gradients in both models
+        if fault_points.poisoned("nan_loss"):  # a test's: NaN losses and gradients in both models
             batch.advantages = torch.full_like(batch.advantages, float("nan"))
             if batch.returns is not None:
                 batch.returns = torch.full_like(batch.returns, float("nan"))

@@ -35,9 +35,9 @@ import secrets
 import sys
 from pathlib import Path
 
-from vapo_megatron.checkpoint.atomic import write_atomic
 from vapo_megatron.config.cli import verbose
 from vapo_megatron.config.schema import WandbConfig
+from vapo_megatron.runtime.atomic import write_atomic
 from vapo_megatron.trainer import wandb_records
 
 ID_FILE = "wandb_id"

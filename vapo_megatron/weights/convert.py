@@ -35,16 +35,16 @@ from tqdm import tqdm
 from model_providers import check_supported, read_hf_config
 from model_providers.files import model_dir_problems
 from vapo_megatron.checkpoint import dist_io
-from vapo_megatron.checkpoint.atomic import (CONVERT_HF_TO_MCORE, CONVERT_MCORE_TO_HF, TRAINER_EXPORT,
-                                             check_replaceable)
 from vapo_megatron.config.layout import CLI_KEYS, check_layout
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.dtypes import dtype_name, torch_dtype
-from vapo_megatron.mcore.models import build_chunks, fresh_value_head
+from vapo_megatron.mcore.models import build_chunks, unwrap
+from vapo_megatron.runtime.atomic import (CONVERT_HF_TO_MCORE, CONVERT_MCORE_TO_HF, TRAINER_EXPORT,
+                                          check_replaceable)
+from vapo_megatron.weights.hf_read import HFCheckpointError
 from vapo_megatron.weights.hf_write import (DEFAULT_SHARD_BYTES, META, bounded_groups, write_hf_dir,
                                              write_source_files)
-from vapo_megatron.weights.hf_read import HFCheckpointError
-from vapo_megatron.weights.params import iter_hf_tensors, unwrap
+from vapo_megatron.weights.params import iter_hf_tensors
 
 
 def _require_whole(hf_dir: Path, *, weights: bool) -> None:
@@ -71,6 +71,7 @@ def hf_to_mcore(hf_dir: Path, out: Path, *, critic: bool, tp: int, pp: int, dtyp
     each parameter's tensor is read from the safetensors files when the writer asks for it
     (lazy_save.py) and dropped once written."""
     from vapo_megatron.checkpoint.lazy_save import LazySaveStrategy
+    from vapo_megatron.mcore.critic_model import fresh_value_head  # megatron-core: imported when used
     from vapo_megatron.weights.hf_read import HFImporter
 
     check_replaceable(out, CONVERT_HF_TO_MCORE, overwrite=overwrite, sources={"--hf": hf_dir})

@@ -1,7 +1,7 @@
 """Write Hugging Face model directories: safetensors shards, index, config and tokenizer files.
 
     write_hf_dir(groups, ...)      collective: (HF name, tensor) groups -> one shard each, committed
-                                   atomically (checkpoint/atomic.py) at the end
+                                   atomically (runtime/atomic.py) at the end
     write_source_files(dir, ...)   what a Megatron checkpoint carries so that mcore-to-hf needs
                                    nothing else: hf/config.json, the tokenizer files, vapo.json
 
@@ -20,8 +20,8 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from model_providers.registry import clean
-from vapo_megatron.checkpoint.atomic import commit_dir, staging_dir, staging_path
 from vapo_megatron.mcore import parallel
+from vapo_megatron.runtime.atomic import commit_dir, staging_dir, staging_path
 
 # Files copied verbatim from the source HF directory (those that exist).
 TOKENIZER_FILES = (
@@ -103,7 +103,7 @@ def write_hf_dir(groups: Iterable[list[tuple[str, torch.Tensor]]], family, hf_cf
     `files_src`. `total`: the bytes expected, for the progress bar. Everything goes to a staging
     directory committed into place at the end, so a crash never leaves a half-written export under
     `out` (a failure on rank 0 removes the staging directory). `writer` names the command for the
-    export's marker: an existing `out` is replaced only when that command wrote it (atomic.py)."""
+    export's marker: an existing `out` is replaced only when that command wrote it (runtime/atomic.py)."""
     out = Path(out).absolute()
     writes = parallel.tp_rank() == 0 and parallel.dp_rank() == 0
     tmp = staging_dir(out) if parallel.is_rank0() else staging_path(out)

@@ -19,18 +19,12 @@ from model_providers.family import Family
 from model_providers.layouts import mcore_to_hf, unshard
 from model_providers.table import TE_ALIASES, Row
 from vapo_megatron.mcore import parallel
+from vapo_megatron.mcore.models import unwrap
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 # A routed expert's weight: megatron's SequentialMLP (local spec) or TE's grouped GEMM, numbered
 # locally on each expert-parallel rank.
 _EXPERT = re.compile(r"^mlp\.experts\.(?:local_experts\.(\d+)\.(.+)|(linear_fc[12])\.weight(\d+))$")
-
-
-def unwrap(chunk):
-    # DDP / Float16Module wrappers keep the model under `.module`.
-    while hasattr(chunk, "module") and not hasattr(chunk, "decoder"):
-        chunk = chunk.module
-    return chunk
 
 
 def expert_key(rest: str, *, per_rank: int, ep_rank: int) -> tuple[str, int | None]:

@@ -1,0 +1,11 @@
+"""vapo-check's checks (vapo_megatron/check.py runs them; its docstring says what each proves).
+
+    models.py      what every check shares (Env, report) and the model checks: model_logits,
+                   recompute, weight_sync and the real SGLang engine's engine_memory, sync_memory,
+                   engine_signals
+    runtime.py     collectives, wait_groups, wgrad_fusion, vocab_parallel
+    replay.py      routing_replay (MoE presets)
+    offload.py     offload, offload_memory
+    checkpoint.py  adam_resume, save_before_update (also run by tests/distributed/test_adam_checkpoint.py)
+    steps.py       vapo_steps, phase_memory, plan_memory
+"""

@@ -99,7 +99,7 @@ def test_moe_trains_syncs_and_resumes_bitwise(worlds):
     check_training(run)
     for r in run["records"]:
         if r["phase"] == "vapo":
-            assert 0.95 < r["actor/moe_aux_loss"] < 1.5  # test_qwen3_moe_train's bounds
+            assert 0.95 < r["actor/moe_aux_loss"] < 1.5  # test_families_train's bounds
 
 
 @pytest.mark.parametrize("kind", KINDS)

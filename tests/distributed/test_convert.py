@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.helpers.dist_utils import run_ranks
-from tests.helpers.megatron_ref import megatron_forward
+from tests.helpers.megatron_ref import load_and_forward
 from tests.helpers.tiny_hf import input_ids, save_tiny, save_tiny_tokenizer
 
 KINDS = ("untied", "tied", "critic")
@@ -44,16 +44,6 @@ def models(tmp_path_factory):
 
 
 
-def _load_and_forward(ckpt: Path, ids, *, critic: bool):
-    from vapo_megatron.mcore.models import build_chunks
-    from vapo_megatron.checkpoint import dist_io
-
-    hf_cfg = json.loads((ckpt / "hf" / "config.json").read_text())
-    chunks = build_chunks(hf_cfg, params_dtype=torch.float32, critic=critic)
-    dist_io.load_model(ckpt, chunks)
-    return megatron_forward(chunks, ids, critic=critic, vocab=hf_cfg["vocab_size"])
-
-
 def _layout_run(tp: int, pp: int, dirs: dict, ids, work: Path, extra: dict):
     from megatron.core import parallel_state as ps
 
@@ -69,17 +59,17 @@ def _layout_run(tp: int, pp: int, dirs: dict, ids, work: Path, extra: dict):
         critic = kind == "critic"
         ckpt = work / f"{kind}-{tag}"
         convert.hf_to_mcore(dirs[kind], ckpt, critic=critic, tp=tp, pp=pp, dtype=None)
-        out[kind] = _load_and_forward(ckpt, ids, critic=critic)
+        out[kind] = load_and_forward(ckpt, ids, critic=critic)
         # Small shards so that each stage writes several files.
         convert.mcore_to_hf(ckpt, work / f"{kind}-{tag}-hf", tp=tp, pp=pp, max_shard_bytes=40_000)
     for name, (ckpt, critic) in extra.get("reshard", {}).items():
-        out[name] = _load_and_forward(ckpt, ids, critic=critic)
+        out[name] = load_and_forward(ckpt, ids, critic=critic)
         # and exported at this layout: mcore-to-hf reads slices of other shapes (and another
         # vocabulary padding) than were written
         convert.mcore_to_hf(ckpt, work / f"{name}-{tag}-hf", tp=tp, pp=pp, max_shard_bytes=40_000)
     if "fresh_critic" in extra:  # a critic made from a causal LM: fresh value head
         convert.hf_to_mcore(dirs["untied"], work / f"fresh-{tag}", critic=True, tp=tp, pp=pp, dtype=None)
-        out["fresh_critic"] = _load_and_forward(work / f"fresh-{tag}", ids, critic=True)
+        out["fresh_critic"] = load_and_forward(work / f"fresh-{tag}", ids, critic=True)
         convert.mcore_to_hf(work / f"fresh-{tag}", work / f"fresh-{tag}-hf", tp=tp, pp=pp, max_shard_bytes=2**30)
     reporter = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
     return out if reporter else None

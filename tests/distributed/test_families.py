@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.helpers.dist_utils import run_ranks
-from tests.helpers.megatron_ref import megatron_forward, random_update
+from tests.helpers.megatron_ref import load_and_forward, megatron_forward, random_update
 from tests.helpers.tiny_hf import input_ids, save_tiny
 from tests.helpers.train_runs import hf_weights
 
@@ -73,16 +73,6 @@ def models(tmp_path_factory):
                 refs[family, kind] = model(ids).logits
         refs[family, "critic"] = refs[family, "critic"][..., 0]
     return dirs, refs, ids
-
-
-def _load_and_forward(ckpt: Path, ids, *, critic: bool):
-    from vapo_megatron.checkpoint import dist_io
-    from vapo_megatron.mcore.models import build_chunks
-
-    hf_cfg = json.loads((ckpt / "hf" / "config.json").read_text())
-    chunks = build_chunks(hf_cfg, params_dtype=torch.float32, critic=critic)
-    dist_io.load_model(ckpt, chunks)
-    return megatron_forward(chunks, ids, critic=critic, vocab=hf_cfg["vocab_size"])
 
 
 def _sync(hf_dir: Path, out: Path, ids):
@@ -146,7 +136,7 @@ def _run(dirs: dict, ids, work: Path):
             for kind in KINDS:
                 critic, name = kind == "critic", f"{family}-{kind}-{tag}"
                 convert.hf_to_mcore(dirs[family, kind], work / name, critic=critic, tp=tp, pp=pp, dtype=None)
-                got = _load_and_forward(work / name, ids, critic=critic)
+                got = load_and_forward(work / name, ids, critic=critic)
                 if got is not None and ps.get_tensor_model_parallel_rank() == 0:
                     out[name] = got
                 if ep == 1:  # vapo-convert runs at EP=1 (a checkpoint written at EP=2 reshards)

@@ -1,6 +1,7 @@
 """Megatron-side helpers of the tests: a manual pipeline forward (the reference the engines and
-the conversions are compared with) and reproducible parameter noise."""
+the conversions are compared with), the same of a checkpoint, and reproducible parameter noise."""
 
+import json
 import zlib
 
 import torch
@@ -30,6 +31,18 @@ def megatron_forward(chunks, ids, *, critic: bool, vocab: int):
     shards = [torch.empty_like(out) for _ in range(ps.get_tensor_model_parallel_world_size())]
     dist.all_gather(shards, out.contiguous(), group=ps.get_tensor_model_parallel_group())
     return torch.cat(shards, dim=-1)[..., :vocab]
+
+
+def load_and_forward(ckpt, ids, *, critic: bool):
+    """A dist checkpoint (vapo-convert's or the trainer's: its hf/config.json inside) loaded into
+    freshly built chunks at the current layout, then megatron_forward."""
+    from vapo_megatron.checkpoint import dist_io
+    from vapo_megatron.mcore.models import build_chunks
+
+    hf_cfg = json.loads((ckpt / "hf" / "config.json").read_text())
+    chunks = build_chunks(hf_cfg, params_dtype=torch.float32, critic=critic)
+    dist_io.load_model(ckpt, chunks)
+    return megatron_forward(chunks, ids, critic=critic, vocab=hf_cfg["vocab_size"])
 
 
 def random_update(chunks) -> None:

@@ -122,8 +122,9 @@ def evaluate(args: argparse.Namespace) -> int:
     from vapo_megatron.evaluation.offline import build_config, run
     from vapo_megatron.mcore import parallel
 
-    problems = hardware_problems(build_config(args, model), cuda=torch.cuda.is_available(), engine_flag="--engine")
-    if problems:  # vapo-train's check (--engine sglang without CUDA)
+    problems = hardware_problems(build_config(args, model), cuda=torch.cuda.is_available(), engine_flag="--engine",
+                                 deterministic_flag="--deterministic")
+    if problems:  # vapo-train's check (--engine sglang without CUDA, --deterministic with SGLang's CPU engine)
         raise problems_error(problems)
     device_startup()
 

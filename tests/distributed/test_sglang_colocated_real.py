@@ -1,20 +1,26 @@
 """The colocated SGLang path against sglang 0.5.23 itself, on the CPU: real `sglang.Engine`s (SGLang's
-CPU engine, its scheduler and detokenizer processes, Qwen2 model class, weight loaders, sampler and
-radix cache), started by the project's own SGLangEngine.colocated in the trainer's ranks.
-TEST DOUBLE: only sgl_kernel's CPU build (tests/doubles/sglang/sgl_kernel, names SGLang's CPU path
-imports; tests/helpers/sglang_world.py). Release/resume of GPU memory is not run (SGLang's CPU engine
-holds no GPU memory and its release synchronizes CUDA): test_sglang_colocated.py's stand-in keeps it.
+CPU engine, its scheduler and detokenizer processes, Qwen3-MoE model class with its FusedMoE, weight
+loaders, sampler and radix cache), started by the project's own SGLangEngine.colocated in the
+trainer's ranks. TEST DOUBLE: only sgl_kernel's CPU build (tests/doubles/sglang/sgl_kernel, names
+SGLang's CPU path imports; tests/helpers/sglang_world.py). Release/resume of GPU memory is not run
+(SGLang's CPU engine holds no GPU memory and its release synchronizes CUDA): test_sglang_colocated.py's
+stand-in keeps it.
 
-One run of 2 gloo ranks at trainer TP=2, rollout.sglang_tp=1 (SGLang's CPU engine runs TP=1 only:
-docs/what_ran_where.md), so each rank starts and owns one engine, started once for every check:
-  - three weight syncs of the trainer's weights through the project's payloads (stream_weights),
-    each followed by generation of the same prompts: the engines' log-probs of what they sampled
-    equal the trainer's own (Megatron's forward at TP=2, log_softmax at temperature 1) in float32;
+One run of 2 gloo ranks, rollout.sglang_tp=1 (SGLang's CPU engine runs TP=1 only: docs/what_ran_where.md),
+so each rank owns one engine, started once for every check and every layout:
+  - at trainer TP=2, three weight syncs of the trainer's weights through the project's payloads
+    (stream_weights), each followed by generation of the same prompts: the engines' log-probs of what
+    they sampled equal the trainer's own (Megatron's forward, log_softmax at temperature 1) in float32;
     the prompts repeat across syncs, so a stale prefix cache would show;
   - the project's sampling settings: greedy (temperature 0), top_k=1 and a tiny top_p are greedy;
     max_new_tokens bounds the answer; a stop token ends it and is kept;
   - partial rollout: a response continued in rounds (extend) is the greedy response, with the
-    log-probs of the new tokens only.
+    log-probs of the new tokens only;
+  - the same engines then colocated with the trainer at PP=2 (each stage's engine gets the other
+    stage's layers) and at EP=2 (each EP rank's engine gets the other rank's experts): two syncs
+    each, log-probs equal. SGLangEngine.colocated builds each layout's engine groups as for a
+    start, handed the running Engine instead of starting one (its `start` argument).
+Qwen3-MoE with every layer MoE (SGLang builds no dense layer: config/preflight.py), its own lm_head.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ from pathlib import Path
 import torch
 
 from tests.helpers.dist_utils import run_ranks
-from tests.helpers.tiny_hf import save_tiny
+from tests.helpers.ports import free_port
+from tests.helpers.tiny_hf import qwen3_moe_config, randomize
 
 PROMPTS = [[5, 9, 13], [7, 7, 30, 2], [21, 3, 8, 1, 44], [11, 12]]
 SYNCS = 3
+LAYOUTS = {"PP=2": dict(tp=1, pp=2), "EP=2": dict(tp=1, pp=1, ep=2)}  # after TP=2, on the same engines
 NEW = 6  # tokens per answer: prompts + answers stay inside the tiny model's 64 positions
 
 
@@ -54,6 +62,88 @@ def _greedy(chunks, vocab, prompt, n):
     return seq[len(prompt):]
 
 
+def _save_moe(path, seed: int) -> None:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(qwen3_moe_config(mlp_only_layers=()), dtype=torch.float32)
+    randomize(model, seed)
+    model.save_pretrained(path)
+
+
+def _everyone(x: list) -> list:
+    """Every rank's list, concatenated in rank order (collective)."""
+    import torch.distributed as dist
+
+    got = [None] * dist.get_world_size()
+    dist.all_gather_object(got, x)
+    return [y for part in got for y in part]
+
+
+def _stage_logprobs(chunks, vocab, seqs):
+    """trainer_logprobs on the last pipeline stage; the other stages run the same forwards (their
+    pipeline sends) and get None."""
+    from tests.helpers.megatron_ref import megatron_forward
+    from vapo_megatron.mcore import parallel
+
+    if parallel.is_last_stage():
+        return trainer_logprobs(chunks, vocab, seqs)
+    for prompt, answer in seqs:
+        megatron_forward(chunks, torch.tensor([list(prompt) + list(answer)]), critic=False, vocab=vocab)
+    return None
+
+
+def _relayout(layout: dict) -> None:
+    """Megatron's parallel state again, at `layout`, on a fresh rendezvous port (rank 0's)."""
+    import os
+
+    import torch.distributed as dist
+
+    from vapo_megatron.mcore import parallel
+
+    box = [free_port() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    parallel.destroy()
+    os.environ["MASTER_PORT"] = str(box[0])
+    parallel.init_distributed(**layout)
+
+
+def _colocated_again(hf_dir: Path, running, layout: dict) -> list:
+    """The trainer rebuilt at `layout` and this rank's running Engine colocated with it by
+    SGLangEngine.colocated (the Engine handed over where it would start one); two random updates,
+    each synced and sampled: [(engines' log-probs, trainer's or None)] per sync."""
+    import torch.distributed as dist
+
+    from model_providers import family_for, read_hf_config
+    from tests.helpers.megatron_ref import random_update
+    from vapo_megatron.mcore.models import build_chunks
+    from vapo_megatron.rollout.base import SamplingParams
+    from vapo_megatron.rollout.sglang_engine import SGLangEngine
+    from vapo_megatron.rollout.weight_sync import stream_weights
+    from vapo_megatron.weights.hf_read import load_hf_weights
+
+    _relayout(layout)
+    hf_cfg = read_hf_config(hf_dir)
+    chunks = build_chunks(hf_cfg, params_dtype=torch.float32, critic=False)
+    load_hf_weights(chunks, family_for(hf_cfg), hf_cfg, hf_dir)
+
+    def handover(cfg):
+        assert cfg.tp_size == 1 and cfg.device == "cpu" and cfg.load_format == "dummy", cfg
+        return running
+
+    engine = SGLangEngine.colocated(model_path=str(hf_dir), tp_size=1, mem_fraction=0.5, dtype="float32", seed=0,
+                                    start=handover)
+    mine = PROMPTS[dist.get_rank()::2]
+    out = []
+    for step in range(2):
+        random_update(chunks)
+        stream_weights(chunks, family_for(hf_cfg), hf_cfg, engine, version=step + 1, bucket_bytes=8_000)
+        outs = engine.generate(mine, SamplingParams(n=1, temperature=1.0, max_new_tokens=NEW, seed=step))
+        seqs = _everyone([(mine[o.prompt_index], o.token_ids) for o in outs])
+        out.append((_everyone([o.logprobs for o in outs]), _stage_logprobs(chunks, hf_cfg["vocab_size"], seqs)))
+    return out
+
+
 def _capped_start(cfg):
     import sglang
 
@@ -66,8 +156,6 @@ def _run(hf_dir: Path):
     from tests.helpers.sglang_world import enter_sglang_world
 
     enter_sglang_world()  # before sglang is imported in this rank: SGLang's CPU switch, the sgl_kernel double
-
-    import torch.distributed as dist
 
     from model_providers import family_for, read_hf_config
     from tests.helpers.megatron_ref import random_update
@@ -90,11 +178,7 @@ def _run(hf_dir: Path):
     engine = SGLangEngine.colocated(model_path=str(hf_dir), tp_size=1, mem_fraction=0.5, dtype="float32", seed=0,
                                     start=_capped_start)
     mine = PROMPTS[parallel.tp_rank()::2]  # each rank's engine generates its own share
-
-    def everyone(x):
-        got = [None, None]
-        dist.all_gather_object(got, x)
-        return got[0] + got[1]
+    everyone = _everyone
 
     res = {"syncs": []}
     for step in range(SYNCS):
@@ -133,13 +217,14 @@ def _run(hf_dir: Path):
     res["rounds"] = everyone(rounds)
     res["greedy"] = greedy
     res["order"] = everyone(mine)
+    res["layouts"] = {name: _colocated_again(hf_dir, engine.engine, layout) for name, layout in LAYOUTS.items()}
     engine.shutdown()  # a forked rank runs no atexit handler: the Engine's own would never run
     return res
 
 
 def test_colocated_real_engines_sync_sample_and_continue(tmp_path):
-    save_tiny(tmp_path / "hf", tied=False, seed=5)
-    (run, _) = run_ranks(2, _run, tmp_path / "hf", timeout=900)
+    _save_moe(tmp_path / "hf", seed=5)
+    (run, last) = run_ranks(2, _run, tmp_path / "hf", timeout=900)
     for step, s in enumerate(run["syncs"]):
         assert s["versions"] == [step + 1] * len(s["versions"])
         assert all(r in ("stop", "length") for r in s["reasons"])
@@ -152,6 +237,14 @@ def test_colocated_real_engines_sync_sample_and_continue(tmp_path):
         assert [t for t, _ in run["settings"][name]] == want, name
         assert [r for _, r in run["settings"][name]] == ["length"] * len(want), name
     assert run["settings"]["max_new_tokens 2"] == [(g[:2], "length") for g in want]
-    assert run["stop"] == [(g[:3], "stop") for g in want]  # the stop token ends the answer and stays in it
+    # The stop token (the third greedy token) ends the answer where it first comes, and stays in it.
+    assert run["stop"] == [(g[:g.index(g[2]) + 1], "stop") for g in want]
     assert run["grown"] == want
     assert all(n_lp == len(t) == 2 for r in run["rounds"] for t, n_lp in r)
+    for name in LAYOUTS:  # rank 1 is a last stage at PP=2 and at EP=2
+        assert len(last["layouts"][name]) == 2, name
+        for engine, trainer in last["layouts"][name]:
+            assert len(engine) == len(trainer) == len(PROMPTS), name
+            for eng, ref in zip(engine, trainer):
+                assert len(eng) == len(ref) > 0
+                assert max(abs(a - b) for a, b in zip(eng, ref)) < 1e-4, (name, eng, ref)

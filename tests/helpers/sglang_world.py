@@ -9,6 +9,7 @@ and detokenizer processes, HTTP server, model classes, weight loaders, sampler, 
     enter_sglang_world()          the same for this process (before sglang is imported)
     start_server(model, log)      `python -m sglang.launch_server` on a loopback port -> (process, url)
     stop_process_tree(proc)       the server and its schedulers, ended
+    main(argv)                    vapo-train's main in this world (a rank forked by train_in_forks)
 
 A test that cannot start the engine fails: nothing here skips.
 """
@@ -99,3 +100,13 @@ def stop_process_tree(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+def main(argv: list[str]) -> int:
+    """vapo-train's main(argv) in SGLang's CPU world: the entry point of a trainer rank forked by
+    tests/helpers/train_runs.py train_in_forks(module="tests.helpers.sglang_world"), which cannot set
+    the world up before vapo_megatron.train runs."""
+    enter_sglang_world()
+    from vapo_megatron.train import main as train_main
+
+    return train_main(argv)

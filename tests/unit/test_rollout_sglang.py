@@ -323,3 +323,24 @@ def test_sglang_engines_return_the_routes_sglang_sends(serve, monkeypatch, tmp_p
                        r"server at .* --enable-return-routed-experts"):
         _http_engine(monkeypatch, serve(1).url, str(moe))
     assert _http_engine(monkeypatch, serve(1).url, str(moe), replay=False).routes is None
+
+
+@pytest.mark.parametrize("engine_flag", [None, "--engine"])
+def test_deterministic_sampling_is_refused_on_sglangs_cpu_engine(monkeypatch, engine_flag):
+    """sglang 0.5.23 refuses enable_deterministic_inference with its CPU attention backends
+    (tests/unit/test_sglang_api.py reads why); trainer.deterministic (vapo-eval's --deterministic)
+    asks for it. Before: vapo-train started, built its models and died in sglang.Engine's argument
+    resolution with SGLang's traceback; now the start is refused naming the setting."""
+    from vapo_megatron.config import Config, RolloutConfig, TrainerConfig
+    from vapo_megatron.config.preflight import hardware_problems
+
+    def cfg(deterministic):
+        return Config(rollout=RolloutConfig(engine="sglang"), trainer=TrainerConfig(deterministic=deterministic))
+
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    flag = "--deterministic" if engine_flag else "trainer.deterministic=true"
+    (msg,) = hardware_problems(cfg(True), cuda=False, engine_flag=engine_flag,
+                               deterministic_flag=engine_flag and "--deterministic")
+    assert msg.startswith(f"{flag} with SGLang's CPU engine") and "torch_native" in msg, msg
+    assert hardware_problems(cfg(False), cuda=False, engine_flag=engine_flag) == []
+    assert hardware_problems(cfg(True), cuda=True, engine_flag=engine_flag) == []  # SGLang's GPU engine: allowed

@@ -373,3 +373,28 @@ def test_memory_tags_are_sglangs():
     from vapo_megatron.rollout.base import MEMORY_TAGS
 
     assert set(MEMORY_TAGS) == set(GPU_MEMORY_ALL_TYPES)
+
+
+def test_sglang_refuses_deterministic_inference_on_the_cpu():
+    """Why trainer.deterministic (vapo-eval --deterministic) is refused with SGLang's CPU engine
+    (config/preflight.py hardware_problems), read from SGLang's source: deterministic inference takes
+    only the attention backends of DETERMINISTIC_ATTENTION_BACKEND_CHOICES, none of them a CPU one
+    (torch_native, intel_amx: the CPU engine's), and its batch-invariant kernels register for an
+    accelerator's dispatch key or raise. A SGLang that allows it fails here: then the refusal can go,
+    and a sampled SGLang run on the CPU can resume exactly (tests/e2e/test_sglang_train_resume.py)."""
+    import ast
+
+    from tests.helpers.sglang_source import SRT
+
+    def function(path, name):
+        return next(n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+    choices = next(n.value for n in ast.parse((SRT / "arg_groups" / "choices.py").read_text()).body
+                   if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "DETERMINISTIC_ATTENTION_BACKEND_CHOICES")
+    allowed = ast.literal_eval(choices)
+    assert "torch_native" not in allowed and "intel_amx" not in allowed, allowed
+    check = ast.unparse(function(SRT / "arg_groups" / "overrides.py", "_deterministic_attention_backend"))
+    assert "elif view.attention_backend not in DETERMINISTIC_ATTENTION_BACKEND_CHOICES:\n        raise ValueError(" in check
+    dispatch = ast.unparse(function(SRT / "utils" / "common.py", "get_dispatch_device_backend"))
+    assert dispatch.endswith("else:\n        raise RuntimeError('No supported accelerator (CUDA/XPU) available')\n"
+                             "    return dispatch_key"), dispatch

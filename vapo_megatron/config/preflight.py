@@ -120,20 +120,34 @@ def _reward(cfg: Config, out: list[str]) -> None:
         out.append(f"reward.fn={spec!r}: {e}")
 
 
-def hardware_problems(cfg: Config, *, cuda: bool | None = None, engine_flag: str | None = None) -> list[str]:
+def hardware_problems(cfg: Config, *, cuda: bool | None = None, engine_flag: str | None = None,
+                      deterministic_flag: str | None = None) -> list[str]:
     """What the settings need of the machine; `cuda`: whether CUDA GPUs are visible (None: torch
-    says, imported only when a setting needs CUDA). `engine_flag`: the command's flag for
-    rollout.engine (vapo-eval's --engine), named in its place."""
+    says, imported only when a setting needs CUDA). `engine_flag`, `deterministic_flag`: the
+    command's flags for rollout.engine and trainer.deterministic (vapo-eval's --engine and
+    --deterministic), named in their place."""
     out = []
     # SGLang's CPU engine (SGLANG_USE_CPU_ENGINE=1, with sgl-kernel's CPU build) runs without GPUs
     # (rollout/sglang_engine.py cpu_engine).
-    sglang_gpu = cfg.rollout.engine == "sglang" and os.environ.get("SGLANG_USE_CPU_ENGINE") != "1"
+    sglang_cpu = cfg.rollout.engine == "sglang" and os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
+    sglang_gpu = cfg.rollout.engine == "sglang" and not sglang_cpu
+    engine = f"{engine_flag} embedded" if engine_flag else "rollout.engine=embedded"
     if sglang_gpu and engine_flag:
         out.append(f"{engine_flag} sglang needs CUDA GPUs and none is visible; allowed here: {engine_flag} embedded "
                    "(or SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1)")
     elif sglang_gpu:
         out.append("rollout.engine=sglang needs CUDA GPUs and none is visible; allowed here: embedded (or "
                    "sglang_http with rollout.sglang_urls, or SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1)")
+    if sglang_cpu and cfg.trainer.deterministic:
+        # engine_kwargs passes it on as enable_deterministic_inference, which sglang 0.5.23 refuses with
+        # its CPU attention backends (arg_groups/overrides.py _deterministic_attention_backend: only
+        # the GPU/NPU/XPU ones of arg_groups/choices.py), and whose batch-invariant kernels need an
+        # accelerator (utils/common.py get_dispatch_device_backend) (tests/unit/test_sglang_api.py).
+        flag = deterministic_flag or "trainer.deterministic=true"
+        out.append(f"{flag} with SGLang's CPU engine (SGLANG_USE_CPU_ENGINE=1): SGLang refuses deterministic "
+                   "inference with its CPU attention backend (torch_native); allowed here: "
+                   f"{'without ' + deterministic_flag if deterministic_flag else 'trainer.deterministic=false'} "
+                   f"(SGLang then ignores the per-sample seeds) or {engine}")
     for key, o in (("actor_optim", cfg.actor_optim), ("critic_optim", cfg.critic_optim)):
         if o.distributed_optimizer:
             out.append(f"{key}.distributed_optimizer=true needs CUDA GPUs (NCCL) and none is visible; allowed here: false")

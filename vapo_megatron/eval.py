@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--engine", choices=("embedded", "sglang"), default="embedded", help="embedded (CPU/one GPU) or colocated SGLang")
     p.add_argument("--sglang-tp", type=int, default=1)
     p.add_argument("--sglang-mem-fraction", type=float, default=0.8)
+    p.add_argument("--sglang-max-total-tokens", type=int, default=None,
+                   help="cap on SGLang's KV cache, in tokens (default: what --sglang-mem-fraction gives)")
     p.add_argument("--deterministic", action="store_true", help="SGLang deterministic inference: only then does SGLang "
                    "honour the per-sample seeds (slower); the embedded engine always does")
     p.add_argument("--tp", type=int, default=1, help="Megatron TP for loading a checkpoint (ranks = tp * pp * dp)")
@@ -88,6 +90,8 @@ def check_args(a: argparse.Namespace) -> list[int]:
         raise EvalInputError(f"--sglang-tp {a.sglang_tp}: must be >= 1")
     if not 0 < a.sglang_mem_fraction < 1:
         raise EvalInputError(f"--sglang-mem-fraction {a.sglang_mem_fraction}: must be in (0, 1)")
+    if a.sglang_max_total_tokens is not None and a.sglang_max_total_tokens < 1:
+        raise EvalInputError(f"--sglang-max-total-tokens {a.sglang_max_total_tokens}: must be >= 1")
     for f in a.data:
         if not os.path.isfile(f):
             raise EvalInputError(f"--data {f}: no such file")

@@ -144,14 +144,6 @@ def _colocated_again(hf_dir: Path, running, layout: dict) -> list:
     return out
 
 
-def _capped_start(cfg):
-    import sglang
-
-    from vapo_megatron.rollout.sglang_engine import engine_kwargs
-
-    return sglang.Engine(**engine_kwargs(cfg), max_total_tokens=4096)
-
-
 def _run(hf_dir: Path):
     from tests.helpers.sglang_world import enter_sglang_world
 
@@ -171,12 +163,12 @@ def _run(hf_dir: Path):
     vocab = hf_cfg["vocab_size"]
     chunks = build_chunks(hf_cfg, params_dtype=torch.float32, critic=False)
     load_hf_weights(chunks, family_for(hf_cfg), hf_cfg, hf_dir)
-    # The production start (start_engine's engine_kwargs: SGLang's CPU engine, load_format="dummy",
-    # random weights until the first sync) with the KV cache capped at 4,096 tokens: SGLang sizes it
-    # as a share of the host's memory and refuses a share smaller than what the memory it sees free
-    # fell by while it loaded, which other processes on a shared machine decide (seen at 0.01).
+    # The production start (start_engine: SGLang's CPU engine, load_format="dummy", random weights until
+    # the first sync) with the KV cache capped at 4,096 tokens (rollout.sglang_max_total_tokens): SGLang
+    # sizes it as a share of the host's memory and refuses a share smaller than what the memory it sees
+    # free fell by while it loaded, which other processes on a shared machine decide (seen at 0.01).
     engine = SGLangEngine.colocated(model_path=str(hf_dir), tp_size=1, mem_fraction=0.5, dtype="float32", seed=0,
-                                    start=_capped_start)
+                                    max_total_tokens=4096)
     mine = PROMPTS[parallel.tp_rank()::2]  # each rank's engine generates its own share
     everyone = _everyone
 

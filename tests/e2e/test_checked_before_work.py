@@ -233,6 +233,7 @@ def test_eval_refuses_sglang_without_cuda_as_the_trainer_does(made, capsys, no_e
     ("--correct-score", "nan", "--correct-score nan: must be a finite number"),
     ("--top-k", "0", "--top-k 0: must be -1 (off) or >= 1"),
     ("--sglang-mem-fraction", "1.5", "--sglang-mem-fraction 1.5: must be in (0, 1)"),
+    ("--sglang-max-total-tokens", "0", "--sglang-max-total-tokens 0: must be >= 1"),
 ])
 def test_every_number_of_vapo_eval_is_checked_naming_its_flag(made, capsys, no_eval_work, flag, value, says):
     """--reward-timeout 0 once said "timeout_s must be > 0", naming no flag (issue 44 items 5, 14)."""

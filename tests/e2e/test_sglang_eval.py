@@ -28,9 +28,11 @@ def _eval(demo, out, *engine: str) -> dict:
 
 
 def test_vapo_eval_with_sglangs_cpu_engine(demo, tmp_path):
-    # A KV cache of 5% of the host's memory: SGLang refuses a share smaller than what the free memory
-    # it sees fell by while it loaded, which other processes on a shared machine decide (seen at 0.01).
-    sglang = _eval(demo, tmp_path / "sglang", "--engine", "sglang", "--sglang-mem-fraction", "0.05")
+    # Half the host's memory, capped at 4,096 tokens: SGLang refuses a share smaller than what the free
+    # memory it sees fell by while it loaded, which other processes decide (seen at 0.01, and at 0.05
+    # while another SGLang test started beside it).
+    sglang = _eval(demo, tmp_path / "sglang", "--engine", "sglang", "--sglang-mem-fraction", "0.5",
+                   "--sglang-max-total-tokens", "4096")
     embedded = _eval(demo, tmp_path / "embedded", "--engine", "embedded")
     rows = {name: [json.loads(line) for line in (tmp_path / name / "samples.jsonl").read_text().splitlines()]
             for name in ("sglang", "embedded")}

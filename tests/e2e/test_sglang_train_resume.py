@@ -48,7 +48,7 @@ def _settings(data, run_dir) -> list[str]:
         "rollout.prompts_per_step=8", "rollout.n_samples=2", "rollout.max_new_tokens=4", "rollout.top_k=1",
         "parallel.tp=1", "rollout.engine=sglang", "rollout.sglang_tp=1",
         # SGLang's CPU engine sizes its KV cache as a share of the host's memory (tests/e2e/test_sglang_eval.py)
-        "rollout.sglang_mem_fraction=0.05",
+        "rollout.sglang_mem_fraction=0.5", "rollout.sglang_max_total_tokens=4096",
         f"trainer.total_steps={ITERATIONS - 1}", "trainer.save_every=2", "trainer.tensorboard=false",
     ]
 

@@ -39,9 +39,10 @@ def test_engine_kwargs_are_sglang_server_args():
     # dummy: what colocated engines start with; the handler: SGLang's SIGQUIT becomes EngineDied
     cfg = SGLangEngineConfig(model_path="/m", tp_size=2, base_gpu_id=4, mem_fraction_static=0.6, dtype="bfloat16",
                              random_seed=3, deterministic=True, load_format="dummy", sigquit_handler=EngineDeath("e"),
-                             return_routes=True)
+                             return_routes=True, max_total_tokens=4096)
     kwargs = engine_kwargs(cfg)
     assert kwargs["enable_return_routed_experts"] is True  # routing replay: the engine's capturer is on
+    assert kwargs["max_total_tokens"] == 4096 and "max_total_tokens" not in engine_kwargs(SGLangEngineConfig("/m", 1, 0, 0.5))
     assert kwargs["custom_sigquit_handler"] is cfg.sigquit_handler and kwargs["load_format"] == "dummy"
     args = ServerArgs(**kwargs)  # what sglang.Engine(**kwargs) builds first; unknown names raise
     for name, value in kwargs.items():
@@ -380,8 +381,7 @@ def test_sglang_refuses_deterministic_inference_on_the_cpu():
     (config/preflight.py hardware_problems), read from SGLang's source: deterministic inference takes
     only the attention backends of DETERMINISTIC_ATTENTION_BACKEND_CHOICES, none of them a CPU one
     (torch_native, intel_amx: the CPU engine's), and its batch-invariant kernels register for an
-    accelerator's dispatch key or raise. A SGLang that allows it fails here: then the refusal can go,
-    and a sampled SGLang run on the CPU can resume exactly (tests/e2e/test_sglang_train_resume.py)."""
+    accelerator's dispatch key or raise. A SGLang that allows it fails here (then the refusal can go)."""
     import ast
 
     from tests.helpers.sglang_source import SRT

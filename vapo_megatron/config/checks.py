@@ -191,6 +191,8 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
             f"rollout.sglang_tp={r.sglang_tp} must divide parallel.tp={cfg.parallel.tp} with rollout.engine=sglang "
             "(each colocated engine lives on consecutive GPUs of one trainer TP group)")
     require(0 < r.sglang_mem_fraction < 1, f"rollout.sglang_mem_fraction={r.sglang_mem_fraction} must be in (0, 1)")
+    require(r.sglang_max_total_tokens is None or r.sglang_max_total_tokens >= 1,
+            f"rollout.sglang_max_total_tokens={r.sglang_max_total_tokens} must be >= 1 (or null)")
     require(r.engine != "sglang_http" or len(r.sglang_urls) > 0, "rollout.engine=sglang_http needs rollout.sglang_urls")
     require(d.max_prompt_tokens >= 1, f"data.max_prompt_tokens={d.max_prompt_tokens} must be >= 1")
     require(cfg.eval.every >= 0, f"eval.every={cfg.eval.every} must be >= 0 (0: no periodic evaluation)")

@@ -165,6 +165,12 @@ class RolloutConfig:
     weight_sync_bucket_mb: int = 1024  # size of one weight-sync bucket into the engines, MiB
     sglang_tp: int = 8  # tensor parallel size of one SGLang engine (GPUs per engine)
     sglang_mem_fraction: float = 0.7  # share of GPU memory SGLang's KV cache may take
+    # SGLang's max_total_tokens (colocated engines): at most this many tokens of KV cache, however
+    # large the share above (null: what the share gives). SGLang's CPU engine takes its share of the
+    # host's memory and refuses to start when free memory fell by more than the share while it
+    # loaded (other processes decide that): a large share with a cap starts reliably there
+    # (docs/what_ran_where.md).
+    sglang_max_total_tokens: int | None = None
     sglang_urls: tuple[str, ...] = ()  # servers of engine sglang_http, one per engine
     # Dynamic sampling (DAPO sec. 3.2): groups whose samples are all correct or all wrong (equal
     # rewards: zero advantage under GRPO, little signal under PPO) are dropped, and further

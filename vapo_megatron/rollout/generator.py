@@ -62,6 +62,7 @@ def build_engine(cfg: Config, *, with_weights: bool = True, routes: bool = False
         return SGLangEngine.colocated(model_path=cfg.model.hf_path, tp_size=r.sglang_tp, mem_fraction=r.sglang_mem_fraction,
                                       dtype=cfg.model.dtype, seed=cfg.trainer.seed,
                                       deterministic=cfg.trainer.deterministic, routes=routes,
+                                      max_total_tokens=r.sglang_max_total_tokens,
                                       load_format="dummy" if synced else "auto")
     if not (parallel.tp_rank() == 0 and parallel.pp_rank() == 0):
         return None

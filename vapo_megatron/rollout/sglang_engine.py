@@ -166,6 +166,7 @@ class SGLangEngineConfig:
     sigquit_handler: Any = None  # ServerArgs.custom_sigquit_handler (engine_signals.EngineDeath)
     return_routes: bool = False  # routing replay: the engine records the experts of every token
     device: str = "cuda"  # "cpu": SGLang's CPU engine (cpu_engine())
+    max_total_tokens: int | None = None  # SGLang's cap on the KV cache's tokens (rollout.sglang_max_total_tokens)
 
 
 def cpu_engine() -> bool:
@@ -193,18 +194,17 @@ def engine_kwargs(cfg: SGLangEngineConfig) -> dict:
     extra = {} if cfg.sigquit_handler is None else {"custom_sigquit_handler": cfg.sigquit_handler}
     if cfg.return_routes:
         extra["enable_return_routed_experts"] = True
+    if cfg.max_total_tokens is not None:
+        extra["max_total_tokens"] = cfg.max_total_tokens
     if cfg.device == "cpu":
         # sleep_on_idle: an idle scheduler otherwise polls its sockets in a busy loop, a whole core
         # taken from the trainer while it trains (seen on the CPU: 40% of a 2-core machine per engine).
         extra.update(device="cpu", attention_backend="torch_native", sleep_on_idle=True)
     else:
         extra.update(base_gpu_id=cfg.base_gpu_id, enable_memory_saver=True)
-    return dict(**extra,
-        model_path=cfg.model_path, tp_size=cfg.tp_size,
-        mem_fraction_static=cfg.mem_fraction_static, dtype=cfg.dtype,
-        random_seed=cfg.random_seed, skip_tokenizer_init=True,
-        enable_deterministic_inference=cfg.deterministic, load_format=cfg.load_format,
-    )
+    return dict(**extra, model_path=cfg.model_path, tp_size=cfg.tp_size, mem_fraction_static=cfg.mem_fraction_static,
+                dtype=cfg.dtype, random_seed=cfg.random_seed, skip_tokenizer_init=True,
+                enable_deterministic_inference=cfg.deterministic, load_format=cfg.load_format)
 
 
 def start_engine(cfg: SGLangEngineConfig):
@@ -251,7 +251,7 @@ class SGLangEngine(RolloutEngine):
     @classmethod
     def colocated(cls, *, model_path: str, tp_size: int, mem_fraction: float, dtype: str, seed: int,
                   deterministic: bool = False, load_format: str = "dummy", start=start_engine,
-                  routes: tuple[int, int, int] | None = None) -> "SGLangEngine":
+                  routes: tuple[int, int, int] | None = None, max_total_tokens: int | None = None) -> "SGLangEngine":
         """Collective over the world. One engine per block of `tp_size` consecutive ranks of a
         TP group (parallel.init_engine_groups); the block's first rank starts it on its own GPU
         and the next tp_size - 1 ones. What the engine holds is released at once, so the trainer's
@@ -272,6 +272,7 @@ class SGLangEngine(RolloutEngine):
                     model_path=model_path, tp_size=tp_size, base_gpu_id=base, mem_fraction_static=mem_fraction,
                     dtype=dtype, random_seed=seed, deterministic=deterministic, load_format=load_format,
                     sigquit_handler=death, return_routes=routes is not None, device=device,
+                    max_total_tokens=max_total_tokens,
                 ))
         parallel.barrier(group=parallel.wait_group())  # every engine is up before any rank builds its models
         wrapper = cls(engine, group=group, base_gpu_id=base_gpu_id, death=death, routes=routes,

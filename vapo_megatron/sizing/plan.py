@@ -126,6 +126,8 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     engine_weights = sum(s.actor_unique for s in shards) * 2 // r.sglang_tp if colocated else 0  # bf16 / engine TP
     kv_cache = engine_share - engine_weights
     kv_tokens = max(0, kv_cache) // kv_bytes_per_token(actor_hf, sglang_tp=r.sglang_tp)
+    if r.sglang_max_total_tokens is not None:  # SGLang's cap on the cache, whatever the share leaves room for
+        kv_tokens = min(kv_tokens, r.sglang_max_total_tokens)
     sequence = cfg.data.max_prompt_tokens + r.max_new_tokens
     T = cfg.trainer.micro_batch_tokens
     recompute = cfg.model.recompute_activations

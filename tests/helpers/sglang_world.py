@@ -9,7 +9,7 @@ and detokenizer processes, HTTP server, model classes, weight loaders, sampler, 
     enter_sglang_world()          the same for this process (before sglang is imported)
     start_server(model, log)      `python -m sglang.launch_server` on a loopback port -> (process, url)
     stop_process_tree(proc)       the server and its schedulers, ended
-    main(argv)                    vapo-train's main in this world (a rank forked by train_in_forks)
+    main(argv)                    vapo-train's main in this world, VAPO_FAULT honoured (a rank forked by train_in_forks)
 
 A test that cannot start the engine fails: nothing here skips.
 """
@@ -105,8 +105,10 @@ def stop_process_tree(proc: subprocess.Popen) -> None:
 def main(argv: list[str]) -> int:
     """vapo-train's main(argv) in SGLang's CPU world: the entry point of a trainer rank forked by
     tests/helpers/train_runs.py train_in_forks(module="tests.helpers.sglang_world"), which cannot set
-    the world up before vapo_megatron.train runs."""
+    the world up before vapo_megatron.train runs. It is tests/helpers/faults.py's main (vapo-train
+    with the test-only fault hook): VAPO_FAULT kills such a run where a test asks, and does nothing
+    when unset."""
     enter_sglang_world()
-    from vapo_megatron.train import main as train_main
+    from tests.helpers.faults import main as faults_main
 
-    return train_main(argv)
+    return faults_main(argv)

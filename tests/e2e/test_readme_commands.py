@@ -11,8 +11,9 @@ run as written, from a directory that looks like the clone after `make demo`:
   model converted with hf-to-mcore (training it takes minutes);
 - Qwen2.5-7B-Instruct/ (a model to download) is the demo's tiny model, copied.
 What each command is allowed to cost decides how far it runs:
-- vapo-convert and vapo-plan run completely (torchrun as `python -m torch.distributed.run`, with
-  the README's process count); a line with `...` gets the checkpoint and output of the lines
+- vapo-convert and vapo-plan run completely, each process of a command forked from the suite's
+  preloaded forkserver (a torchrun line: the README's process count, each with what torchrun gives
+  a worker); a line with `...` gets the checkpoint and output of the lines
   before it;
 - vapo-train and vapo-eval run their start-up checks exactly as the command does (vapo-train:
   train.checked_config under the launcher's RANK/WORLD_SIZE, every check a run makes before
@@ -30,13 +31,12 @@ import io
 import os
 import shlex
 import shutil
-import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = ("vapo-train", "vapo-convert", "vapo-plan", "vapo-eval", "torchrun")
@@ -72,11 +72,42 @@ def launch(words: list[str]) -> tuple[int | None, str, list[str]]:
     return nproc, MODULES[words[i + 1]], words[i + 2:]
 
 
-def run(argv: list[str], cwd: Path, *, nproc: int | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    start = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-             "127.0.0.1", "--master-port", str(free_port())] if nproc else [sys.executable]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*start, *argv], cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout)
+def _command_rank(module: str, argv: list[str], cwd: str, launched: bool, out_dir: str) -> int:
+    """One process of a README command: `module`'s main(ARGV) in `cwd`, as torchrun's worker when the
+    line starts with torchrun (run_ranks gives RANK, WORLD_SIZE and the rendezvous), otherwise with
+    no launcher's variables at all, as the plain command runs; its output in out_dir/rank{R}.{out,err}."""
+    os.chdir(cwd)
+    if launched:
+        os.environ["LOCAL_WORLD_SIZE"] = os.environ["WORLD_SIZE"]
+    else:
+        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(name, None)
+    rank = os.environ.get("RANK", "0")
+    for fd, name in ((1, "out"), (2, "err")):
+        f = os.open(f"{out_dir}/rank{rank}.{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(f, fd)
+        os.close(f)
+    try:
+        return importlib.import_module(module).main(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def run(module: str, argv: list[str], cwd: Path, *, nproc: int | None = None) -> tuple[int, str]:
+    """`python -m MODULE ARGV` in `cwd` (under torchrun with `nproc` workers when given) -> (the
+    largest exit code, every process's stderr). The processes are forked from the suite's preloaded
+    forkserver (tests/helpers/dist_utils.py) instead of started fresh: the same main() from the
+    command line on, without the ~7 s of CPU each fresh interpreter spends importing torch,
+    megatron-core and transformers (torchrun itself is tested by the trainer's launches)."""
+    from tests.helpers.dist_utils import run_ranks
+
+    with tempfile.TemporaryDirectory() as out:
+        codes = run_ranks(nproc or 1, _command_rank, module, argv, str(cwd), nproc is not None, out, timeout=300)
+        err = "".join(Path(out, f"rank{r}.err").read_text() for r in range(nproc or 1))
+    return max(codes, key=abs), err
 
 
 def demo_overrides() -> list[str]:
@@ -114,8 +145,8 @@ def clone(tmp_path_factory):
     run_make_demo_data(work, "--task", "chain", "--out", "runs/chain/data", "--n-train", "40", "--n-eval", "40",
                        "--n-sft", "20")
     shutil.copytree(work / "runs/demo/data/model", work / DOWNLOADED_MODEL)
-    actor = run(["-m", "vapo_megatron.convert", "hf-to-mcore", "--hf", "runs/demo/data/model", "--out", DEMO_ACTOR], work)
-    assert actor.returncode == 0, actor.stderr[-3000:]
+    code, err = run("vapo_megatron.convert", ["hf-to-mcore", "--hf", "runs/demo/data/model", "--out", DEMO_ACTOR], work)
+    assert code == 0, err[-3000:]
     return work
 
 
@@ -175,8 +206,8 @@ def test_conversion_and_plan_commands_run_as_written(clone):
             args = [{"--ckpt": last_ckpt, "--out": f"{last_out}-again"}[args[i - 1]] if a == "..." else a
                     for i, a in enumerate(args)]
         module = {"vapo-convert": "vapo_megatron.convert", "vapo-plan": "vapo_megatron.plan"}[program]
-        done = run(["-m", module, *args], clone, nproc=nproc)
-        assert done.returncode == 0, f"README command failed: {shlex.join(words)}\n{done.stderr[-3000:]}"
+        code, err = run(module, args, clone, nproc=nproc)
+        assert code == 0, f"README command failed: {shlex.join(words)}\n{err[-3000:]}"
         if program == "vapo-convert":
             last_ckpt = args[args.index("--out") + 1] if args[0] == "hf-to-mcore" else last_ckpt
             last_out = args[args.index("--out") + 1].rstrip("/")

@@ -10,11 +10,12 @@ and then stop the run with exit code 4. Another copy, its carry-over file damage
 the checkpoint before, and is stopped by a SIGTERM to torchrun with a checkpoint.
 
 torchrun launches the runs whose subject is torchrun itself: the first kill (its failure report:
-both workers -9; no process of the job left running) and the SIGTERM to it. The other runs'
-ranks are forked from the suite's preloaded forkserver (tests/helpers/train_runs.py
-launch_in_forks, ~12 s of CPU less per run): the same main from the command line on, each rank
-killed by its own SIGKILL at the fault point, its exit code and output and any process it left
-running read as torchrun's report would give them.
+both workers -9; no process of the job left running), the NaN stop (both workers' own exit code 4
+in its report, though its agent SIGTERMs the slower one: trainer/signals.py leave_together) and
+the SIGTERM to it. The other runs' ranks are forked from the suite's preloaded forkserver
+(tests/helpers/train_runs.py launch_in_forks), without three interpreters' start-up each: the same
+main from the command line on, each rank killed by its own SIGKILL at the fault point, its exit
+code, its output and any process it left running read back as torchrun's report would give them.
 
 Both runs use partial rollout (rollout.partial; issue 47) with one-token rounds and a one-token
 budget, so the checkpoints the kills resume from hold unfinished responses in the carry-over
@@ -284,7 +285,7 @@ def test_nan_losses_are_skipped_and_counted_then_stop_the_run(reference, demo_da
     shutil.copytree(reference, run_dir)
     root = run_dir / "checkpoints"
     run = _faulty(demo_data, run_dir, "nan_loss@5,nan_loss@6", f"trainer.total_steps={VAPO_STEPS + 2}",
-                  "trainer.max_consecutive_skips=6")
+                  "trainer.max_consecutive_skips=6", torchrun=True)
     assert _resumed_from(run, root, FINAL), run.output[-3000:]
     assert "vapo-train: numerical error: critic: 6 optimizer steps in a row were skipped because a loss or the " \
            "gradient norm was NaN/Inf (trainer.max_consecutive_skips=6)" in run.stderr, run.output[-3000:]

@@ -80,7 +80,8 @@ def _faulty(data: Path, run_dir: Path, fault: str, *extra: str, torchrun: bool =
     if torchrun:
         return launch(CONFIG, _settings(data, run_dir, *extra), env={"VAPO_FAULT": fault}, torchrun_args=TORCHRUN_ARGS,
                       module=faults.ENTRY)
-    return launch_in_forks(CONFIG, _settings(data, run_dir, *extra), env={"VAPO_FAULT": fault}, module=faults.ENTRY)
+    return launch_in_forks(CONFIG, _settings(data, run_dir, *extra), env={"VAPO_FAULT": fault}, module=faults.ENTRY,
+                           reap=True)
 
 
 def _worker_exit_codes(run: Launch) -> list[int]:

@@ -70,7 +70,7 @@ def test_sigusr1_during_the_final_step_finishes_the_run_without_a_requeue(tmp_pa
         "algo.value_pretrain_steps=1", "rollout.prompts_per_step=4", "rollout.n_samples=2",
         "rollout.max_new_tokens=4", "trainer.total_steps=1", "trainer.tensorboard=false",
         env={"VAPO_FAULT": "usr1@1", "VAPO_REQUEUE_FILE": str(marker)},  # iteration 1 is the last (0: value pretraining)
-        module=faults.ENTRY,
+        module=faults.ENTRY, reap=True,
     )
     assert "[vapo] SIGUSR1 during the final step: finishing the run" in run.output, run.output[-3000:]
     assert "[vapo] stop (" not in run.output

@@ -149,13 +149,15 @@ def _rank_main(argv: list[str], out_dir: str, env: dict[str, str], nproc: int, m
 
 
 def launch_in_forks(config: str | Path, overrides: list[str], *, env: dict[str, str] | None = None, nproc: int = 2,
-                    module: str = "vapo_megatron.train") -> Launch:
+                    module: str = "vapo_megatron.train", reap: bool = False) -> Launch:
     """`module`'s main(["--config", CONFIG, *overrides]) on `nproc` ranks forked from the preloaded
     forkserver of tests/helpers/dist_utils.py instead of started by torchrun (command_in_forks)."""
-    return command_in_forks(module, ["--config", str(ROOT / "configs" / config), *overrides], env=env, nproc=nproc)
+    return command_in_forks(module, ["--config", str(ROOT / "configs" / config), *overrides], env=env, nproc=nproc,
+                            reap=reap)
 
 
-def command_in_forks(module: str, argv: list[str], *, env: dict[str, str] | None = None, nproc: int = 1) -> Launch:
+def command_in_forks(module: str, argv: list[str], *, env: dict[str, str] | None = None, nproc: int = 1,
+                     reap: bool = False) -> Launch:
     """`module`'s main(argv) (a command: vapo_megatron.train, .eval, .convert, tests.helpers.faults)
     on `nproc` ranks forked from the preloaded forkserver of tests/helpers/dist_utils.py instead of
     started by torchrun or `python -m`: the same main from the command line on, without the ~5-7 s
@@ -168,11 +170,14 @@ def command_in_forks(module: str, argv: list[str], *, env: dict[str, str] | None
     point kills it; None where it had not ended 5 s after another rank failed, and was killed, as
     torchrun's agent ends the rest of a job), returncode the first that is not 0 (None as -9),
     failures: how the ranks without a return value ended; stdout and stderr: the ranks' in rank
-    order; leftovers: processes the ranks left running (killed here), as launch() finds them."""
+    order; leftovers (with `reap`): processes the ranks left running, found and killed as launch()
+    does. Without `reap` they are left to end by themselves (re-parented to init), as a killed
+    command's helpers are (an SGLang engine's processes, which tests/e2e/test_sglang_train_resume.py
+    watches die by themselves; W&B's service)."""
     from tests.helpers.dist_utils import end_ranks, start_forkserver
 
     start_forkserver()  # before the census of our children: the server is the suite's, not the run's
-    reaping = _set_subreaper(True)
+    reaping = reap and _set_subreaper(True)
     before = _children() if reaping else {}
     with tempfile.TemporaryDirectory() as out:
         try:
@@ -190,10 +195,10 @@ def command_in_forks(module: str, argv: list[str], *, env: dict[str, str] | None
 
 
 def train_in_forks(config: str | Path, *overrides: str, env: dict[str, str] | None = None, nproc: int = 2,
-                   module: str = "vapo_megatron.train") -> Launch:
+                   module: str = "vapo_megatron.train", reap: bool = False) -> Launch:
     """A run that must succeed, as train() but with its ranks forked (launch_in_forks). `module`:
     another entry point taking the same arguments (tests/helpers/collective_audit.py)."""
-    run = launch_in_forks(config, list(overrides), env=env, nproc=nproc, module=module)
+    run = launch_in_forks(config, list(overrides), env=env, nproc=nproc, module=module, reap=reap)
     assert run.returncode == 0 and not run.failures, \
         f"vapo-train failed ({run.codes}): {run.failures}\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
     return run

@@ -1,8 +1,10 @@
 """The value-free baselines end to end (issue 30): configs/dapo.yaml (algo.estimator=grpo, dynamic
-sampling, overlong shaping) through torchrun at DP=2, so the kept groups are decided globally
-and dealt to both ranks. Its checkpoints hold no critic, its metrics no critic/*, and a run
-SIGKILLed mid-step and resumed ends bitwise where the uninterrupted run ends: weights, Adam
-state, the prompt sampler's position and every step's metrics, sampling rounds included."""
+sampling, overlong shaping) at DP=2, so the kept groups are decided globally and dealt to both
+ranks. Its checkpoints hold no critic, its metrics no critic/*, and a run SIGKILLed mid-step and
+resumed ends bitwise where the uninterrupted run ends: weights, Adam state, the prompt sampler's
+position and every step's metrics, sampling rounds included. Every run's 2 ranks are forked from
+the suite's preloaded forkserver as torchrun would start them (tests/helpers/train_runs.py
+launch_in_forks): the kill is each rank's own SIGKILL all the same."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 from tests.helpers import faults
-from tests.helpers.train_runs import checkpoint_tensors, launch, make_demo_data, records, train_in_forks
+from tests.helpers.train_runs import checkpoint_tensors, launch_in_forks, make_demo_data, records, train_in_forks
 
 CONFIG = "dapo.yaml"
 STEPS = 3
@@ -77,8 +79,8 @@ def test_dapo_run_has_no_critic_and_samples_dynamically(reference):
 
 def test_killed_mid_step_resumes_to_the_same_run(reference, demo_data, tmp_path):
     run_dir = tmp_path / "run"
-    killed = launch(CONFIG, _settings(demo_data, run_dir), env={"VAPO_FAULT": "actor_update@1"},
-                    torchrun_args=("--monitor-interval", "2"), module=faults.ENTRY)
+    killed = launch_in_forks(CONFIG, _settings(demo_data, run_dir), env={"VAPO_FAULT": "actor_update@1"},
+                             module=faults.ENTRY)
     assert killed.returncode != 0 and "VAPO_FAULT: killing rank" in killed.stdout, killed.output[-3000:]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_0000001"
     train_in_forks(CONFIG, *_settings(demo_data, run_dir))

@@ -1,9 +1,12 @@
 """vapo-convert as a user types it: it never deletes what it did not write, and answers bad input
 with one line and exit 2 (issue 25 items 1 and 7).
 
-The conversions that succeed run as real commands (`python -m vapo_megatron.convert`, one process,
-seconds each); the refusals come before torch.distributed starts, so they run in this process
-through convert.main. The user's files are compared byte for byte with what the test wrote.
+The conversion whose whole output must hold no library line runs as the real command (`python -m
+vapo_megatron.convert`, one process); the other conversions that succeed run convert.main on one
+rank forked from the suite's preloaded forkserver (tests/helpers/train_runs.py command_in_forks:
+main's return value is the exit code, its output the command's), without an interpreter's
+start-up; the refusals come before torch.distributed starts, so they run in this process through
+convert.main. The user's files are compared byte for byte with what the test wrote.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pytest
 
 from tests.helpers.quiet_check import library_noise, users_env
 from tests.helpers.tiny_hf import save_tiny, save_tiny_tokenizer
+from tests.helpers.train_runs import Launch, command_in_forks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,6 +29,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def convert(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "vapo_megatron.convert", *map(str, args)], cwd=cwd, text=True,
                           capture_output=True, env={**users_env(), "PYTHONPATH": str(ROOT), **env}, timeout=300)
+
+
+def convert_in_fork(*args: str) -> Launch:
+    return command_in_forks("vapo_megatron.convert", list(map(str, args)))
 
 
 def snapshot(path: Path) -> dict[str, bytes]:
@@ -52,7 +60,7 @@ def made(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     save_tiny(root / "hf", seed=5)
     save_tiny_tokenizer(root / "hf")
-    run = convert("hf-to-mcore", "--hf", root / "hf", "--out", root / "mc")
+    run = convert_in_fork("hf-to-mcore", "--hf", root / "hf", "--out", root / "mc")
     assert run.returncode == 0, run.stderr[-3000:]
     return root
 
@@ -87,7 +95,7 @@ def test_overwrite_replaces_only_the_same_directions_output(made, tmp_path, caps
     line = refused(capsys, "mcore-to-hf", "--ckpt", made / "mc", "--out", out, "--overwrite")
     assert "written by vapo-convert hf-to-mcore, which vapo-convert mcore-to-hf never replaces" in line
     (out / "stale.txt").write_text("from the earlier output")
-    run = convert("hf-to-mcore", "--hf", made / "hf", "--out", out, "--overwrite")
+    run = convert_in_fork("hf-to-mcore", "--hf", made / "hf", "--out", out, "--overwrite")
     assert run.returncode == 0, run.stderr[-3000:]
     assert not (out / "stale.txt").exists() and (out / "metadata.json").is_file()
 

@@ -1,7 +1,10 @@
 """vapo-eval end to end on a model the demo trained (one short run of the real trainer): the HF
 export and the trainer checkpoint give the same samples, the figures are those of the samples
 file and of the trainer's own final eval, the same seed gives the same samples (also with the
-prompts split over two ranks), and bad input stops with a one-line error."""
+prompts split over two ranks), and bad input stops with a one-line error. The trainer's run and
+the evaluations whose subject is what they sample run vapo-eval's main on ranks forked from the
+suite's preloaded forkserver (tests/helpers/train_runs.py command_in_forks); the checkpoint's
+evaluation, whose whole output must hold no library line, is the real command."""
 
 from __future__ import annotations
 
@@ -13,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.ports import free_port
 from tests.helpers.quiet_check import library_noise, users_env
-from tests.helpers.train_runs import ROOT, make_demo_data, records, train_in_forks
+from tests.helpers.train_runs import ROOT, command_in_forks, make_demo_data, records, train_in_forks
 from vapo_megatron import eval as vapo_eval
 
 SEED = 1234  # the trainer's seed: its eval samples with it, so vapo-eval can redraw the same samples
@@ -42,21 +44,22 @@ def eval_args(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
             "--reward", "exact", "--max-new-tokens", "8", "--max-prompt-tokens", "32", "--seed", str(SEED), *extra]
 
 
-def run_eval(args: list[str], *, nproc: int = 1, quiet: bool = False) -> str:
-    """vapo-eval's printed summary; quiet: its whole output holds no library line (loading a trainer
-    checkpoint once printed torch's distributed-checkpoint warnings, issue 33; an HF model's loading
-    bar is vapo-eval's by design)."""
-    for _ in range(3):  # a free port can be taken by another process before torchrun binds it: try another
-        launcher = ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-                    "--master-port", str(free_port())] if nproc > 1 else []
-        proc = subprocess.run([sys.executable, *launcher, "-m", "vapo_megatron.eval", *args], cwd=ROOT, capture_output=True,
-                              text=True, timeout=600,
-                              env={**users_env(), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
-        if "EADDRINUSE" not in proc.stderr:
-            break
+def run_eval(args: list[str]) -> str:
+    """vapo-eval's printed summary, from `python -m vapo_megatron.eval`, whose whole output holds no
+    library line (loading a trainer checkpoint once printed torch's distributed-checkpoint warnings,
+    issue 33; an HF model's loading bar is vapo-eval's by design)."""
+    proc = subprocess.run([sys.executable, "-m", "vapo_megatron.eval", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env={**users_env(), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert not quiet or not library_noise(proc.stdout + proc.stderr), library_noise(proc.stdout + proc.stderr)
+    assert not library_noise(proc.stdout + proc.stderr), library_noise(proc.stdout + proc.stderr)
     return proc.stdout
+
+
+def eval_in_forks(args: list[str], *, nproc: int = 1) -> str:
+    """vapo-eval's printed summary, from its main on `nproc` forked ranks (as torchrun would start them)."""
+    run = command_in_forks("vapo_megatron.eval", args, nproc=nproc)
+    assert run.returncode == 0 and not run.failures, f"{run.codes} {run.failures}\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
+    return run.stdout
 
 
 def samples(out: Path) -> list[dict]:
@@ -92,7 +95,7 @@ def figures_from_samples(rows: list[dict]) -> dict[str, float]:
 def hf_eval(trained, tmp_path_factory) -> tuple[Path, str]:
     """vapo-eval of the HF export on one process: its output directory and what it printed."""
     out = tmp_path_factory.mktemp("hf_eval") / "hf"
-    return out, run_eval(eval_args(trained / "hf", trained.parent / "data", out, "--greedy"))
+    return out, eval_in_forks(eval_args(trained / "hf", trained.parent / "data", out, "--greedy"))
 
 
 def test_hf_export_and_checkpoint_agree_with_samples_and_training(trained, hf_eval, tmp_path):
@@ -112,7 +115,7 @@ def test_hf_export_and_checkpoint_agree_with_samples_and_training(trained, hf_ev
         assert summary[key] == pytest.approx(final[f"eval/{key}"]), key
     assert summary["greedy_accuracy"] == pytest.approx(final["eval/accuracy"])
     # The trainer checkpoint (loaded into Megatron, synced into the engine) gives the same samples.
-    run_eval(eval_args(trained / "checkpoints" / "iter_0000001", data, tmp_path / "ckpt"), quiet=True)
+    run_eval(eval_args(trained / "checkpoints" / "iter_0000001", data, tmp_path / "ckpt"))
     assert samples(tmp_path / "ckpt") == rows
     assert json.loads((tmp_path / "ckpt" / "summary.json").read_text())[f"avg@{K}"] == summary[f"avg@{K}"]
     table = (hf / "per_prompt.csv").read_text().splitlines()
@@ -123,13 +126,13 @@ def test_same_seed_same_samples_also_split_over_two_ranks(trained, hf_eval, tmp_
     """A prompt's samples depend on the seed and the prompt, not on how many prompts run or where:
     the first 5 prompts over two ranks are the one-process run's first 5."""
     data = trained.parent / "data"
-    run_eval(eval_args(trained / "hf", data, tmp_path / "two", "--max-prompts", "5"), nproc=2)
+    eval_in_forks(eval_args(trained / "hf", data, tmp_path / "two", "--max-prompts", "5"), nproc=2)
     one = [r for r in samples(hf_eval[0]) if r["prompt_index"] < 5]
     two = samples(tmp_path / "two")
     assert len(one) == 5 * K and one == two
     other = eval_args(trained / "hf", data, tmp_path / "other", "--max-prompts", "5")
     other[other.index("--seed") + 1] = str(SEED + 1)
-    run_eval(other)
+    eval_in_forks(other)
     assert [r["response"] for r in samples(tmp_path / "other")] != [r["response"] for r in one]
 
 

@@ -6,7 +6,10 @@ the router's load-balancing loss on and routing replay on (the default for a MoE
 logs moe/routing_mismatch. Then the family extras: an unsupported Llama rope setting refused by
 vapo-train, vapo-convert and vapo-plan in one line (vapo-eval runs the HF model with transformers
 or SGLang, never megatron, so it does not refuse what only megatron cannot express), and a
-Qwen3-MoE run at EP=2 stopped, resumed and exported.
+Qwen3-MoE run at EP=2 stopped, resumed and exported. vapo-train, vapo-plan and the export's
+vapo-convert run their main on ranks forked from the suite's preloaded forkserver
+(tests/helpers/train_runs.py command_in_forks: main's return value is the exit code, its output
+the command's), vapo-convert's refusal in this process.
 
 The demo data and tokenizer are the demo's (scripts/make_demo_data.py), made once; its Qwen2 model
 is replaced by random-init transformers models sized to that tokenizer (tests/helpers/tiny_hf.py
@@ -21,10 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,8 +32,8 @@ import torch
 
 from tests.helpers.quiet_check import library_noise
 from tests.helpers.tiny_hf import save_demo_sized
-from tests.helpers.train_runs import (ROOT, checkpoint_tensors, exported, hf_weights, make_demo_data, records,
-                                      small_run_overrides, train_in_forks)
+from tests.helpers.train_runs import (ROOT, checkpoint_tensors, command_in_forks, exported, hf_weights, launch_in_forks,
+                                      make_demo_data, records, small_run_overrides, train_in_forks)
 
 EP2 = ["parallel.tp=1", "parallel.ep=2"]
 # name: (family, config, overrides). DAPO is configs/dapo.yaml (GRPO advantages, no critic, dynamic
@@ -123,12 +123,8 @@ def _error_lines(err: str, prog: str) -> list[str]:
 
 def test_unsupported_rope_is_one_line_from_vapo_train(demo_data, tmp_path):
     bad = _with_rope(demo_data / "llama", tmp_path / "model", high_freq_factor=2.0)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "vapo_megatron.train", "--config", str(ROOT / "configs" / "demo_cpu.yaml"),
-         *_overrides(demo_data, tmp_path / "run", "llama"), f"model.hf_path={bad}", "parallel.tp=1"],
-        cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-        timeout=120)
+    proc = launch_in_forks("demo_cpu.yaml", [*_overrides(demo_data, tmp_path / "run", "llama"), f"model.hf_path={bad}",
+                                             "parallel.tp=1"], nproc=1)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     want = f"{bad / 'config.json'}: rope_parameters.high_freq_factor=2.0 is not supported"
@@ -151,10 +147,8 @@ def test_unsupported_rope_is_one_line_from_vapo_convert(demo_data, tmp_path, cap
 
 def test_unsupported_rope_is_one_line_from_vapo_plan(demo_data, tmp_path):
     bad = _with_rope(demo_data / "llama", tmp_path / "model", original_max_position_embeddings=4096)
-    proc = subprocess.run(
-        [sys.executable, "-m", "vapo_megatron.plan", "--config", str(ROOT / "configs" / "demo_cpu.yaml"),
-         "--nodes", "1", "--gpus-per-node", "2", f"model.hf_path={bad}"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    proc = command_in_forks("vapo_megatron.plan", ["--config", str(ROOT / "configs" / "demo_cpu.yaml"), "--nodes", "1",
+                                                   "--gpus-per-node", "2", f"model.hf_path={bad}"])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     (line,) = _error_lines(proc.stderr, "vapo-plan")
     assert f"{bad / 'config.json'}: rope_parameters.original_max_position_embeddings=4096 is not supported" in line

@@ -1,13 +1,21 @@
 """Crash consistency and numerics of real runs, by test-only fault injection (VAPO_FAULT under
 tests/helpers/faults.py's entry point; docs/faults.md).
 
-The shortened demo (torchrun, 2 ranks, TP=2, embedded engine, deterministic) runs once
-uninterrupted. A second run on its own directory is SIGKILLed at each of the five kill points
-in turn, with a damaged newest checkpoint before two of the restarts, and must end with the same
-actor and critic (weights and Adam state), RNG states, run state, carried-over groups and metrics,
-bitwise, as the uninterrupted run. NaN losses injected into a copy of the finished run are skipped
-and counted, and then stop the run with exit code 4. Another copy, its carry-over file damaged,
-falls back to the checkpoint before, and is stopped by a SIGTERM to torchrun with a checkpoint.
+The shortened demo (2 ranks, TP=2, embedded engine, deterministic) runs once uninterrupted. A
+second run on its own directory is SIGKILLed at each of the five kill points in turn, with a
+damaged newest checkpoint before two of the restarts, and must end with the same actor and critic
+(weights and Adam state), RNG states, run state, carried-over groups and metrics, bitwise, as the
+uninterrupted run. NaN losses injected into a copy of the finished run are skipped and counted,
+and then stop the run with exit code 4. Another copy, its carry-over file damaged, falls back to
+the checkpoint before, and is stopped by a SIGTERM to torchrun with a checkpoint.
+
+torchrun launches the runs whose subject is torchrun itself: the first kill (its failure report:
+both workers -9; no process of the job left running), the NaN stop (both workers' own exit code 4
+in its report, though its agent SIGTERMs the slower one: trainer/signals.py leave_together) and
+the SIGTERM to it. The other runs' ranks are forked from the suite's preloaded forkserver
+(tests/helpers/train_runs.py launch_in_forks), without three interpreters' start-up each: the same
+main from the command line on, each rank killed by its own SIGKILL at the fault point, its exit
+code, its output and any process it left running read back as torchrun's report would give them.
 
 Both runs use partial rollout (rollout.partial; issue 47) with one-token rounds and a one-token
 budget, so the checkpoints the kills resume from hold unfinished responses in the carry-over
@@ -28,7 +36,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from tests.helpers import faults
-from tests.helpers.train_runs import Launch, checkpoint_tensors, launch, make_demo_data, records, train_in_forks
+from tests.helpers.train_runs import (Launch, checkpoint_tensors, launch, launch_in_forks, make_demo_data, records,
+                                      train_in_forks)
 from vapo_megatron.data import carry_over
 
 CONFIG = "demo_cpu.yaml"
@@ -66,13 +75,20 @@ def reference(demo_data, tmp_path_factory) -> Path:
     return run_dir
 
 
-def _faulty(data: Path, run_dir: Path, fault: str, *extra: str) -> Launch:
-    return launch(CONFIG, _settings(data, run_dir, *extra), env={"VAPO_FAULT": fault}, torchrun_args=TORCHRUN_ARGS,
-                  module=faults.ENTRY)
+def _faulty(data: Path, run_dir: Path, fault: str, *extra: str, torchrun: bool = False) -> Launch:
+    """The run under VAPO_FAULT=fault: its ranks forked, or (torchrun) under torchrun."""
+    if torchrun:
+        return launch(CONFIG, _settings(data, run_dir, *extra), env={"VAPO_FAULT": fault}, torchrun_args=TORCHRUN_ARGS,
+                      module=faults.ENTRY)
+    return launch_in_forks(CONFIG, _settings(data, run_dir, *extra), env={"VAPO_FAULT": fault}, module=faults.ENTRY,
+                           reap=True)
 
 
 def _worker_exit_codes(run: Launch) -> list[int]:
-    """Each worker's exit code from torchrun's failure report (torchrun itself exits with 1)."""
+    """Each worker's exit code: a forked run's own (launch_in_forks), or from torchrun's failure
+    report (torchrun itself exits with 1)."""
+    if run.codes:
+        return sorted(run.codes)
     by_pid = {pid: int(code) for code, pid in re.findall(r"exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)", run.output)}
     return sorted(by_pid.values())
 
@@ -158,8 +174,9 @@ def test_killed_at_every_point_and_damaged_checkpoints_resume_to_the_same_run(re
     run_dir = tmp_path / "run"
     root = run_dir / "checkpoints"
 
-    # 1. Killed in the rollout of iteration 1 (iter_1 was written after the value-pretraining one).
-    run = _faulty(demo_data, run_dir, "rollout@1")
+    # 1. Killed in the rollout of iteration 1 (iter_1 was written after the value-pretraining one),
+    #    under torchrun: its report says both workers died of SIGKILL, and nothing of the job is left.
+    run = _faulty(demo_data, run_dir, "rollout@1", torchrun=True)
     _assert_killed(run, "rollout", 1)
     _assert_consistent(root)
     assert _latest(root) == "iter_0000001" and _train_steps(run_dir) == [1]
@@ -269,7 +286,7 @@ def test_nan_losses_are_skipped_and_counted_then_stop_the_run(reference, demo_da
     shutil.copytree(reference, run_dir)
     root = run_dir / "checkpoints"
     run = _faulty(demo_data, run_dir, "nan_loss@5,nan_loss@6", f"trainer.total_steps={VAPO_STEPS + 2}",
-                  "trainer.max_consecutive_skips=6")
+                  "trainer.max_consecutive_skips=6", torchrun=True)
     assert _resumed_from(run, root, FINAL), run.output[-3000:]
     assert "vapo-train: numerical error: critic: 6 optimizer steps in a row were skipped because a loss or the " \
            "gradient norm was NaN/Inf (trainer.max_consecutive_skips=6)" in run.stderr, run.output[-3000:]

@@ -4,7 +4,9 @@ the tiny demo model; issue 25, items 5-6):
   like SIGTERM; a second Ctrl-C stops at once (exit 130). One line each, no traceback.
 - A save on a full file system (a real one: a small tmpfs mounted in a private mount namespace)
   exits 5 with one line naming the error, the checkpoint and the free space, removes its partial
-  files, and leaves the previous checkpoint as `latest`."""
+  files, and leaves the previous checkpoint as `latest`. (The size of one checkpoint, which the
+  test gives the tmpfs, comes from a run of vapo-train's main forked from the suite's preloaded
+  forkserver: tests/helpers/train_runs.py launch_in_forks.)"""
 
 from __future__ import annotations
 
@@ -19,13 +21,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.train_runs import train_in_forks
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "demo_cpu.yaml"
 
 
 def _args(demo: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "vapo_megatron.train", "--config", str(CONFIG), *_overrides(demo, run_dir, *extra)]
+
+
+def _overrides(demo: Path, run_dir: Path, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "vapo_megatron.train", "--config", str(CONFIG),
         f"trainer.run_dir={run_dir}", f"model.hf_path={demo}/model", f"data.train_files=[{demo}/train.jsonl]",
         "data.eval_files=[]", "sft.files=[]", "sft.steps=0", "parallel.tp=1", "algo.value_pretrain_steps=0",
         "algo.mini_batches=1", "rollout.prompts_per_step=4", "rollout.n_samples=2", "rollout.max_new_tokens=4",
@@ -93,9 +100,7 @@ def _can_mount_tmpfs() -> bool:
 @pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs a private mount namespace (root or user namespaces) for a small tmpfs")
 def test_a_full_disk_fails_the_save_in_one_line_and_leaves_the_previous_checkpoint(demo, tmp_path):
     # The size of one checkpoint of this model, from a run on the ordinary disk.
-    sized = subprocess.run(_args(demo, tmp_path / "sized", "trainer.total_steps=1"), cwd=ROOT, env=_env(),
-                           capture_output=True, text=True, timeout=600)
-    assert sized.returncode == 0, sized.stderr[-3000:]
+    train_in_forks(CONFIG, *_overrides(demo, tmp_path / "sized", "trainer.total_steps=1"), nproc=1)
     one = sum(f.stat().st_size for f in (tmp_path / "sized" / "checkpoints" / "iter_0000001").rglob("*") if f.is_file())
 
     # Room for the first checkpoint and a third of another: the second save is refused before it

@@ -1,9 +1,11 @@
-"""trainer.offload_during_rollout changes memory, never results: the shortened demo (torchrun, 2
-ranks, TP=2, embedded engine, deterministic) with the trainer's state in host memory during
-every rollout and eval, killed mid-run (VAPO_FAULT=rollout@2 under tests/helpers/faults.py: SIGKILL
+"""trainer.offload_during_rollout changes memory, never results: the shortened demo (2 ranks,
+TP=2, embedded engine, deterministic) with the trainer's state in host memory during every
+rollout and eval, killed mid-run (VAPO_FAULT=rollout@2 under tests/helpers/faults.py: SIGKILL
 while the state is offloaded) and resumed, ends with bitwise the same actor and critic (weights, fp32 main
 parameters, Adam moments and steps), run state and metrics as an uninterrupted run without the
-offload; a NaN iteration (skipped optimizer steps) comes before the kill in both."""
+offload; a NaN iteration (skipped optimizer steps) comes before the kill in both. Every run's
+ranks are forked from the suite's preloaded forkserver (tests/helpers/train_runs.py
+launch_in_forks): the kill is each rank's own SIGKILL all the same."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 
 from vapo_megatron.trainer.timing import PHASES
 from tests.helpers import faults
-from tests.helpers.train_runs import checkpoint_tensors, launch, make_demo_data, records, train_in_forks
+from tests.helpers.train_runs import checkpoint_tensors, launch_in_forks, make_demo_data, records, train_in_forks
 
 CONFIG = "demo_cpu.yaml"
 VAPO_STEPS = 3
@@ -44,7 +46,8 @@ def test_offload_gives_bitwise_the_same_run_across_a_kill_and_resume(tmp_path):
     want, have = tmp_path / "off", tmp_path / "on"
     train_in_forks(CONFIG, *_settings(data, want, False), env=nan, module=faults.ENTRY)
 
-    killed = launch(CONFIG, _settings(data, have, True), env={"VAPO_FAULT": "nan_loss@1,rollout@2"}, module=faults.ENTRY)
+    killed = launch_in_forks(CONFIG, _settings(data, have, True), env={"VAPO_FAULT": "nan_loss@1,rollout@2"},
+                             module=faults.ENTRY)
     assert killed.returncode != 0 and "[vapo] VAPO_FAULT: killing rank 0 at rollout@2\n" in killed.stdout, killed.output[-3000:]
     assert (have / "checkpoints" / "latest").read_text().strip() == "iter_0000002"
     run = train_in_forks(CONFIG, *_settings(data, have, True), env=nan, module=faults.ENTRY)

@@ -1,34 +1,31 @@
 """Every step is recorded once, in metrics.jsonl and in TensorBoard, across a crash and resume and
 across reruns of a finished run (trainer/metrics.py, RunState.finished; issue 25, item 7).
 
-Single-process `python -m vapo_megatron.train` on the tiny demo model; the crash is the test-only
-fault injection (VAPO_FAULT, tests/helpers/faults.py), a SIGKILL in the middle of a step."""
+vapo-train's main on one rank (TP=1) forked from the suite's preloaded forkserver
+(tests/helpers/train_runs.py launch_in_forks: the command line's main, its return value as the
+exit code, without an interpreter's start-up for each of the six runs) on the tiny demo model;
+the crash is the test-only fault injection (VAPO_FAULT, tests/helpers/faults.py), a SIGKILL of
+the rank in the middle of a step."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "configs" / "demo_cpu.yaml"
+from tests.helpers.train_runs import Launch, launch_in_forks
 
 
-def _cli(demo: Path, run_dir: Path, *extra: str, fault: str = "") -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)} | ({"VAPO_FAULT": fault} if fault else {}))
+def _cli(demo: Path, run_dir: Path, *extra: str, fault: str = "") -> Launch:
     # A fault needs the tests' entry point (vapo-train with the fault hook installed).
-    cmd = [sys.executable, "-m", "tests.helpers.faults" if fault else "vapo_megatron.train", "--config", str(CONFIG),
-           f"trainer.run_dir={run_dir}", f"model.hf_path={demo}/model", f"data.train_files=[{demo}/train.jsonl]",
-           f"data.eval_files=[{demo}/eval.jsonl]", "eval.n_samples=2", "eval.every=0",
-           f"sft.files=[{demo}/sft.jsonl]", "sft.steps=3", "sft.batch_size=4", "sft.eval_every=100",
-           "parallel.tp=1", "algo.value_pretrain_steps=0", "algo.mini_batches=1", "rollout.prompts_per_step=4",
-           "rollout.n_samples=2", "rollout.max_new_tokens=4", "trainer.total_steps=4", "trainer.save_every=2",
-           "trainer.tensorboard=true", "trainer.export_hf=false", *extra]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    module = "tests.helpers.faults" if fault else "vapo_megatron.train"
+    args = [f"trainer.run_dir={run_dir}", f"model.hf_path={demo}/model", f"data.train_files=[{demo}/train.jsonl]",
+            f"data.eval_files=[{demo}/eval.jsonl]", "eval.n_samples=2", "eval.every=0",
+            f"sft.files=[{demo}/sft.jsonl]", "sft.steps=3", "sft.batch_size=4", "sft.eval_every=100",
+            "parallel.tp=1", "algo.value_pretrain_steps=0", "algo.mini_batches=1", "rollout.prompts_per_step=4",
+            "rollout.n_samples=2", "rollout.max_new_tokens=4", "trainer.total_steps=4", "trainer.save_every=2",
+            "trainer.tensorboard=true", "trainer.export_hf=false", *extra]
+    return launch_in_forks("demo_cpu.yaml", args, env={"VAPO_FAULT": fault} if fault else {}, nproc=1, module=module)
 
 
 def _scalars(tb_dir: Path, tag: str) -> list[int]:

@@ -1,17 +1,17 @@
 """A run directory remembers its configuration (vapo_megatron/config/resume.py): run_dir/config.yaml
 holds the resolved settings; a resume with a different seed, learning rate, ... exits 2 listing
 every differing key with both values, unless trainer.allow_config_change=true, which logs them.
-Through the real CLI (`python -m vapo_megatron.train`, one process, TP=1, a one-step run)."""
+Through vapo-train's main from the command line on, on one rank (TP=1, a one-step run) forked from
+the suite's preloaded forkserver (tests/helpers/train_runs.py launch_in_forks: main's return value
+is the exit code, its output the command's)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.train_runs import Launch, launch_in_forks
 from vapo_megatron.config import resume
 from vapo_megatron.config import Config, parse_config, to_dict
 
@@ -28,11 +28,8 @@ def _base(demo: Path, run_dir: Path) -> list[str]:
     ]
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
-    cmd = [sys.executable, "-m", "vapo_megatron.train", "--config", str(CONFIG), *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+def _cli(*args: str) -> Launch:
+    return launch_in_forks(CONFIG, list(args), nproc=1)
 
 
 def _keys(tree: dict, prefix: str = "") -> set[str]:

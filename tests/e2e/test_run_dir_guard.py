@@ -1,8 +1,12 @@
 """A run directory belongs to one trainer, and a refused resume leaves it as it was
 (vapo_megatron/trainer/run_guard.py, checkpoint/manager.py's mismatch check; issue 25, items 2-3).
 
-Through the real CLI: torchrun with two gloo workers, and single-process `python -m
-vapo_megatron.train` on the tiny demo model."""
+On the tiny demo model. The second trainer is the real CLI: torchrun with two gloo workers, paused
+(SIGSTOP) while a single-process `python -m vapo_megatron.train` on the same run directory starts
+and is refused, so that they spend no CPU meanwhile, then let go on and killed with their launcher.
+The mismatch runs vapo-train's main on one rank forked from the suite's preloaded forkserver
+(tests/helpers/train_runs.py launch_in_forks: main's return value is the exit code, its output the
+command's)."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import time
 from pathlib import Path
 
 from tests.helpers.ports import free_port
+from tests.helpers.train_runs import Launch, launch_in_forks
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "demo_cpu.yaml"
@@ -38,6 +43,10 @@ def _env() -> dict[str, str]:
 def _cli(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "vapo_megatron.train", "--config", str(CONFIG), "parallel.tp=1", *args]
     return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+
+
+def _forked(*args: str) -> Launch:
+    return launch_in_forks(CONFIG, ["parallel.tp=1", *args], nproc=1)
 
 
 def _children(pid: int) -> list[int]:
@@ -80,7 +89,12 @@ def test_a_second_trainer_is_refused_and_workers_die_with_their_launcher(demo, t
         rank0 = next(w for w in workers if b"\0RANK=0\0" in b"\0" + Path(f"/proc/{w}/environ").read_bytes())
 
         # The user's natural next step, the same command again: refused at once, naming the holder.
+        # The workers wait meanwhile, stopped: they hold the lock all the same.
+        for w in workers:
+            os.kill(w, signal.SIGSTOP)
         second = _cli(*_base(demo, run_dir, steps=500))
+        for w in workers:
+            os.kill(w, signal.SIGCONT)
         assert second.returncode == 2, second.stderr[-3000:]
         assert (f"trainer.run_dir={run_dir} is in use by another trainer (host {socket.gethostname()}, "
                 f"pid {rank0}, since ") in second.stderr, second.stderr[-3000:]
@@ -122,14 +136,14 @@ def test_a_resume_with_another_model_is_a_mismatch_and_leaves_the_run_as_it_was(
 
     run_dir = tmp_path / "run"
     base = _base(demo, run_dir, steps=1)
-    first = _cli(*base)
+    first = _forked(*base)
     assert first.returncode == 0, first.stderr[-3000:]
     record = (run_dir / "config.yaml").read_bytes()
 
     other = tmp_path / "other"
     write_demo_dir(str(other), seed=0, task="add", n_train=8, n_eval=0, n_sft=0, sft_noise=0.0,
                    spec=TinyModelSpec(intermediate_size=128))
-    proc = _cli(*base, f"model.hf_path={other}/model", "trainer.total_steps=2", "trainer.allow_config_change=true")
+    proc = _forked(*base, f"model.hf_path={other}/model", "trainer.total_steps=2", "trainer.allow_config_change=true")
     assert proc.returncode == 2, proc.stderr[-3000:]
     ckpt = run_dir / "checkpoints" / "iter_0000001"
     assert f"vapo-train: checkpoint error: {ckpt}/actor holds another model than the one built from {other}/model: " in proc.stderr
@@ -137,6 +151,6 @@ def test_a_resume_with_another_model_is_a_mismatch_and_leaves_the_run_as_it_was(
     assert "the checkpoints are intact" in proc.stderr and "damaged" not in proc.stdout + proc.stderr
     assert (run_dir / "config.yaml").read_bytes() == record  # the run's record is untouched
 
-    again = _cli(*base)  # the original command still resumes the run (and finds it finished)
+    again = _forked(*base)  # the original command still resumes the run (and finds it finished)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "has finished, at iteration 1 (trainer.total_steps=1 asks for 1): nothing to train" in again.stdout

@@ -8,8 +8,11 @@ across the two nodes (configs/demo_cpu.yaml, shortened as in tests/test_slurm.py
 
 The reference is a one-node job of the same layout, data and seed: tests/e2e/test_slurm.py's
 uninterrupted job (two workers on the one-node cluster; a session fixture, tests/helpers/slurm_demo.py).
-Every two-node run must end with bitwise its actor and critic: run to the end; stopped by SIGUSR1
-mid-run and requeued; and failed by a worker killed with SIGKILL, then resubmitted.
+Every two-node run must end with bitwise its actor and critic. Two jobs: one stopped twice by SIGUSR1
+mid-run, requeued and resumed each time (first only the second node's step gets the signal, then
+every process of the job, as `--signal=USR1@T` sends it), then run to the end; and one failed by a
+worker killed with SIGKILL, then resubmitted. The first job's final checkpoint is also the one the
+conversion job exports.
 """
 
 from __future__ import annotations
@@ -105,26 +108,69 @@ def one_node(uninterrupted) -> Path:
     return run_dir
 
 
+def last_step(run_dir: Path) -> int:
+    """The newest iteration in the run's metrics (0 before the first); a line being written is skipped."""
+    path, last = run_dir / "metrics.jsonl", 0
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("phase") in ("value_pretrain", "vapo"):
+            last = max(last, record["step"])
+    return last
+
+
+STOPPED = r"stop \(SIGUSR1\): checkpoint at iteration (\d+)"
+RESUMED = r"resumed from .+ at iteration (\d+)"
+
+
 @pytest.fixture(scope="module")
-def two_nodes(cluster, demo_data, tmp_path_factory) -> tuple[Path, str, dict[str, str]]:
+def two_nodes(cluster, demo_data, tmp_path_factory) -> tuple[Path, str, dict[str, str], list[str]]:
+    """The two-node job, stopped by SIGUSR1 twice. Restart 0: only the second node's step processes
+    get it (a signal lost or late on the others: the trainer's ranks agree on the stop all the same,
+    and that one node's request requeues the job). Restart 1: every process of the job's steps on
+    both nodes gets it, as Slurm sends it at `--signal=USR1@T` (no B:). Restart 2 runs to the end.
+    Each signal comes after an iteration of the restart it stops: the trainer's handlers are in place."""
     base = tmp_path_factory.mktemp("two_nodes")
-    job = train(cluster, demo_data, base / "run", base / "job.out", nodes=2)
-    return base / "run", completed(cluster.wait_done(job, JOB_TIMEOUT), base / "job.out"), cluster.job_fields(job)
+    run_dir, log = base / "run", base / "job.out"
+    job = train(cluster, demo_data, run_dir, log, nodes=2)
+    wait_for(lambda: last_step(run_dir) >= 1, JOB_TIMEOUT, "the first training iteration", poll=0.05)
+    nodes = node_names(cluster, cluster.job_fields(job))
+    for pid in step_pids(nodes[1], job):
+        os.kill(pid, signal.SIGUSR1)
+    first = int(wait_for(lambda: re.search(STOPPED, log.read_text(errors="replace")), JOB_TIMEOUT,
+                         "the first stop")[1])
+    wait_for(lambda: last_step(run_dir) > first, 2 * JOB_TIMEOUT, "an iteration of the requeued job", poll=0.05)
+    cluster.run("scancel", "--signal=USR1", job)
+    fields = cluster.wait_done(job, 2 * JOB_TIMEOUT)
+    return run_dir, completed(fields, log, restarts=2), fields, nodes
 
 
 def node_names(cluster: Cluster, fields: dict[str, str]) -> list[str]:
     return cluster.run("scontrol", "show", "hostnames", fields["NodeList"]).stdout.split()
 
 
+def restart_output(text: str, restart: int) -> str:
+    """The part of the job's log that restart `restart` wrote (the log is appended to)."""
+    parts = re.split(r"^vapo_train\.sbatch: job \d+ restart (\d+) on", text, flags=re.M)
+    starts = [int(n) for n in parts[1::2]]
+    assert starts == list(range(len(starts))), text[-4000:]
+    return parts[2 + 2 * restart]
+
+
 def test_two_node_job_equals_the_one_node_run(two_nodes, one_node, cluster):
-    run_dir, text, fields = two_nodes
-    nodes = node_names(cluster, fields)
-    assert len(nodes) == 2 and "(2 nodes x 1 workers)" in text, text[-4000:]
+    run_dir, text, fields, nodes = two_nodes
+    assert len(nodes) == 2 and text.count("(2 nodes x 1 workers)") == 3, text[-4000:]
     # The rendezvous is the first node's own address (its NodeAddr), not this machine's or a name.
     head_addr = re.search(r"NodeAddr=(\S+)", cluster.run("scontrol", "show", "node", "-o", nodes[0]).stdout)[1]
-    assert f"rendezvous {head_addr}:" in text, text[-4000:]
+    assert text.count(f"rendezvous {head_addr}:") == 3, text[-4000:]
     assert not head_addr.startswith("127."), head_addr
     assert json.loads((final_checkpoint(run_dir) / "state.json").read_text())["world_size"] == 2
+    # Two stops, one checkpoint each (written collectively), each resumed from by the next restart.
+    stopped, resumed = re.findall(STOPPED, text), re.findall(RESUMED, text)
+    assert len(stopped) == 2 and resumed == stopped, text[-4000:]
+    assert 1 <= int(stopped[0]) < int(stopped[1]) < FINAL_ITER, text[-4000:]
     assert_same_weights(one_node, run_dir)
     want, have = hf_weights(one_node / "hf"), hf_weights(run_dir / "hf")
     assert want.keys() == have.keys() and all(torch.equal(want[k], have[k]) for k in want)
@@ -146,38 +192,20 @@ def step_pids(node: str, job_id: str) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("to", ["job", "second node"])
-def test_usr1_checkpoints_on_every_node_requeues_and_resumes(to, cluster, demo_data, one_node, tmp_path):
-    run_dir, log = tmp_path / "run", tmp_path / "job.out"
-    job = train(cluster, demo_data, run_dir, log, nodes=2)
-
-    def first_iteration_done() -> bool:  # the trainer's signal handlers are in place by then
-        return (run_dir / "metrics.jsonl").exists() and any(r["phase"] == "value_pretrain" for r in records(run_dir))
-
-    wait_for(first_iteration_done, JOB_TIMEOUT, "the first training iteration", poll=0.05)
-    nodes = node_names(cluster, cluster.job_fields(job))
-    if to == "job":
-        # What Slurm does at `--signal=USR1@T` (no B:): SIGUSR1 to every process of the job steps,
-        # on both nodes.
-        cluster.run("scancel", "--signal=USR1", job)
-        signalled = nodes
-    else:
-        # Only one node's step sees it (a signal lost or late on the others): the trainer's ranks
-        # agree on the stop all the same, and that one node's request requeues the job.
-        for pid in step_pids(nodes[1], job):
-            os.kill(pid, signal.SIGUSR1)
-        signalled = nodes[1:]
-    text = completed(cluster.wait_done(job, 2 * JOB_TIMEOUT), log, restarts=1)
+@pytest.mark.parametrize("to", ["second node", "job"])
+def test_usr1_checkpoints_on_every_node_requeues_and_resumes(to, two_nodes):
+    """The restart that `to` stopped (two_nodes: restart 0 by the second node's signal, restart 1 by
+    the job's): the nodes that got SIGUSR1 say so and no other does, the trainer stopped all ranks at
+    one step with one checkpoint, the job requeued itself, and the next restart resumed from that
+    checkpoint on two nodes."""
+    _, text, _, nodes = two_nodes
+    restart, signalled = (0, nodes[1:]) if to == "second node" else (1, nodes)
+    out, after = restart_output(text, restart), restart_output(text, restart + 1)
     for node in nodes:
-        assert (f"node {node}: SIGUSR1 received" in text) == (node in signalled), text[-4000:]
-    # The trainer stopped all ranks at one step (one checkpoint, written collectively), and the
-    # requeued job resumed from it on two nodes.
-    stopped = re.findall(r"stop \(SIGUSR1\): checkpoint at iteration (\d+)", text)
-    resumed = re.findall(r"resumed from .+ at iteration (\d+)", text)
-    assert len(stopped) == 1 and resumed == stopped and 1 <= int(stopped[0]) < FINAL_ITER, text[-4000:]
-    assert "restart 1 on" in text and text.count("(2 nodes x 1 workers)") == 2, text[-4000:]
-    assert_same_weights(one_node, run_dir)
-    logged_once(run_dir)
+        assert (f"node {node}: SIGUSR1 received" in out) == (node in signalled), out[-4000:]
+    stopped = re.findall(STOPPED, out)
+    assert len(stopped) == 1 and "asking for a requeue" in out and "requeueing job" in out, out[-4000:]
+    assert re.findall(RESUMED, after) == stopped and "(2 nodes x 1 workers)" in after, after[-4000:]
 
 
 def worker_pid(node: str) -> int | None:

@@ -2,9 +2,13 @@
 
 Every invalid setting is refused by vapo-train before torch.distributed starts or any model is
 built, with a message naming the key and what is allowed; all problems are listed at once.
-The CLI tests run `python -m vapo_megatron.train` in a subprocess (no torchrun): a launch of
-several ranks is described to it through WORLD_SIZE/RANK, as torchrun would, and since no
-other rank exists, getting an answer at all proves the check ran before any rendezvous.
+The CLI tests whose subject is the start-up run `python -m vapo_megatron.train` in a subprocess
+(no torchrun): a launch of several ranks is described to it through WORLD_SIZE/RANK, as torchrun
+would, and since no other rank exists, getting an answer at all proves the check ran before any
+rendezvous; and a process that never imported torch proves the checks need none. The runs that
+read the data (bad and fuzzed training data, a crafted checkpoint) run vapo-train's main on one
+rank forked from the suite's preloaded forkserver (tests/helpers/train_runs.py launch_in_forks:
+main's return value is the exit code, its output the command's).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.train_runs import Launch, launch_in_forks
 from vapo_megatron.config import ConfigError, load_config, parse_config
 from vapo_megatron.config.preflight import hardware_problems, startup_problems
 
@@ -190,6 +195,11 @@ def _cli(*args: str, env_extra: dict | None = None, timeout: int = 120) -> subpr
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _forked(*args: str) -> Launch:
+    """vapo-train's main on one forked rank (a launch of one process)."""
+    return launch_in_forks("demo_cpu.yaml", list(args), nproc=1)
+
+
 def test_cli_lists_every_bad_setting_and_exits_before_starting_ranks(demo, tmp_path):
     run_dir = tmp_path / "run"
     proc = _cli(
@@ -246,7 +256,7 @@ def test_cli_heads_against_tp_with_a_matching_world(demo, tmp_path):
 def test_cli_all_bad_training_data_stops_with_the_file_named(demo, tmp_path):
     bad = tmp_path / "all_bad.jsonl"
     bad.write_bytes(b'{"prompt": "1+1=", "answer": null}\n{"prompt": 5, "answer": "2"}\n\xff\xfe\n')
-    proc = _cli(*base_overrides(demo, tmp_path / "run"), f"data.train_files=[{bad}]")
+    proc = _forked(*base_overrides(demo, tmp_path / "run"), f"data.train_files=[{bad}]")
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"vapo-train: data error: {bad}: no usable prompt in 3 rows (non_utf8=1, null_answer=1, wrong_type=1)" in proc.stderr
     for line in (1, 2, 3):
@@ -272,7 +282,7 @@ def test_cli_trains_through_fuzzed_data_and_refuses_a_crafted_checkpoint(demo, t
     fuzzed.write_bytes(b"\n".join(lines) + b"\n")
     run_dir = tmp_path / "run"
     args = [*base_overrides(demo, run_dir), f"data.train_files=[{fuzzed}]", "data.eval_files=[]"]
-    proc = _cli(*args, timeout=300)
+    proc = _forked(*args)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for k in range(len(SIMPLE_BAD_ROWS)):
         assert f"skipping {fuzzed}:{2 * k + 2}:" in proc.stderr, 2 * k + 2
@@ -292,7 +302,7 @@ def test_cli_trains_through_fuzzed_data_and_refuses_a_crafted_checkpoint(demo, t
     marker = tmp_path / "pwned"
     (ckpts / "iter_0000002" / "actor" / ".metadata").write_bytes(pickle.dumps(Payload(str(marker))))
     (ckpts / "latest").write_text("iter_0000002\n")
-    proc = _cli(*args, "trainer.total_steps=2", timeout=300)
+    proc = _forked(*args, "trainer.total_steps=2")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert not marker.exists()

@@ -55,23 +55,26 @@ def test_sigusr1_to_the_whole_process_group_stops_the_trainer_and_spares_its_hel
 
 def test_sigusr1_during_the_final_step_finishes_the_run_without_a_requeue(tmp_path):
     """The signal that Slurm sends before the time limit, arriving during the last step (test-only
-    fault point usr1, tests/helpers/faults.py): the run does its final save and export and exits 0, and
-    does not ask the launcher for a requeue (which would redo them)."""
+    fault point usr1, tests/helpers/faults.py: each rank sends it to itself): the run does its final
+    save and export and exits 0, and does not ask the launcher for a requeue (which would redo them).
+    Its 2 ranks are forked from the suite's preloaded forkserver (tests/helpers/train_runs.py
+    launch_in_forks): the signal is to the rank's own process, not to a launcher."""
     from tests.helpers import faults
-    from tests.helpers.train_runs import make_demo_data, train
+    from tests.helpers.train_runs import make_demo_data, train_in_forks
 
     data = make_demo_data(tmp_path / "data", n_train=16, n_eval=4, n_sft=4)
     run_dir, marker = tmp_path / "run", tmp_path / "requeue"
-    run = train(
+    run = train_in_forks(
         "demo_cpu.yaml", f"trainer.run_dir={run_dir}", f"model.hf_path={data}/model",
         f"data.train_files=[{data}/train.jsonl]", "data.eval_files=[]", "sft.files=[]", "sft.steps=0",
         "algo.value_pretrain_steps=1", "rollout.prompts_per_step=4", "rollout.n_samples=2",
         "rollout.max_new_tokens=4", "trainer.total_steps=1", "trainer.tensorboard=false",
         env={"VAPO_FAULT": "usr1@1", "VAPO_REQUEUE_FILE": str(marker)},  # iteration 1 is the last (0: value pretraining)
-        module=faults.ENTRY,
+        module=faults.ENTRY, reap=True,
     )
     assert "[vapo] SIGUSR1 during the final step: finishing the run" in run.output, run.output[-3000:]
     assert "[vapo] stop (" not in run.output
+    assert not run.leftovers, f"processes left running after the run: {run.leftovers}"
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_0000002"
     assert (run_dir / "hf" / "model.safetensors.index.json").is_file()
     assert not marker.exists()

@@ -3,43 +3,45 @@ run holds every step's metrics and the resolved configuration, the resume contin
 id, and no step is logged twice (trainer/wandb_run.py). What W&B would sync is read back from its
 transaction logs (trainer/wandb_records.py); nothing contacts a server.
 
-Single-process `python -m vapo_megatron.train` on the tiny demo model, as tests/e2e/test_records_once.py;
-the crash is the test-only fault injection (VAPO_FAULT, tests/helpers/faults.py), a SIGKILL in the middle
-of iteration 3."""
+vapo-train's main on one rank (TP=1) forked from the suite's preloaded forkserver on the tiny demo
+model, as tests/e2e/test_records_once.py (tests/helpers/train_runs.py launch_in_forks); the crash is
+the test-only fault injection (VAPO_FAULT, tests/helpers/faults.py), a SIGKILL of the rank in the
+middle of iteration 3."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.helpers.train_runs import Launch, launch_in_forks
 from vapo_megatron.trainer import wandb_records
 from vapo_megatron.trainer.wandb_run import ID_FILE
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "configs" / "demo_cpu.yaml"
+
+@pytest.fixture(autouse=True)
+def _no_wandb_env(monkeypatch):
+    """The forked rank's environment is this process's: no W&B setting of the user's in it."""
+    for name in [k for k in os.environ if k.startswith("WANDB_")]:
+        monkeypatch.delenv(name)
 
 
-def _cli(demo: Path, run_dir: Path, home: Path, *, fault: str = "") -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS") and not k.startswith("WANDB_")}
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "WANDB_CONFIG_DIR": str(home),
-                "WANDB_CACHE_DIR": str(home), "WANDB_DATA_DIR": str(home)} | ({"VAPO_FAULT": fault} if fault else {}))
+def _cli(demo: Path, run_dir: Path, home: Path, *, fault: str = "") -> Launch:
+    env = {"WANDB_CONFIG_DIR": str(home), "WANDB_CACHE_DIR": str(home), "WANDB_DATA_DIR": str(home)}
     # A fault needs the tests' entry point (vapo-train with the fault hook installed).
-    cmd = [sys.executable, "-m", "tests.helpers.faults" if fault else "vapo_megatron.train", "--config", str(CONFIG),
-           f"trainer.run_dir={run_dir}", f"model.hf_path={demo}/model", f"data.train_files=[{demo}/train.jsonl]",
-           f"data.eval_files=[{demo}/eval.jsonl]", "eval.n_samples=2", "eval.every=2",
-           f"sft.files=[{demo}/sft.jsonl]", "sft.steps=2", "sft.batch_size=4", "sft.eval_every=100",
-           "parallel.tp=1", "algo.value_pretrain_steps=0", "algo.mini_batches=1", "rollout.prompts_per_step=4",
-           "rollout.n_samples=2", "rollout.max_new_tokens=4", "trainer.total_steps=5", "trainer.save_every=2",
-           "trainer.tensorboard=false", "trainer.export_hf=false", "trainer.wandb.mode=offline",
-           "trainer.wandb.tags=[ci,offline]"]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    module = "tests.helpers.faults" if fault else "vapo_megatron.train"
+    args = [f"trainer.run_dir={run_dir}", f"model.hf_path={demo}/model", f"data.train_files=[{demo}/train.jsonl]",
+            f"data.eval_files=[{demo}/eval.jsonl]", "eval.n_samples=2", "eval.every=2",
+            f"sft.files=[{demo}/sft.jsonl]", "sft.steps=2", "sft.batch_size=4", "sft.eval_every=100",
+            "parallel.tp=1", "algo.value_pretrain_steps=0", "algo.mini_batches=1", "rollout.prompts_per_step=4",
+            "rollout.n_samples=2", "rollout.max_new_tokens=4", "trainer.total_steps=5", "trainer.save_every=2",
+            "trainer.tensorboard=false", "trainer.export_hf=false", "trainer.wandb.mode=offline",
+            "trainer.wandb.tags=[ci,offline]"]
+    return launch_in_forks("demo_cpu.yaml", args, env=env | ({"VAPO_FAULT": fault} if fault else {}), nproc=1,
+                           module=module)
 
 
 def test_an_offline_run_killed_and_resumed_holds_every_step_once_in_one_wandb_run(demo, tmp_path):

@@ -13,6 +13,7 @@ import pickle
 import queue as queue_module
 import time
 import traceback
+from dataclasses import dataclass
 
 import torch.multiprocessing as mp
 
@@ -45,41 +46,75 @@ def _worker(rank, world_size, port, fn, args, queue, env):
         parallel.destroy()
 
 
-def run_ranks(world_size: int, fn, *args, timeout: float = 600.0) -> list:
-    """fn(*args) on `world_size` forked processes; returns [result of rank 0, rank 1, ...]. A rank that
-    raises, or dies without a result (a signal, os._exit), fails the call at once with what it
-    knows; the rest are killed, as torchrun ends a job's other workers."""
+def start_forkserver() -> None:
+    """The forkserver, preloaded (PRELOAD), started now if it is not running: a caller that counts
+    this process's children (tests/helpers/train_runs.py) finds it among them before its ranks start."""
+    from multiprocessing import forkserver
+
+    mp.get_context("forkserver").set_forkserver_preload(PRELOAD)  # takes effect when the server starts
+    forkserver.ensure_running()
+
+
+@dataclass
+class Ended:
+    """How the ranks of one end_ranks call ended."""
+
+    results: dict[int, object]  # rank -> fn's return value
+    failures: dict[int, str]  # rank -> why it gave none: its traceback, its death, or no end in time
+    exitcodes: list[int | None]  # each process's own (-N: signal N); None: killed here, not ended by itself
+    raised: set[int]  # the ranks whose fn raised (their failure: "rank R:\n" and the traceback)
+
+
+def end_ranks(world_size: int, fn, *args, timeout: float = 600.0, grace: float = 5.0) -> Ended:
+    """fn(*args) on `world_size` forked processes, each until it returns, raises or dies. Once one
+    has failed, the others have `grace` seconds to end by themselves (a whole-job kill: each rank
+    reaches its own fault point), and are then killed, as torchrun ends a job's other workers."""
+    start_forkserver()
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)  # takes effect when the server starts (the first call)
     queue = ctx.Queue()
     port = free_port()
     env = dict(os.environ)
     procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, env)) for r in range(world_size)]
     for p in procs:
         p.start()
-    results, errors = {}, []
+    results, failures = {}, {}
     deadline = time.monotonic() + timeout
-    while len(results) < world_size and not errors:
+    while len(results) + len(failures) < world_size and time.monotonic() < deadline:
         try:
             rank, status, value = queue.get(timeout=2.0)
         except queue_module.Empty:
             # A rank's result is in the pipe before its process ends (a Queue's feeder thread is
             # flushed at exit), so a rank that has ended and sent nothing within 2 s never will.
-            died = [f"rank {r} ended with exit code {p.exitcode} and no result" for r, p in enumerate(procs)
-                    if p.exitcode is not None and r not in results]
-            if died or time.monotonic() > deadline:
-                errors.extend(died or [f"no result within {timeout:.0f} s from ranks "
-                                       f"{sorted(set(range(world_size)) - set(results))}"])
+            for r, p in enumerate(procs):
+                if p.exitcode is not None and r not in results and r not in failures:
+                    failures[r] = f"rank {r} ended with exit code {p.exitcode} and no result"
+                    deadline = min(deadline, time.monotonic() + grace)
             continue
         if status == "ok":
             results[rank] = pickle.loads(value)
         else:
-            errors.append(f"rank {rank}:\n{value}")
-    for p in procs:
-        p.join(timeout=max(1.0, deadline - time.monotonic()) if not errors else 5)
+            failures[rank] = f"rank {rank}:\n{value}"
+            deadline = min(deadline, time.monotonic() + grace)
+    if not failures and len(results) < world_size:  # the time ran out
+        failures.update({r: f"rank {r}: no result within {timeout:.0f} s" for r in range(world_size) if r not in results})
+    killed = set()
+    for r, p in enumerate(procs):
+        p.join(timeout=max(1.0, deadline - time.monotonic()))
         if p.is_alive():
             p.kill()
             p.join()
-    if errors:
-        raise AssertionError("\n".join(errors))
-    return [results[r] for r in range(world_size)]
+            killed.add(r)
+            if r not in results:
+                failures.setdefault(r, f"rank {r} had not ended {grace:.0f} s after another rank failed: killed")
+    raised = {r for r, why in failures.items() if why.startswith(f"rank {r}:\n")}
+    return Ended(results, failures, [None if r in killed else p.exitcode for r, p in enumerate(procs)], raised)
+
+
+def run_ranks(world_size: int, fn, *args, timeout: float = 600.0) -> list:
+    """fn(*args) on `world_size` forked processes; returns [result of rank 0, rank 1, ...]. A rank that
+    raises, or dies without a result (a signal, os._exit), fails the call with what it knows
+    (end_ranks: the rest are killed, as torchrun ends a job's other workers)."""
+    ended = end_ranks(world_size, fn, *args, timeout=timeout)
+    if ended.failures:
+        raise AssertionError("\n".join(ended.failures.values()))
+    return [ended.results[r] for r in range(world_size)]

@@ -21,6 +21,9 @@ FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT
 # Held while a test session has a local cluster: two pytest runs on one machine would otherwise
 # start, share and stop the same daemons (and munged) under each other's jobs.
 LOCK_FILE = "/tmp/vapo-slurm.lock"
+# Seconds between two `scontrol show job` of a job awaited to its end: each costs ~17 ms of CPU
+# (bash, ip netns exec, scontrol and slurmctld's answer), and the jobs take minutes.
+JOB_POLL = 1.0
 
 
 @dataclass
@@ -42,7 +45,7 @@ class Cluster:
 
     def wait_done(self, job_id: str, timeout: float) -> dict[str, str]:
         return wait_for(lambda: (f := self.job_fields(job_id))["JobState"] in FINAL_STATES and f, timeout,
-                        f"job {job_id} to end")
+                        f"job {job_id} to end", poll=JOB_POLL)
 
 
 def wait_for(predicate, timeout: float, what: str, poll: float = 0.3):

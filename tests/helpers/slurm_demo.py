@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.slurm_cluster import CANNOT_RUN, FINAL_STATES, wait_for
+from tests.helpers.slurm_cluster import CANNOT_RUN, FINAL_STATES, JOB_POLL, wait_for
 from tests.helpers.train_runs import make_demo_data
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,8 +23,9 @@ SLURM_LOCAL = REPO / "scripts" / "slurm_local.sh"
 TRAIN_SBATCH = REPO / "slurm" / "vapo_train.sbatch"
 DEMO_CONFIG = REPO / "configs" / "demo_cpu.yaml"
 
-# 1 value-pretraining iteration + VAPO_STEPS VAPO iterations; each takes a fraction of a second
-# here, so a dozen leave a few seconds in which to preempt the second job mid-run.
+# 1 value-pretraining iteration + VAPO_STEPS VAPO iterations; each takes about a second of CPU for
+# the two ranks here (one optimizer update each for actor and critic), so a dozen leave several
+# seconds in which to stop a job mid-run, and room for the two-node job's two stops and resumes.
 VAPO_STEPS = 12
 FINAL_ITER = 1 + VAPO_STEPS
 SAVE_EVERY = 5
@@ -51,7 +52,8 @@ def job_fields(job_id: str, env: dict[str, str]) -> dict[str, str]:
 
 
 def wait_done(job_id: str, env: dict[str, str], timeout: float) -> dict[str, str]:
-    return wait_for(lambda: (f := job_fields(job_id, env))["JobState"] in FINAL_STATES and f, timeout, f"job {job_id} to end")
+    return wait_for(lambda: (f := job_fields(job_id, env))["JobState"] in FINAL_STATES and f, timeout, f"job {job_id} to end",
+                    poll=JOB_POLL)
 
 
 def sbatch(script: Path, args: list[str], env: dict[str, str], log: Path, extra_env: dict[str, str],
@@ -75,10 +77,13 @@ def slurm_demo_data(tmp_path_factory) -> Path:
 
 
 def short_demo(data: Path) -> list[str]:
-    """Overrides that shrink configs/demo_cpu.yaml to a run of a few seconds."""
+    """Overrides that shrink configs/demo_cpu.yaml to a run of a few seconds. No warm start (SFT:
+    its greedy checks cost more CPU than the whole RL part; resuming past it is tested in
+    tests/e2e/test_train.py) and one optimizer update per step (algo.mini_batches=1): what these
+    jobs test is the launch, the stops, the requeues and the resumes, whatever the steps compute."""
     return [
         f"model.hf_path={data}/model", f"data.train_files=[{data}/train.jsonl]", f"data.eval_files=[{data}/eval.jsonl]",
-        f"sft.files=[{data}/sft.jsonl]", "sft.steps=2", "sft.batch_size=8", "algo.value_pretrain_steps=1",
+        f"sft.files=[{data}/sft.jsonl]", "sft.steps=0", "algo.value_pretrain_steps=1", "algo.mini_batches=1",
         "rollout.prompts_per_step=8", "rollout.n_samples=4", "eval.max_prompts=4", f"trainer.save_every={SAVE_EVERY}",
         "eval.every=100", "trainer.tensorboard=false", f"trainer.total_steps={VAPO_STEPS}",
     ]

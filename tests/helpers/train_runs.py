@@ -1,6 +1,7 @@
-"""Shared by the tests that run the trainer end to end (test_train, test_fault_injection,
-test_slurm): demo data, a torchrun launch of `python -m vapo_megatron.train` that also reports
-processes the run left behind, and readers for what a run writes (metrics, checkpoints)."""
+"""Shared by the tests that run the trainer and the commands end to end (tests/e2e): demo data, a
+torchrun launch of `python -m vapo_megatron.train` that also reports processes the run left
+behind, the same run (or another command's main) on ranks forked from the suite's preloaded
+forkserver, and readers for what a run writes (metrics, checkpoints)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -43,6 +44,8 @@ class Launch:
     stdout: str
     stderr: str
     leftovers: list[str]  # processes of the run still alive after torchrun exited (killed by launch)
+    codes: list[int | None] = field(default_factory=list)  # forked ranks only: each rank's (launch_in_forks)
+    failures: list[str] = field(default_factory=list)  # forked ranks only: how those without a return value ended
 
     @property
     def output(self) -> str:
@@ -127,8 +130,8 @@ def train(config: str | Path, *overrides: str, env: dict[str, str] | None = None
 
 
 def _rank_main(argv: list[str], out_dir: str, env: dict[str, str], nproc: int, module: str) -> int:
-    """One rank of train_in_forks: `module`'s main(ARGV) with what torchrun gives a worker besides
-    RANK, WORLD_SIZE and the rendezvous (set by run_ranks), its output in out_dir/rank{R}.{out,err}."""
+    """One rank of command_in_forks: `module`'s main(ARGV) with what torchrun gives a worker besides
+    RANK, WORLD_SIZE and the rendezvous (set by end_ranks), its output in out_dir/rank{R}.{out,err}."""
     os.chdir(ROOT)
     os.environ.update(env, LOCAL_WORLD_SIZE=str(nproc))
     for fd, name in ((1, "out"), (2, "err")):
@@ -145,22 +148,59 @@ def _rank_main(argv: list[str], out_dir: str, env: dict[str, str], nproc: int, m
         sys.stderr.flush()
 
 
-def train_in_forks(config: str | Path, *overrides: str, env: dict[str, str] | None = None, nproc: int = 2,
-                   module: str = "vapo_megatron.train") -> Launch:
-    """A run that must succeed, as train() but with its ranks forked from the preloaded forkserver of
-    tests/helpers/dist_utils.py instead of started by torchrun: the same `vapo_megatron.train.main`
-    from the command line on, without the ~17 s of CPU that three fresh interpreters spend importing
-    torch, megatron-core and transformers. For the tests whose subject is what a run computes;
-    those about the launch itself (signals, kills, exit codes, output, Slurm) use launch(). `module`:
-    another entry point taking the same arguments (tests/helpers/collective_audit.py)."""
-    from tests.helpers.dist_utils import run_ranks
+def launch_in_forks(config: str | Path, overrides: list[str], *, env: dict[str, str] | None = None, nproc: int = 2,
+                    module: str = "vapo_megatron.train", reap: bool = False) -> Launch:
+    """`module`'s main(["--config", CONFIG, *overrides]) on `nproc` ranks forked from the preloaded
+    forkserver of tests/helpers/dist_utils.py instead of started by torchrun (command_in_forks)."""
+    return command_in_forks(module, ["--config", str(ROOT / "configs" / config), *overrides], env=env, nproc=nproc,
+                            reap=reap)
 
-    argv = ["--config", str(ROOT / "configs" / config), *overrides]
+
+def command_in_forks(module: str, argv: list[str], *, env: dict[str, str] | None = None, nproc: int = 1,
+                     reap: bool = False) -> Launch:
+    """`module`'s main(argv) (a command: vapo_megatron.train, .eval, .convert, tests.helpers.faults)
+    on `nproc` ranks forked from the preloaded forkserver of tests/helpers/dist_utils.py instead of
+    started by torchrun or `python -m`: the same main from the command line on, without the ~5-7 s
+    of CPU that each fresh interpreter spends importing torch, megatron-core and transformers. For
+    the tests whose subject is what a command computes or records, also when it fails or is
+    killed; those about the launch itself (torchrun's report, signals to it, a process's own
+    output and exit) start real processes (launch()). Whatever the ranks' end, returns it:
+    codes: each rank's exit code as its process would have it (main's return value; 1 where main
+    raised, its traceback then in stderr; -N where the rank died of signal N, as a SIGKILL fault
+    point kills it; None where it had not ended 5 s after another rank failed, and was killed, as
+    torchrun's agent ends the rest of a job), returncode the first that is not 0 (None as -9),
+    failures: how the ranks without a return value ended; stdout and stderr: the ranks' in rank
+    order; leftovers (with `reap`): processes the ranks left running, found and killed as launch()
+    does. Without `reap` they are left to end by themselves (re-parented to init), as a killed
+    command's helpers are (an SGLang engine's processes, which tests/e2e/test_sglang_train_resume.py
+    watches die by themselves; W&B's service)."""
+    from tests.helpers.dist_utils import end_ranks, start_forkserver
+
+    start_forkserver()  # before the census of our children: the server is the suite's, not the run's
+    reaping = reap and _set_subreaper(True)
+    before = _children() if reaping else {}
     with tempfile.TemporaryDirectory() as out:
-        codes = run_ranks(nproc, _rank_main, argv, out, dict(env or {}), nproc, module)
-        text = {k: "".join(Path(out, f"rank{r}.{k}").read_text() for r in range(nproc)) for k in ("out", "err")}
-    run = Launch(max(codes, key=abs), text["out"], text["err"], [])
-    assert run.returncode == 0, f"vapo-train failed ({codes}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+        try:
+            ended = end_ranks(nproc, _rank_main, argv, out, dict(env or {}), nproc, module)
+        finally:
+            leftovers = _end_orphans(before) if reaping else []
+        text = {k: "".join(Path(out, f"rank{r}.{k}").read_text() for r in range(nproc) if Path(out, f"rank{r}.{k}").exists())
+                for k in ("out", "err")}
+    codes = [(ended.results[r] or 0) if r in ended.results else 1 if r in ended.raised else ended.exitcodes[r]
+             for r in range(nproc)]
+    tracebacks = "".join(ended.failures[r].split("\n", 1)[1] for r in sorted(ended.raised))
+    first = next((c for c in codes if c != 0), 0)
+    return Launch(-9 if first is None else first, text["out"], text["err"] + tracebacks, leftovers, codes,
+                  list(ended.failures.values()))
+
+
+def train_in_forks(config: str | Path, *overrides: str, env: dict[str, str] | None = None, nproc: int = 2,
+                   module: str = "vapo_megatron.train", reap: bool = False) -> Launch:
+    """A run that must succeed, as train() but with its ranks forked (launch_in_forks). `module`:
+    another entry point taking the same arguments (tests/helpers/collective_audit.py)."""
+    run = launch_in_forks(config, list(overrides), env=env, nproc=nproc, module=module, reap=reap)
+    assert run.returncode == 0 and not run.failures, \
+        f"vapo-train failed ({run.codes}): {run.failures}\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
     return run
 
 
@@ -192,10 +232,10 @@ def hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def exported(ckpt: Path, out: Path) -> dict[str, torch.Tensor]:
-    """A trainer checkpoint's weights, through `vapo-convert mcore-to-hf` (one process)."""
+    """A trainer checkpoint's weights, through `vapo-convert mcore-to-hf` (its main on one forked rank)."""
     if not out.exists():
-        subprocess.run([sys.executable, "-m", "vapo_megatron.convert", "mcore-to-hf", "--ckpt", str(ckpt), "--out", str(out)],
-                       check=True, cwd=ROOT, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        run = command_in_forks("vapo_megatron.convert", ["mcore-to-hf", "--ckpt", str(ckpt), "--out", str(out)])
+        assert run.returncode == 0 and not run.failures, f"vapo-convert failed ({run.codes}): {run.failures}\n{run.stderr[-3000:]}"
     return hf_weights(out)
 
 

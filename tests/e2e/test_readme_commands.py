@@ -82,18 +82,9 @@ def _command_rank(module: str, argv: list[str], cwd: str, launched: bool, out_di
     else:
         for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             os.environ.pop(name, None)
-    rank = os.environ.get("RANK", "0")
-    for fd, name in ((1, "out"), (2, "err")):
-        f = os.open(f"{out_dir}/rank{rank}.{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(f, fd)
-        os.close(f)
-    try:
-        return importlib.import_module(module).main(argv)
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+    from tests.helpers.dist_utils import command_main
+
+    return command_main(module, argv, out_dir)
 
 
 def run(module: str, argv: list[str], cwd: Path, *, nproc: int | None = None) -> tuple[int, str]:

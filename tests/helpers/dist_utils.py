@@ -8,9 +8,11 @@ environment as spawn would give it."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import queue as queue_module
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -118,3 +120,20 @@ def run_ranks(world_size: int, fn, *args, timeout: float = 600.0) -> list:
     if ended.failures:
         raise AssertionError("\n".join(ended.failures.values()))
     return [ended.results[r] for r in range(world_size)]
+
+
+def command_main(module: str, argv: list[str], out_dir: str) -> int:
+    """A command's main(argv) in this forked rank, as its process would end: the exit code (a
+    SystemExit's, 1 when it carries no number); the rank's stdout and stderr go to
+    out_dir/rank{RANK}.{out,err}, RANK 0 where no launcher set one."""
+    for fd, name in ((1, "out"), (2, "err")):
+        f = os.open(f"{out_dir}/rank{os.environ.get('RANK', '0')}.{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(f, fd)
+        os.close(f)
+    try:
+        return importlib.import_module(module).main(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()

@@ -6,7 +6,6 @@ forkserver, and readers for what a run writes (metrics, checkpoints)."""
 from __future__ import annotations
 
 import ctypes
-import importlib
 import json
 import os
 import signal
@@ -134,18 +133,9 @@ def _rank_main(argv: list[str], out_dir: str, env: dict[str, str], nproc: int, m
     RANK, WORLD_SIZE and the rendezvous (set by end_ranks), its output in out_dir/rank{R}.{out,err}."""
     os.chdir(ROOT)
     os.environ.update(env, LOCAL_WORLD_SIZE=str(nproc))
-    for fd, name in ((1, "out"), (2, "err")):
-        f = os.open(f"{out_dir}/rank{os.environ['RANK']}.{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(f, fd)
-        os.close(f)
-    main = importlib.import_module(module).main
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+    from tests.helpers.dist_utils import command_main
+
+    return command_main(module, argv, out_dir)
 
 
 def launch_in_forks(config: str | Path, overrides: list[str], *, env: dict[str, str] | None = None, nproc: int = 2,

@@ -17,7 +17,6 @@ world runs in a fresh interpreter (tests/helpers/world_main.py) with its own for
 
 from __future__ import annotations
 
-import importlib
 import os
 import pickle
 import subprocess
@@ -80,17 +79,9 @@ def drive_in_world(world: str, fn, *args, timeout: float = 1800.0):
 def command_rank(module: str, argv: list[str], out_dir: str) -> int:
     """One rank of run_command: `module`'s main(argv), its output in out_dir/rank{R}.{out,err}."""
     os.chdir(ROOT)
-    for fd, name in ((1, "out"), (2, "err")):
-        f = os.open(f"{out_dir}/rank{os.environ['RANK']}.{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(f, fd)
-        os.close(f)
-    try:
-        return importlib.import_module(module).main(argv)
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+    from tests.helpers.dist_utils import command_main
+
+    return command_main(module, argv, out_dir)
 
 
 def run_command(module: str, argv: list[str], *, nproc: int = 1, timeout: float = 600.0) -> tuple[int, str, str]:

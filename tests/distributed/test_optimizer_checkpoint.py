@@ -217,7 +217,8 @@ def _adams(model) -> dict[str, torch.Tensor]:
 
 def _switches(work: str) -> list[str]:
     """Through the run's checkpoint manager on one rank: a checkpoint of TE's FusedAdam resumed by
-    torch's Adam, its next one by TE's, and that one's by torch's; then an older checkpoint of
+    torch's Adam, its next one by TE's, and that one's by torch's (each also restoring the CPU random
+    generator as saved: nothing draws from it in a run today, but dropout would); then an older checkpoint of
     torch's Adam (megatron's dp_reshardable, as written before issue 55) resumed by TE's. Each
     resumes, its parameters, moments and step count as saved. Without the distributed optimizer
     the resume stops in one line naming the setting, the checkpoints intact."""
@@ -230,11 +231,15 @@ def _switches(work: str) -> list[str]:
     for kind, iteration in (("torch", 2), ("te", 3), ("torch", 4)):
         train_step(writer, iteration)
         CheckpointManager(run, {"actor": writer}, config={}).save(_run_state(iteration))
+        drawn = torch.rand(4)  # what the saved CPU generator draws next
         reader = _model(kind)
+        torch.manual_seed(iteration + 1000)  # another state, which the load must replace
         assert per_parameter_steps(megatron_optimizers(reader.optimizer)[0].optimizer) == (kind == "torch"), kind
         state = _run_state(0)
         if not CheckpointManager(run, {"actor": reader}, config={}).load(state) or state.iteration != iteration:
             found.append(f"{kind}: resumed nothing at iteration {iteration}")
+        if not torch.equal(torch.rand(4), drawn):
+            found.append(f"{kind}: the CPU random generator was not restored at iteration {iteration}")
         before, after = _adams(writer), _adams(reader)
         found += [f"{kind}: {k}" for k in before if not torch.equal(before[k], after.get(k, torch.empty(0)))]
         writer = reader

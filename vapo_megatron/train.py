@@ -21,6 +21,7 @@ import traceback
 
 from vapo_megatron.config import Config, ConfigError, parse_config, problems_error
 from vapo_megatron.config.cli import BAD_INPUT_EXIT_CODE, INTERRUPTED_EXIT_CODE, verbose
+from vapo_megatron.config.estimators import estimator_of
 from vapo_megatron.config.layout import launcher_env
 from vapo_megatron.config.quiet import device_startup, quiet_startup
 from vapo_megatron.trainer.run_guard import RunDirLocked, die_with_launcher, remove_unused_run_dir
@@ -87,7 +88,7 @@ def finished(cfg: Config) -> bool:
     from vapo_megatron.checkpoint.complete import finished_at, finished_message
 
     total = cfg.algo.value_pretrain_steps + cfg.trainer.total_steps  # Trainer.total_iterations
-    models = ("actor",) if cfg.algo.estimator == "grpo" else ("actor", "critic")  # mcore/critic.py build_critic
+    models = ("actor", "critic") if estimator_of(cfg).needs_critic else ("actor",)  # mcore/critic.py build_critic
     done = finished_at(cfg.trainer.run_dir, models)
     if done is None or done < total:
         return False

@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.dry_run:
             dry_run(bench, plan)
             return 0
-        if stale := bench.stale(plan):
+        if stale := bench.stale(plan) or bench.machine_problems(plan):
             raise BadInput(stale[0] + (f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""))
     except BadInput as e:
         print(f"bench_learning: error: {e}", file=sys.stderr)

@@ -15,8 +15,9 @@ import sys
 import threading
 from pathlib import Path
 
-from benchmarks.learning.runs import (curve_figures, eval_figures, finished, metric_records, read_json,
+from benchmarks.learning.runs import (curve_figures, eval_figures, finished, machine, metric_records, read_json,
                                       record_mismatch, spawn)
+from vapo_megatron.config.estimators import ESTIMATORS
 from benchmarks.learning.variants import (CRITIC_MODELS, ROOT, VARIANTS, BadInput, base_settings, derived_yaml,
                                           has_critic, resolve, run_problems)
 
@@ -194,10 +195,40 @@ class Bench:
         return rc
 
     def add_code(self, run: Path) -> None:
-        """The commit (and whether the tree had changes) of each attempt at training the run, in
-        bench_code.json: a summary says which code trained it, not only which wrote the summary."""
-        codes = (read_json(run / "bench_code.json") or {}).get("train_code", [])
-        (run / "bench_code.json").write_text(json.dumps({"train_code": [*codes, self.code(dirty=True)]}) + "\n")
+        """The commit (and whether the tree had changes) and the machine kind of each attempt at
+        training the run, in bench_code.json: a summary says which code trained it, and on what,
+        not only which wrote the summary."""
+        old = read_json(run / "bench_code.json") or {}
+        (run / "bench_code.json").write_text(json.dumps({
+            "train_code": [*old.get("train_code", []), self.code(dirty=True)],
+            "train_machine": [*old.get("train_machine", []), self.machine]}) + "\n")
+
+    @property
+    def machine(self) -> dict:
+        if "machine" not in self.once_done:
+            self.once_done["machine"] = machine()
+        return self.once_done["machine"]
+
+    def machine_problems(self, plan: list[tuple[str, int]]) -> list[str]:
+        """One machine kind per study: a run, warm start or committed summary of this plan trained on
+        another CPU kind than this machine is refused before any work (its seed's other arms would
+        be trained on other kernels, and a paired comparison would mix the two)."""
+        here, seen = self.machine, set()
+        paths = [self.run_dir(v, s) / "bench_code.json" for v, s in plan]
+        paths += [self.warm_dir(s) / "bench_code.json" for _, s in plan] if self.warm else []
+        kinds = [(str(p), k) for p in paths for k in (read_json(p) or {}).get("train_machine", [])]
+        for v, s in plan:
+            copy = self.copy_path(v, s)
+            for k in ((read_json(copy) or {}).get("train_machine") or []) if copy and copy.exists() else []:
+                kinds.append((str(copy), k))
+        out = []
+        for where, kind in kinds:
+            if kind != here and where not in seen:
+                seen.add(where)
+                out.append(f"{where} was trained on {kind['cpu']} ({kind['cpu_id']}, torch {kind['torch_cpu_capability']}); "
+                           f"this machine is {here['cpu']} ({here['cpu_id']}, torch {here['torch_cpu_capability']}): a "
+                           "study runs on one machine kind; run it on that kind, or use another --out")
+        return out
 
     @staticmethod
     def times(run: Path) -> dict:
@@ -278,13 +309,14 @@ class Bench:
             (r["sft/train_accuracy"] for r in reversed(sft) if "sft/train_accuracy" in r), None),
             "eval_accuracy": final.get("eval/accuracy"), "eval_avg@K": final.get(f"eval/avg@{self.base['eval']['n_samples']}"),
             "train_code": (read_json(run / "bench_code.json") or {}).get("train_code"),
+            "train_machine": (read_json(run / "bench_code.json") or {}).get("train_machine"),
             "parameters": meta.get("num_parameters"), "wall_s": round(t["wall_s"], 1), "cpu_s": round(t["cpu_s"], 1),
             "eval_cpu_s": round(t["eval_cpu_s"], 1)}
 
     def summarize(self, variant: str, seed: int, run: Path, figures: dict) -> dict:
         cfg, t = self.settings(run), self.times(run)
         r, k = cfg["rollout"], cfg["eval"]["n_samples"]
-        vp = cfg["algo"]["value_pretrain_steps"] if cfg["algo"]["estimator"] != "grpo" else 0
+        vp = cfg["algo"]["value_pretrain_steps"] if ESTIMATORS[cfg["algo"]["estimator"]].needs_critic else 0
         records = metric_records(run)
         final = next((x for x in reversed(records) if "eval/accuracy_final" in x), {})
         critic = VARIANTS[variant].get("critic")
@@ -298,6 +330,7 @@ class Bench:
             "critic_warm_start": self.warm_summary(seed, critic) if critic and self.warm else None,
             "accuracy": final.get("eval/accuracy"), "avg@K": final.get(f"eval/avg@{k}"), "trainer_eval_k": k,
             "code": self.code(), "train_code": (read_json(run / "bench_code.json") or {}).get("train_code"),
+            "train_machine": (read_json(run / "bench_code.json") or {}).get("train_machine"),
         } | curve_figures(records, value_pretrain=vp, steps=cfg["trainer"]["total_steps"],
                           prompts=r["prompts_per_step"], n_samples=r["n_samples"]) | figures
 

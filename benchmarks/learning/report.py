@@ -7,6 +7,7 @@
     decisions(summaries, study)    the critic study's pre-registered decision rules 1-5, applied (markdown)
     holm_tables(...)               a study's primary pairs under Holm's correction; its secondary pairs
     oracle_decisions(done, study)  the positive control's pre-registered decision rules (issue 54)
+    single_decisions(done, study)  the one-answer-per-prompt study's pre-registered decision rules (issue 66)
     seed_figure(summaries, ...)    PNG: one panel per arm, one line per seed, held-out accuracy vs RL step
 """
 
@@ -235,6 +236,48 @@ def oracle_decisions(done: list[dict], study: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def single_decisions(done: list[dict], study: dict) -> str:
+    """The one-answer-per-prompt study's decision rules (docs/benchmarks.md, "Where should a critic
+    pay?"), applied to the primary endpoint under Holm's correction, mechanically. study["pairs"]
+    is, in order: the learned critic at n=1 against the value-free batch baseline at n=1; against
+    GRPO at equal answers per step; against VAPO at the group size."""
+    key = ENDPOINTS[0][0]
+    readings = holm_readings(done, study, key)
+    (critic, free), (_, grpo), (_, group) = study["pairs"][:3]
+    said, r, adj = readings[(critic, free)]
+    if r is None:
+        return "Decision rules: not applicable (no paired runs of the critic and the batch baseline at n=1).\n"
+
+    def fmt(pair):
+        w, x, p = readings[pair]
+        return f"{x[0]:+.3f} [{x[1]:+.3f}, {x[2]:+.3f}], Holm p {p:.4f}: {w}" if x else "no paired runs"
+
+    out = ["Decision rules (pre-registered), applied to the primary endpoint:", ""]
+    if said == "below 0":
+        out.append(f"1. `{critic} - {free}` = {fmt((critic, free))}. A learned critic that loses to the batch-mean "
+                   "baseline at one answer per prompt is a defect to find: the critic's targets, value pretraining, "
+                   "learning rate and placement are reviewed before any other comparison is read.")
+        out.append("2. The other comparisons are not read until that review is written (docs/benchmarks.md).")
+        return "\n".join(out) + "\n"
+    if said == "above 0":
+        out.append(f"1. `{critic} - {free}` = {fmt((critic, free))}. The learned critic pays at one answer per "
+                   "prompt on this task: it beats the best value-free baseline that exists there.")
+    else:
+        out.append(f"1. `{critic} - {free}` = {fmt((critic, free))}. The critic is not shown to pay at one answer "
+                   f"per prompt; the interval bounds what it can be ({r[1]:+.3f} to {r[2]:+.3f}).")
+    w = readings[(critic, grpo)][0]
+    out.append(f"2. `{critic} - {grpo}` (equal answers per step) = {fmt((critic, grpo))}. " + {
+        "above 0": "One answer per prompt with a critic beats GRPO's groups at the same generation.",
+        "below 0": "GRPO's group baseline beats the critic at one answer per prompt at the same generation.",
+        "unresolved": "Neither is shown to beat the other at the same generation."}.get(w, ""))
+    w = readings[(critic, group)][0]
+    out.append(f"3. `{critic} - {group}` = {fmt((critic, group))}. " + {
+        "above 0": "VAPO does better with one answer per prompt than with its groups (component 7 not shown to pay here).",
+        "below 0": "VAPO's group sampling (component 7) pays against one answer per prompt, at equal answers.",
+        "unresolved": "Group sampling is not shown to matter to VAPO at equal answers."}.get(w, ""))
+    return "\n".join(out) + "\n"
+
+
 def study_report(summaries: list[dict], study: dict, arms: list[str]) -> str:
     done = [s for s in summaries if s["status"] == "finished"]
     lines = ["Per arm: mean ± std [min, max] over the seeds listed; `samples` trained, `samples_generated` "
@@ -258,6 +301,8 @@ def study_report(summaries: list[dict], study: dict, arms: list[str]) -> str:
         lines += [decisions(summaries, study)]
     elif study.get("rules") == "oracle":
         lines += [oracle_decisions(done, study)]
+    elif study.get("rules") == "single":
+        lines += [single_decisions(done, study)]
     lines += ["Critic: explained variance of the return by response position (mean over seeds), and how often a "
               "wrong answer's most negative TD error is within 2 tokens of its first wrong token (all seeds):", "",
               "| arm | EV by position | within 2 of the first error |", "|---|---|---|"]

@@ -80,8 +80,10 @@ def load_definitions(path: Path) -> tuple[dict[str, dict], dict[str, list[str]],
             if len(study["share"]) != 3 or not set(study["share"]) <= set(arms):
                 bad(f"studies.{name}.share", "is [learned, oracle, free], three of the study's arms")
             study["share"] = tuple(study["share"])
-        if study.get("rules") not in (None, "critic", "oracle"):
-            bad(f"studies.{name}.rules", f"{study['rules']!r} is neither critic nor oracle")
+        if study.get("rules") not in (None, "critic", "oracle", "single"):
+            bad(f"studies.{name}.rules", f"{study['rules']!r} is none of critic, oracle, single")
+        if study.get("rules") == "single" and len(study.get("pairs", [])) < 3:
+            bad(f"studies.{name}.pairs", "rules single reads three pairs: critic-free, critic-grpo, critic-group")
         studies[name] = study
     return variants, models, studies
 
@@ -90,8 +92,12 @@ VARIANTS, CRITIC_MODELS, STUDIES = load_definitions(STUDIES_FILE)
 
 
 def has_critic(variant: str) -> bool:
-    """A learned critic, whose checkpoint the credit diagnostics read (the oracle's is no model)."""
-    return "algo.estimator=grpo" not in VARIANTS[variant]["set"] and "entry" not in VARIANTS[variant]
+    """A learned critic, whose checkpoint the credit diagnostics read (the oracle's is no model):
+    asked of the row's estimator's record (vapo_megatron/config/estimators.py)."""
+    from vapo_megatron.config.estimators import ESTIMATORS
+
+    chosen = [s.split("=", 1)[1] for s in VARIANTS[variant]["set"] if s.startswith("algo.estimator=")]
+    return ESTIMATORS[chosen[-1] if chosen else "gae"].needs_critic and "entry" not in VARIANTS[variant]
 
 
 def base_settings(config: Path, overrides: list[str]) -> dict:

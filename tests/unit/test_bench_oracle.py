@@ -144,3 +144,30 @@ def test_the_oracle_study_is_designed_as_the_issue_asks():
     assert study["seeds"] == list(range(101, 111)) and len(study["pairs"]) == 5
     assert set(STUDIES["critic"]["seeds"]) < set(study["seeds"])
     assert study["summaries"] == "docs/benchmarks/oracle" and study["eval_k"] == STUDIES["critic"]["eval_k"]
+
+
+def test_the_single_answer_studys_rules_are_applied_as_written():
+    """report.single_decisions on hand-built values: each outcome of the first comparison reads as
+    the design says (docs/benchmarks.md, "Where should a critic pay?")."""
+    from benchmarks.learning.report import single_decisions
+
+    study = STUDIES["single"]
+    seeds = study["seeds"]
+    free = [0.30 + 0.01 * (i % 3) for i in range(10)]
+    gain = [0.08, 0.10, 0.09, 0.11, 0.07, 0.10, 0.12, 0.09, 0.08, 0.10]
+    noise = [0.01 if i % 2 else -0.01 for i in range(10)]
+    arms = {"batch_n1": free, "vapo_n1": [f + g for f, g in zip(free, gain)], "grpo": [f + g for f, g in zip(free, gain)],
+            "vapo": [f + g + 2 * g for f, g in zip(free, gain)]}
+    text = single_decisions(rows_of(arms, seeds), study)
+    assert "1. `vapo_n1 - batch_n1` = +0.094 [" in text and "above 0. The learned critic pays at one answer" in text, text
+    assert "2. `vapo_n1 - grpo` (equal answers per step) = +0.000" in text and "Neither is shown to beat" in text, text
+    assert "3. `vapo_n1 - vapo` = -0.188" in text and "group sampling (component 7) pays" in text, text
+    arms["vapo_n1"] = [f + n for f, n in zip(free, noise)]
+    text = single_decisions(rows_of(arms, seeds), study)
+    assert "unresolved. The critic is not shown to pay at one answer per prompt" in text, text
+    arms["vapo_n1"] = [f - g for f, g in zip(free, gain)]
+    text = single_decisions(rows_of(arms, seeds), study)
+    assert "below 0. A learned critic that loses to the batch-mean baseline" in text and "2. The other comparisons are not read" in text
+    assert "3." not in text
+    report = study_report(rows_of(arms, seeds), study, study["primary"])
+    assert "| vapo_n1 - batch_n1 | 10 | -0.094 |" in report and "| vapo - grpo | heldout_avg@K | 10 |" in report, report

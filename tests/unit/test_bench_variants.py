@@ -110,6 +110,25 @@ def test_the_positive_controls_arms_change_only_what_they_name(tmp_path):
     assert all(a in study["primary"] and b in study["primary"] for a, b in study["pairs"] + study["secondary_pairs"])
 
 
+def test_the_single_answer_studys_arms_change_only_what_they_name(tmp_path):
+    """docs/benchmarks.md, "Where should a critic pay?": vapo_n1 is vapo at one answer per prompt,
+    batch_n1 the value-free batch baseline at the same shape, both at 128 answers a step as grpo and vapo."""
+    vapo, grpo = resolved("vapo", tmp_path), resolved("grpo", tmp_path)
+    n1 = {"rollout.n_samples": 1, "rollout.prompts_per_step": vapo["rollout.prompts_per_step"] * vapo["rollout.n_samples"]}
+
+    def changed(variant, base):
+        got = resolved(variant, tmp_path)
+        return {k: got[k] for k in base if got[k] != base[k]}
+
+    assert changed("vapo_n1", vapo) == n1
+    assert changed("batch_n1", grpo) == n1 | {"algo.estimator": "batch"}
+    study = STUDIES["single"]
+    assert study["primary"] == ["vapo_n1", "batch_n1", "grpo", "vapo"] and study["rules"] == "single" and study["holm"]
+    assert study["pairs"] == [("vapo_n1", "batch_n1"), ("vapo_n1", "grpo"), ("vapo_n1", "vapo")]
+    used = {s for other, st in STUDIES.items() if other != "single" for s in st["seeds"]}
+    assert len(study["seeds"]) == 10 and not used & set(study["seeds"])  # warm starts no earlier study used
+
+
 @pytest.mark.parametrize("old, new, names", [
     ("primary: [vapo, vapo_no_critic, grpo_paper, dapo]", "primary: [vapo, vapo_no_critc, grpo_paper, dapo]",
      "studies.critic: arms vapo_no_critc are not variants"),

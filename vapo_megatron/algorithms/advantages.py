@@ -1,9 +1,13 @@
 """Step 5 of the loop (pure tensors): advantages, and the critic's value targets, of a batch.
 
-An estimator is a function of the batch (ESTIMATORS, chosen by algo.estimator):
-    gae   VAPO/PPO, from rewards and the critic's values (below)
-    grpo  value-free (GRPO, DAPO): reward minus the group's mean, over the group's std
-Each returns (advantages [B, S], returns [B, S] or None, logs).
+An estimator is a function of the batch (ADVANTAGE_FNS, keyed by algo.estimator; what each one is,
+critic or not, is its record in config/estimators.py):
+    gae    VAPO/PPO, from rewards and the critic's values (below)
+    grpo   value-free (GRPO, DAPO): reward minus the group's mean, over the group's std
+    batch  value-free: reward minus the mean of the step's whole batch, over its std
+Each takes the batch, the settings and `dp_sum` (an in-place sum over the data-parallel group of a
+float64 tensor: the one collective a global statistic needs) and returns (advantages [B, S],
+returns [B, S] or None, logs).
 
 Decoupled GAE (VAPO component 2): returns use lambda_critic (1.0: Monte-Carlo returns, so the
 value target is unbiased however long the response), advantages use lambda_policy.
@@ -84,13 +88,26 @@ def informative_groups(scores: list[float], group_of: list[int], groups: int) ->
     return [len(s) > 1 for s in seen]
 
 
-def gae_estimator(batch: RolloutBatch, algo: AlgoConfig, *, value_pretrain: bool):
+def batch_relative_advantages(rewards: torch.Tensor, dp_sum: Callable[[torch.Tensor], torch.Tensor], *,
+                              eps: float) -> tuple[torch.Tensor, float, float]:
+    """([B] advantages, mean, std): (r_i - mean) / (std + eps) with the mean and the sample std
+    (Bessel's n - 1, as torch.std) of every response of the step, on every DP rank: one
+    all-reduce of (n, sum r, sum r^2) in float64. A step of one response has advantage 0, as has a
+    step whose rewards are all equal. REINFORCE++'s global normalization (arXiv 2501.03262)."""
+    r = rewards.to(torch.float64)
+    n, total, sq = dp_sum(torch.stack([torch.tensor(float(len(r)), dtype=torch.float64), r.sum(), (r * r).sum()])).tolist()
+    mean = total / max(n, 1.0)
+    var = max(sq - n * mean * mean, 0.0) / max(n - 1.0, 1.0)
+    return ((r - mean) / (var ** 0.5 + eps)).float(), mean, var ** 0.5
+
+
+def gae_estimator(batch: RolloutBatch, algo: AlgoConfig, *, value_pretrain: bool, dp_sum):
     """VAPO's estimator: decoupled, length-adaptive GAE on the critic's values."""
     advantages, returns = compute_advantages(batch, algo, value_pretrain=value_pretrain)
     return advantages, returns, {"actor/lambda_policy_mean": float(policy_lambdas(batch.response_lens, algo).mean())}
 
 
-def grpo_estimator(batch: RolloutBatch, algo: AlgoConfig, *, value_pretrain: bool):
+def grpo_estimator(batch: RolloutBatch, algo: AlgoConfig, *, value_pretrain: bool, dp_sum):
     """GRPO's estimator: one group-relative value on every token of a response; no value targets.
     Groups never straddle DP ranks (whole groups are dealt to ranks), so the statistics are exact."""
     per_response = group_relative_advantages(batch.rewards, batch.group_ids, std_norm=algo.grpo_std_norm,
@@ -98,4 +115,11 @@ def grpo_estimator(batch: RolloutBatch, algo: AlgoConfig, *, value_pretrain: boo
     return per_response.unsqueeze(1) * batch.mask, None, {}
 
 
-ESTIMATORS: dict[str, Callable] = {"gae": gae_estimator, "grpo": grpo_estimator}
+def batch_estimator(batch: RolloutBatch, algo: AlgoConfig, *, value_pretrain: bool, dp_sum):
+    """The batch-mean baseline: one value on every token of a response, the step's global reward
+    statistics as baseline and scale; no value targets. Exact over DP ranks through dp_sum."""
+    per_response, mean, std = batch_relative_advantages(batch.rewards, dp_sum, eps=algo.batch_std_eps)  # [B]
+    return per_response.unsqueeze(1) * batch.mask, None, {"actor/batch_reward_mean": mean, "actor/batch_reward_std": std}
+
+
+ADVANTAGE_FNS: dict[str, Callable] = {"gae": gae_estimator, "grpo": grpo_estimator, "batch": batch_estimator}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
+from vapo_megatron.config.estimators import estimator_of
 from vapo_megatron.config.schema import Config, OptimConfig
 
 
@@ -51,8 +52,8 @@ def _optim_problems(key: str, o: OptimConfig) -> list[str]:
     return out
 
 
-# Settings that only a critic reads: with algo.estimator=grpo (no critic) each is refused when set
-# away from its default, in one line, rather than silently ignored (docs/algorithm.md, baselines).
+# Settings that only a critic reads: with an estimator that needs no critic (config/estimators.py)
+# each is refused when set away from its default, in one line, rather than silently ignored (docs/algorithm.md, baselines).
 _DEFAULTS = Config()
 CRITIC_ONLY: dict[str, str] = {
     "algo.lambda_critic": "the critic's GAE lambda",
@@ -69,9 +70,9 @@ CRITIC_ONLY: dict[str, str] = {
 
 
 def unused_settings(cfg: Config) -> list[str]:
-    """The settings this run has no use for, held at their defaults by the checks: with
-    algo.estimator=grpo, the critic's (CRITIC_ONLY). A run's records leave them out (load.run_record)."""
-    return list(CRITIC_ONLY) if cfg.algo.estimator == "grpo" else []
+    """The settings this run has no use for, held at their defaults by the checks: with an
+    estimator that needs no critic, the critic's (CRITIC_ONLY). A run's records leave them out (load.run_record)."""
+    return [] if estimator_of(cfg).needs_critic else list(CRITIC_ONLY)
 
 
 def _get(cfg: Config, key: str):
@@ -82,24 +83,27 @@ def _get(cfg: Config, key: str):
 
 
 def estimator_problems(cfg: Config) -> list[str]:
-    """algo.estimator=grpo has no critic: value pretraining and every critic-only setting changed
-    from its default are refused, one line each; so is a group of one response (no advantage)."""
-    a = cfg.algo
+    """Asked of the estimator's record (config/estimators.py): one without a critic refuses value
+    pretraining and every critic-only setting changed from its default, one line each; a group
+    smaller than the estimator's min_group (no advantage at all) is refused too."""
+    a, est = cfg.algo, estimator_of(cfg)
     out = []
-    if a.grpo_std_eps <= 0:
-        out.append(f"algo.grpo_std_eps={a.grpo_std_eps} must be > 0")
-    if a.estimator != "grpo":
+    for key in ("grpo_std_eps", "batch_std_eps"):
+        if getattr(a, key) <= 0:
+            out.append(f"algo.{key}={getattr(a, key)} must be > 0")
+    if 1 <= cfg.rollout.n_samples < est.min_group:  # (< 1 is its own problem)
+        out.append(f"rollout.n_samples={cfg.rollout.n_samples} with algo.estimator={est.name} trains nothing: a "
+                   "response's advantage is its reward against its group's, and a group of one has nothing to compare "
+                   f"with (every advantage is 0); set rollout.n_samples >= {est.min_group}, or algo.estimator=gae "
+                   "(or batch: the whole batch as the baseline)")
+    if est.needs_critic:
         return out
-    if cfg.rollout.n_samples == 1:  # (< 1 is its own problem)
-        out.append("rollout.n_samples=1 with algo.estimator=grpo trains nothing: a response's advantage is its reward "
-                   "against its group's, and a group of one has nothing to compare with (every advantage is 0); "
-                   "set rollout.n_samples >= 2, or algo.estimator=gae")
     if a.value_pretrain_steps > 0:
-        out.append(f"algo.value_pretrain_steps={a.value_pretrain_steps} needs a critic, which algo.estimator=grpo "
+        out.append(f"algo.value_pretrain_steps={a.value_pretrain_steps} needs a critic, which algo.estimator={est.name} "
                    "does not have: set algo.value_pretrain_steps=0")
     for key, what in CRITIC_ONLY.items():
         if _get(cfg, key) != _get(_DEFAULTS, key):
-            out.append(f"{key} ({what}) is set, but algo.estimator=grpo has no critic: remove it from the config")
+            out.append(f"{key} ({what}) is set, but algo.estimator={est.name} has no critic: remove it from the config")
     return out
 
 

@@ -83,15 +83,18 @@ class OptimConfig:
 class AlgoConfig:
     """VAPO's knobs; each ablation of the paper's table is one switch (docs/algorithm.md)."""
 
-    # How advantages are estimated. "gae": VAPO/PPO, a critic (value model) is trained and GAE
-    # runs on its values. "grpo": value-free (GRPO, DAPO): a response's advantage is its reward
-    # minus its group's mean reward, over the group's std; there is no critic at all (not built,
-    # not checkpointed, not in vapo-plan), and the critic-only settings below are refused.
-    estimator: Literal["gae", "grpo"] = "gae"
+    # How advantages are estimated (config/estimators.py). "gae": VAPO/PPO, a critic (value model)
+    # is trained and GAE runs on its values. "grpo": value-free (GRPO, DAPO): a response's advantage
+    # is its reward minus its group's mean reward, over the group's std. "batch": value-free, the
+    # reward minus the mean of the step's whole batch (every DP rank), over its std (REINFORCE++'s
+    # global normalization): defined at one answer per prompt. Without a critic there is none at
+    # all (not built, not checkpointed, not in vapo-plan), and the critic-only settings are refused.
+    estimator: Literal["gae", "grpo", "batch"] = "gae"
     # grpo: divide by the group's reward std (+ grpo_std_eps); false: the "Dr. GRPO" variant,
     # reward minus the group mean only.
     grpo_std_norm: bool = True
     grpo_std_eps: float = 1e-6  # grpo: added to the group's std before dividing
+    batch_std_eps: float = 1e-6  # batch: added to the batch's std before dividing
     gamma: float = 1.0  # discount factor of GAE (1.0: undiscounted, as in the paper)
     # Component 2, decoupled GAE: lambda for the value targets (1.0 = Monte-Carlo returns).
     lambda_critic: float = 1.0

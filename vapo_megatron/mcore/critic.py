@@ -16,6 +16,7 @@ import torch
 from vapo_megatron.algorithms.losses import value_loss_sum
 from vapo_megatron.algorithms.normalization import GlobalCounts
 from vapo_megatron.config import Config
+from vapo_megatron.config.estimators import estimator_of
 from vapo_megatron.data.batch import RolloutBatch
 from vapo_megatron.mcore import dp_stats
 from vapo_megatron.mcore.model import TrainModel, build_model, copy_trunk
@@ -100,8 +101,8 @@ class NoCritic:
 
 
 def build_critic(cfg: Config, update: UpdateSettings) -> Critic | NoCritic:
-    """Collective. The value model algo.estimator needs: gae a Critic, grpo none."""
-    if cfg.algo.estimator == "grpo":
+    """Collective. The value model algo.estimator needs (its record, config/estimators.py): a Critic or none."""
+    if not estimator_of(cfg).needs_critic:
         return NoCritic()
     return Critic(build_model(cfg, critic=True), cfg.algo.value_clip, update, own_trunk=bool(cfg.model.critic_hf_path))
 

@@ -17,10 +17,14 @@ from vapo_megatron.data.microbatch import padding_ratio, plan_micro_batches
 from vapo_megatron.mcore import parallel
 
 
-def _dp_sum(t: torch.Tensor) -> torch.Tensor:
+def dp_sum(t: torch.Tensor) -> torch.Tensor:
+    """t summed in place over the data-parallel group (the reduction the estimators take)."""
     if parallel.dp_size() > 1:
         parallel.all_reduce(t, group=parallel.dp_group())
     return t
+
+
+_dp_sum = dp_sum
 
 
 def global_sum(value: float) -> float:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from vapo_megatron.config import Config
+from vapo_megatron.config.estimators import estimator_of
 from vapo_megatron.mcore.dtypes import torch_dtype
 from vapo_megatron.sizing.memory import (GIB, ROUTES_DEVICE_ITEM, SGLANG_RUNTIME_ITEM, activation_parts, checkpoint_bytes,
                                          checkpoint_parts, kv_bytes_per_token, reserve_parts, route_parts, sglang_stash_bytes,
@@ -112,7 +113,7 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     dp = world_size // (tp * pp)
     params_dtype = torch_dtype(cfg.model.dtype)
     dtype_bytes = params_dtype.itemsize
-    has_critic = cfg.algo.estimator == "gae"
+    has_critic = estimator_of(cfg).needs_critic
     if shards is None:
         shards = shard_sizes(actor_hf, critic_hf if has_critic else None, world_size=world_size, tp=tp, pp=pp, vpp=vpp,
                              params_dtype=params_dtype, ep=ep, sequence_parallel=cfg.parallel.sequence_parallel and tp > 1)

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from vapo_megatron.config import Config
+from vapo_megatron.config.estimators import estimator_of
 from vapo_megatron.sizing.hardware import GPU, on_nvlink
 
 
@@ -180,7 +181,7 @@ def evaluate(cfg: Config, actor_hf: dict, critic_hf: dict, *, world: int, a: Ass
     p = cfg.parallel
     key = (p.tp, p.pp, p.vpp, p.ep, cfg.model.dtype)
     if key not in shards_cache:  # the critic's counts even without one: make_plan's with_critic (grpo) uses them
-        shards_cache[key] = layout_shards(actor_hf, critic_hf if cfg.algo.estimator == "gae" else actor_hf, tp=p.tp,
+        shards_cache[key] = layout_shards(actor_hf, critic_hf if estimator_of(cfg).needs_critic else actor_hf, tp=p.tp,
                                           pp=p.pp, vpp=p.vpp, ep=p.ep, params_dtype=torch_dtype(cfg.model.dtype),
                                           sequence_parallel=p.sequence_parallel)
     plan = make_plan(cfg, actor_hf, critic_hf, world_size=world, gpu_memory_gib=a.gpu_memory_gib,

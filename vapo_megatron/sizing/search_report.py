@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vapo_megatron.config import Config
+from vapo_megatron.config.estimators import estimator_of
 from vapo_megatron.sizing.search import Row, Search, gib, overrides, phase_deltas
 
 # The step's phases shown in their own columns; the others (offload, onload, sync, checkpoint) are summed.
@@ -82,8 +83,8 @@ def format_search(result: Search, cfg: Config, *, top: int, model_source: str, n
         f"step time on {a.gpu.name} (--gpu)",
         f"model: {model_source}",
         "one layout for actor and critic: the trainer builds both on the same ranks with the same parallel.* settings "
-        "(their optimizers stay as configured)" if cfg.algo.estimator == "gae" else
-        "one layout for the actor (algo.estimator=grpo: no critic)",
+        "(their optimizers stay as configured)" if estimator_of(cfg).needs_critic else
+        f"one layout for the actor (algo.estimator={cfg.algo.estimator}: no critic)",
         "searched: TP within one NVLink domain, PP, VPP, " + ("EP with its groups in one node, " if result.moe else "")
         + "the engine's TP (rollout.sglang_tp, dividing TP), full recompute off and on, "
         + ("offload off and on, " if cfg.rollout.engine == "sglang" else "")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from vapo_megatron.config.estimators import estimator_of
 from vapo_megatron.sizing.flops import shapes_from_hf
 from vapo_megatron.sizing.hardware import GPU, GPUS, gpu_from_device_name
 from vapo_megatron.sizing.step_time import Setup, checkpoint_save_s, estimate
@@ -36,7 +37,7 @@ def setup_from_config(cfg, actor_hf: dict, critic_hf: dict | None, *, world: int
 
     p, r, t, a = cfg.parallel, cfg.rollout, cfg.trainer, cfg.algo
     actor = shapes_from_hf(actor_hf)
-    critic = shapes_from_hf(critic_hf or actor_hf) if a.estimator == "gae" else None
+    critic = shapes_from_hf(critic_hf or actor_hf) if estimator_of(cfg).needs_critic else None
     dp = world // (p.tp * p.pp)
     dtype_bytes = 2 if cfg.model.dtype == "bfloat16" else 4
     if kv_tokens is None:

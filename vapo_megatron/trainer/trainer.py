@@ -8,7 +8,7 @@ component 1: critic only, frozen policy, Monte-Carlo targets), then RL ("vapo").
     4. old log-probs and values           7. actor update (PPO + NLL)
                                           8. weight sync into the rollout engines
 The loop is estimator-blind: with algo.estimator=grpo the critic is mcore/critic.py's NoCritic,
-whose values, fit and update do nothing, and the estimator is a function (ESTIMATORS).
+whose values, fit and update do nothing, and the estimator is a function (ADVANTAGE_FNS).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import torch
 
 from model_providers import read_hf_config
-from vapo_megatron.algorithms.advantages import ESTIMATORS
+from vapo_megatron.algorithms.advantages import ADVANTAGE_FNS
 from vapo_megatron.checkpoint.complete import finished_message
 from vapo_megatron.checkpoint.manager import CheckpointManager
 from vapo_megatron.checkpoint.run_state import RunState
@@ -84,8 +84,8 @@ class Trainer:
         self.actor = Actor(build_model(cfg, critic=False), PolicyLossSettings(
             eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c, loss_agg=a.loss_agg,
             nll_coef=a.nll_coef, temperature=cfg.rollout.temperature, chunk_tokens=t.logprob_chunk_tokens), updates)
-        self.critic = build_critic(cfg, updates)  # algo.estimator=grpo: NoCritic, no value model at all
-        self.estimate = ESTIMATORS[a.estimator]  # step 5 (algorithms/advantages.py)
+        self.critic = build_critic(cfg, updates)  # an estimator without a critic: NoCritic, no value model at all
+        self.estimate = ADVANTAGE_FNS[a.estimator]  # step 5 (algorithms/advantages.py)
         self.models = {"actor": self.actor.model, **self.critic.models}  # what is checkpointed and offloaded
         # trainer.offload_during_rollout: the state's size is known now (mcore/offload.py).
         self.offloader, self.bandwidth_logged = None, False
@@ -228,7 +228,8 @@ class Trainer:
             p = self.cfg.rollout.partial
             batch.extras["is_weights"], off_logs = dp_stats.off_policy(batch, version=self.state.policy_version,
                                                                        cap=p.is_cap, max_staleness=p.max_staleness)
-        batch.advantages, batch.returns, estimator_logs = self.estimate(batch, algo, value_pretrain=pretraining)  # 5
+        batch.advantages, batch.returns, estimator_logs = self.estimate(batch, algo, value_pretrain=pretraining,  # 5
+                                                                             dp_sum=dp_stats.dp_sum)
         if algo.whiten_advantages:
             batch.advantages = dp_stats.whiten_advantages(batch)
         if fault_points.poisoned("nan_loss"):  # a test's: NaN losses and gradients in both models

@@ -225,6 +225,12 @@ def transformer_config(hf_cfg: dict, *, params_dtype: torch.dtype, recompute: bo
         # it has nothing to shard without TP (megatron refuses it there, Megatron-LM turns it off).
         sequence_parallel=sequence_parallel and tp > 1,
         virtual_pipeline_model_parallel_size=vpp,
+        # The interleaved schedule at PP=2: a stage's previous and next stage are one rank, and a
+        # batched send to both directions pairs the activation with the gradient (megatron's
+        # p2p_communication.py; NVIDIA/Megatron-LM#750). overlap_p2p_comm splits the steady state's
+        # forward and backward exchanges into calls of one direction each; it excludes batch_p2p_comm.
+        overlap_p2p_comm=vpp is not None,
+        batch_p2p_comm=vpp is None,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,

@@ -168,7 +168,7 @@ class RouteReplay:
         full = torch.zeros(shape)
         for k, rows in enumerate(plan):
             parts = [c[k] for c in self.counts if len(c) > k]
-            if parts:
+            if parts and rows:  # a filler micro-batch (mcore/update.py) belongs to no row
                 flags = (sum(parts) > 0).float().t().cpu()  # [b, S_padded]
                 width = min(flags.shape[1], shape[1])
                 full[rows, :width] = flags[:, :width]

@@ -9,7 +9,7 @@ guarded optimizer step (optimizer.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -37,8 +37,30 @@ class NonFiniteError(RuntimeError):
 
 
 def micro_batches(batch: RolloutBatch, max_tokens: int) -> tuple[list[list[int]], list[RolloutBatch]]:
-    plan = plan_micro_batches(batch.seq_lens.tolist(), max_tokens)
-    return plan, [batch.select(rows) for rows in plan]
+    """Collective over DP where a forward crosses DP ranks. (plan, micro-batches) of one schedule
+    call: token-budget micro-batches of this rank's rows (data/microbatch.py), as many on every DP
+    rank when a forward runs collectives across them (expert parallelism: parallel.forward_crosses_dp),
+    and a multiple of what the schedule takes (VPP: parallel.micro_batch_multiple). The count is the
+    largest any rank plans, and the planner splits this rank's micro-batches up to it; a rank with
+    fewer rows than that count adds filler micro-batches (plan rows []): one of its sequences with
+    no response token, which every loss and count masks out (zero loss, zero tokens)."""
+    lengths = batch.seq_lens.tolist()
+    plan = plan_micro_batches(lengths, max_tokens)
+    target = parallel.agree_max(len(plan)) if parallel.forward_crosses_dp() else len(plan)
+    multiple = parallel.micro_batch_multiple()
+    target = -(-target // multiple) * multiple
+    if target > len(plan):
+        plan = plan_micro_batches(lengths, max_tokens, min_micro_batches=min(target, len(lengths)))
+    fill = target - len(plan)  # > 0 only where this rank has fewer rows than the agreed count
+    micro = [batch.select(rows) for rows in plan] + [filler(batch)] * fill
+    return plan + [[] for _ in range(fill)], micro
+
+
+def filler(batch: RolloutBatch) -> RolloutBatch:
+    """A micro-batch that changes nothing: row 0 with no response (mask all zero, not correct), so
+    its forward runs every collective a real one runs and adds 0 to every loss sum and token count."""
+    one = batch.select([0])
+    return replace(one, response_lens=torch.zeros_like(one.response_lens), correct=torch.zeros_like(one.correct))
 
 
 def mini_batch_rows(batch: RolloutBatch, n: int) -> list[list[int]]:
@@ -70,7 +92,8 @@ def forward_only(model: TrainModel, batch: RolloutBatch, loss_fn: Callable, keys
         full = torch.zeros(batch.tokens.shape, dtype=torch.float32)
         if parallel.is_last_stage():
             for rows, o in zip(plan, outputs):
-                full[rows, : o[key].shape[1]] = o[key]
+                if rows:  # a filler's outputs belong to no row
+                    full[rows, : o[key].shape[1]] = o[key]
         broadcast_from_last_stage([full])
         out[key] = full * batch.mask
     if replay is not None and replay.counts is not None:

@@ -280,3 +280,40 @@ def test_candidates_are_every_layout_the_checks_accept():
                             naive.add((tp, pp, vpp, ep))
         assert searched == naive, (name, sorted(naive - searched), sorted(searched - naive))
         assert len(naive) >= 10
+
+
+# ---- the top layouts run the trainer's step ------------------------------------------------------------
+
+def _search_tiny(tmp: str, actor_dir: str, critic_dir: str, moe: bool) -> list[dict]:
+    """vapo-plan --search's fitting layouts, best first, for the tiny model at 1 node x 4 GPUs."""
+    from vapo_megatron.config.quiet import quiet_startup
+
+    quiet_startup()
+    (Path(tmp) / "train.jsonl").write_text('{"prompt": "w1 w2", "answer": "w3"}\n')
+    base = [f"model.hf_path={actor_dir}", f"model.critic_hf_path={critic_dir}", f"data.train_files=[{tmp}/train.jsonl]",
+            "data.eval_files=[]", f"trainer.run_dir={tmp}/run", "data.max_prompt_tokens=4", "rollout.max_new_tokens=20",
+            "trainer.micro_batch_tokens=24", "rollout.prompts_per_step=8", "rollout.n_samples=2", "algo.mini_batches=2",
+            "parallel.tp=1", "parallel.pp=1", "parallel.ep=1", "rollout.sglang_tp=1"]
+    rc, text, err = _cli(["--config", CONFIG_MOE if moe else CONFIG_32B, "--nodes", "1", "--gpus-per-node", "4", "--gpu",
+                          "h100", "--search", "--json", "--top", "8", *base])
+    assert rc == 0, err + text[-3000:]
+    return [r for r in json.loads(text) if r["fits"]]
+
+
+def test_the_top_layouts_run_the_trainers_step_on_uneven_data(tmp_path):
+    """For a tiny dense and a tiny MoE model, the search's two best distinct layouts at 4 GPUs run the trainer's
+    forwards and updates on data that is uneven across DP ranks (tests/helpers/micro_batch_step.py,
+    several micro-batches per rank), equal to a single-process run: no layout it ranks first crashes
+    or hangs at the first schedule call (issue 63: VPP layouts did)."""
+    from tests.helpers.micro_batch_step import gathered, models, same, step
+
+    ran = []
+    for moe in (False, True):
+        actor, critic = models(tmp_path / ("moe" if moe else "dense"), moe=moe)
+        (top,) = run_ranks(1, _search_tiny, str(tmp_path), actor, critic, moe)
+        ref = gathered(run_ranks(1, step, actor, critic, 1, 1, None, 1, moe))
+        layouts = list(dict.fromkeys((r["tp"], r["pp"], r["vpp"], r["ep"], r["sequence_parallel"]) for r in top))
+        for tp, pp, vpp, ep, sp in layouts[:2]:  # the two best distinct layouts
+            same(gathered(run_ranks(4, step, actor, critic, tp, pp, vpp, ep, moe, sp, timeout=300)), ref)
+            ran.append((moe, (tp, pp, vpp, ep, sp)))
+    assert len(ran) == 4, ran

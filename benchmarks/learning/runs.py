@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from vapo_megatron.runtime.machine import machine  # noqa: F401  (the harness's: each attempt records it)
+
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 BUCKETS = ("short", "long")
 
@@ -56,30 +58,6 @@ def spawn(cmd: list[str], log: Path, env: dict, cwd: Path) -> tuple[int, float, 
         _, status, usage = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status)
     return p.returncode, time.time() - start, usage.ru_utime + usage.ru_stime
-
-
-def machine() -> dict:
-    """The CPU kind a run trains on: float results depend on it (the same seed and commit give
-    another trajectory on another kind: torch's kernels differ with the vector units), so every
-    attempt and summary records it, and a study runs on one kind. Model name and x86 family/model
-    from /proc/cpuinfo; torch.backends.cpu.get_cpu_capability() (e.g. AVX512, AVX2) is what torch's
-    dispatch actually uses."""
-    import platform
-
-    import torch
-
-    info: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key in ("model name", "cpu family", "model", "vendor_id") and key not in info:
-                info[key] = value.strip()
-    except OSError:
-        pass
-    return {"cpu": info.get("model name") or platform.processor() or platform.machine(),
-            "cpu_id": "/".join(info.get(k, "?") for k in ("vendor_id", "cpu family", "model")),
-            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def finished(run: Path) -> bool:

@@ -139,15 +139,15 @@ def _rank_main(argv: list[str], out_dir: str, env: dict[str, str], nproc: int, m
 
 
 def launch_in_forks(config: str | Path, overrides: list[str], *, env: dict[str, str] | None = None, nproc: int = 2,
-                    module: str = "vapo_megatron.train", reap: bool = False) -> Launch:
+                    module: str = "vapo_megatron.train", reap: bool = False, timeout: float = 600.0) -> Launch:
     """`module`'s main(["--config", CONFIG, *overrides]) on `nproc` ranks forked from the preloaded
     forkserver of tests/helpers/dist_utils.py instead of started by torchrun (command_in_forks)."""
     return command_in_forks(module, ["--config", str(ROOT / "configs" / config), *overrides], env=env, nproc=nproc,
-                            reap=reap)
+                            reap=reap, timeout=timeout)
 
 
 def command_in_forks(module: str, argv: list[str], *, env: dict[str, str] | None = None, nproc: int = 1,
-                     reap: bool = False) -> Launch:
+                     reap: bool = False, timeout: float = 600.0) -> Launch:
     """`module`'s main(argv) (a command: vapo_megatron.train, .eval, .convert, tests.helpers.faults)
     on `nproc` ranks forked from the preloaded forkserver of tests/helpers/dist_utils.py instead of
     started by torchrun or `python -m`: the same main from the command line on, without the ~5-7 s
@@ -171,7 +171,7 @@ def command_in_forks(module: str, argv: list[str], *, env: dict[str, str] | None
     before = _children() if reaping else {}
     with tempfile.TemporaryDirectory() as out:
         try:
-            ended = end_ranks(nproc, _rank_main, argv, out, dict(env or {}), nproc, module)
+            ended = end_ranks(nproc, _rank_main, argv, out, dict(env or {}), nproc, module, timeout=timeout)
         finally:
             leftovers = _end_orphans(before) if reaping else []
         text = {k: "".join(Path(out, f"rank{r}.{k}").read_text() for r in range(nproc) if Path(out, f"rank{r}.{k}").exists())
@@ -185,10 +185,10 @@ def command_in_forks(module: str, argv: list[str], *, env: dict[str, str] | None
 
 
 def train_in_forks(config: str | Path, *overrides: str, env: dict[str, str] | None = None, nproc: int = 2,
-                   module: str = "vapo_megatron.train", reap: bool = False) -> Launch:
+                   module: str = "vapo_megatron.train", reap: bool = False, timeout: float = 600.0) -> Launch:
     """A run that must succeed, as train() but with its ranks forked (launch_in_forks). `module`:
     another entry point taking the same arguments (tests/helpers/collective_audit.py)."""
-    run = launch_in_forks(config, list(overrides), env=env, nproc=nproc, module=module, reap=reap)
+    run = launch_in_forks(config, list(overrides), env=env, nproc=nproc, module=module, reap=reap, timeout=timeout)
     assert run.returncode == 0 and not run.failures, \
         f"vapo-train failed ({run.codes}): {run.failures}\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
     return run

@@ -4,6 +4,7 @@ layer (docs/architecture.md, "The tree").
     atomic.py        the one atomic/fsync helper every writer of the project uses (checkpoints,
                      exports, metrics, eval outputs, the run's config.yaml), and the rule that a
                      writer replaces only directories it wrote (the .vapo-writer marker)
+    machine.py       the CPU kind a process runs on (learning studies' and golden records' key)
     fault_points.py  the named points of a step where a test may kill or poison a run (no-ops
                      unless the tests' entry point installs its hook)
 """

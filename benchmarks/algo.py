@@ -2,7 +2,10 @@
 
 1. GAE: compute_gae (chunked scan over length-sorted groups) vs the per-time-step masked
    recurrence most PPO frameworks use (loop over t from T-1 to 0, updating the whole batch),
-   same inputs, same process; median of repeats; prints `ratio: baseline_time / ours`.
+   same inputs, same process; median of repeats; beside each time, one call's tensor
+   allocations as torch's profiler records them (benchmarks/allocations.py: count and MiB, in
+   units of one [B, T] float32 tensor; on a CPU each fresh page is a fault at first touch);
+   prints `ratio: baseline_time / ours`.
 2. Log-prob + entropy, forward + backward, on [tokens x vocab-shard] logits: peak memory beyond
    the logits, ours vs log_softmax-based code. Each is measured in a fresh subprocess by the
    kernel's resident-set high-water mark (VmHWM, reset through /proc/self/clear_refs just
@@ -26,6 +29,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchmarks.allocations import allocations, summary  # noqa: E402
 from benchmarks.peak_rss import reset_peak_rss, rss_kib  # noqa: E402
 from vapo_megatron.algorithms.gae import compute_gae, length_adaptive_lambda  # noqa: E402
 
@@ -80,8 +84,13 @@ def bench_gae(repeats: int) -> None:
     adv64, ret64 = baseline_gae(rewards.double(), values.double(), mask, gamma, lam.double())
     def rel(a, b):
         return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
-    print(f"[gae] baseline (per-time-step masked recurrence): {t_base * 1e3:.1f} ms (median of {repeats})")
-    print(f"[gae] ours (compute_gae):                         {t_ours * 1e3:.1f} ms (median of {repeats})")
+    # One call of each under the profiler (after the timings: the profiler slows what it watches).
+    unit = B * T * 4
+    a_base = summary(allocations(lambda: baseline_gae(rewards, values, mask, gamma, lam))[1], unit)
+    a_ours = summary(allocations(lambda: compute_gae(rewards, values, mask, gamma, lam))[1], unit)
+    print(f"[gae] baseline (per-time-step masked recurrence): {t_base * 1e3:.1f} ms (median of {repeats}); {a_base}")
+    print(f"[gae] ours (compute_gae):                         {t_ours * 1e3:.1f} ms (median of {repeats}); {a_ours}")
+    print("[gae] allocations: one call each, torch's profiler (its outputs, advantages and returns, are 2 x [B, T])")
     diff = max(rel(adv, adv_b), rel(ret, ret_b))
     print(f"[gae] max relative difference ours vs baseline (max|a-b| / max|b|): {diff:.2e}")
     print(f"[gae] max relative difference vs float64 recurrence: ours {max(rel(adv, adv64), rel(ret, ret64)):.2e}, "

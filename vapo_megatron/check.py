@@ -4,7 +4,8 @@
     vapo-check --cpu          # the same checks on the CPU (gloo), GPU-only parts SKIP
     python -m vapo_megatron.check ...   # the same, where the package is not installed (docs/gpu_node.md)
 
-Exit status: 0 no FAIL; 1 some FAIL; 2 no GPU visible (without --cpu) or bad arguments.
+Exit status: 0 no FAIL; 1 some FAIL; 2 no GPU visible (without --cpu) or bad arguments (each one line
+naming its flag, found before anything is imported or run: --steps below 1, an unknown preset).
 Single process (world size 1): the NCCL process group of one GPU still takes CUDA tensors only,
 so every collective of the checks below runs through mcore/parallel.py's device-placing helpers.
 
@@ -59,19 +60,49 @@ from pathlib import Path
 FAMILY_PRESETS = ("tiny-qwen2", "tiny-qwen3", "tiny-llama3", "tiny-qwen3-moe")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's usage line and message: one line instead, like every bad argument
+        print(f"vapo-check: {message} (vapo-check --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="vapo-check", description=__doc__.split("\n")[0])
+    ap = _Parser(prog="vapo-check", description=__doc__.split("\n")[0])
     ap.add_argument("--cpu", action="store_true", help="run on the CPU with gloo; GPU-only parts are SKIP")
     ap.add_argument("--model-preset", nargs="+", default=list(FAMILY_PRESETS),
                     help="model_providers.presets names for the model checks (default: one tiny model per family)")
     ap.add_argument("--offload-preset", default=None,
                     help="preset of the offload check (default: small-qwen2 on a GPU, tiny-qwen2 on the CPU)")
-    ap.add_argument("--steps", type=int, default=2, help="VAPO steps in vapo_steps")
+    ap.add_argument("--steps", type=int, default=2, help="VAPO steps in vapo_steps (>= 1)")
     return ap.parse_args(argv)
+
+
+def argument_problems(args: argparse.Namespace) -> list[str]:
+    """Every bad argument, each naming its flag, found before torch is imported: the checks take tens of
+    seconds to start, and a bad value must not surface as a node failure at the end (issue 63)."""
+    from model_providers.presets import preset
+
+    problems = []
+    if args.steps < 1:  # 0 would train nothing and check nothing: vapo_steps and plan_memory measure these steps
+        problems.append(f"--steps={args.steps} must be >= 1 (the VAPO steps vapo_steps trains and plan_memory "
+                        "measures)")
+    for flag, names in (("--model-preset", args.model_preset),
+                        ("--offload-preset", [] if args.offload_preset is None else [args.offload_preset])):
+        for name in names:
+            try:
+                preset(name)
+            except ValueError as e:
+                problems.append(f"{flag}: {e}")
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    problems = argument_problems(args)
+    for problem in problems:
+        print(f"vapo-check: {problem}", file=sys.stderr)
+    if problems:
+        return 2
     if args.cpu:  # before torch looks for GPUs: the CPU path must not use one that is present
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import torch
@@ -84,11 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     from vapo_megatron.nodecheck.steps import check_plan_memory, check_vapo_steps
 
     if not args.cpu and not torch.cuda.is_available():
-        print("gpu_check: no CUDA GPU visible (torch.cuda.is_available() is False); "
+        print("vapo-check: no CUDA GPU visible (torch.cuda.is_available() is False); "
               "`--cpu` runs the CPU subset", file=sys.stderr)
         return 2
     if not has("megatron.core"):
-        print("gpu_check: megatron-core is not installed; nothing can be checked", file=sys.stderr)
+        print("vapo-check: megatron-core is not installed; nothing can be checked", file=sys.stderr)
         return 2
     from model_providers.presets import preset
     from vapo_megatron.mcore import parallel
@@ -96,15 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     parallel.init_distributed(1, 1, seed=0)
     device = "cpu (gloo)" if args.cpu else f"{torch.cuda.get_device_name()} ({torch.distributed.get_backend()})"
     offload_preset = args.offload_preset or ("tiny-qwen2" if args.cpu else "small-qwen2")
-    for name in [*args.model_preset, offload_preset]:
-        try:
-            preset(name)
-        except ValueError as e:
-            print(f"gpu_check: {e}", file=sys.stderr)
-            return 2
-    print(f"gpu_check: {device}; torch {torch.__version__}; presets {' '.join(args.model_preset)}; "
+    print(f"vapo-check: {device}; torch {torch.__version__}; presets {' '.join(args.model_preset)}; "
           f"offload preset {offload_preset}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="gpu_check_") as work:
+    with tempfile.TemporaryDirectory(prefix="vapo_check_") as work:
         env = Env(args.cpu, args.model_preset[0], Path(work))
         env.first_preset = args.model_preset[0]
         run = None
@@ -146,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.empty_cache()
     parallel.destroy()
     failed = [n for n, s, _ in results if s == "FAIL"]
-    print(f"gpu_check: {len(results) - len(failed)} of {len(results)} without FAIL" + (f"; FAIL: {', '.join(failed)}" if failed else ""))
+    print(f"vapo-check: {len(results) - len(failed)} of {len(results)} without FAIL" + (f"; FAIL: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 
 

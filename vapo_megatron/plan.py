@@ -25,7 +25,8 @@ stated efficiencies, with --mean-response-tokens, --mean-prompt-tokens, --storag
 With --search (and --gpu) it tries every layout instead of the config's: TP, PP, VPP, EP, the
 engine's TP, recompute, offload and micro-batch tokens, each through the same checks and memory
 check as one config, and ranks those that fit by modelled step time, the config's own among them
-(sizing/search.py; --top N, --json for a list of records; exit 0 when one fits, 1 when none).
+(sizing/search.py; --top N, --json for a list of records; exit 0 when one fits, 1 when none does, 2 when the
+checks refuse every layout: the refusals counted by rule and the three closest, each with its problems).
 Exit status: 0 fits, 1 does not fit (each failing phase, rank and the amount over are printed),
 2 invalid configuration or layout (one message, never a traceback: config/cli.py). The figures are computed, not measured (docs/slurm.md).
 """
@@ -166,13 +167,14 @@ def search_option_problems(args: argparse.Namespace, cfg) -> list[str]:
 
 
 def search_layouts(args: argparse.Namespace, cfg, actor_hf: dict, critic_hf: dict, source: str, world: int) -> int:
-    """--search: the ranking as a table, or with --json as a list of records. Exit 0 when a layout fits, 1 when none does."""
+    """--search: the ranking as a table, or with --json as a list of records. Exit 0 when a layout fits, 1 when
+    none does, 2 when the checks refuse every layout (the refusals by rule and the closest are printed)."""
     import json
     import shlex
 
     from vapo_megatron.sizing.hardware import GPUS
     from vapo_megatron.sizing.search import Assumptions, records, search
-    from vapo_megatron.sizing.search_report import format_search
+    from vapo_megatron.sizing.search_report import format_search, no_layout_lines
 
     a = Assumptions(gpu=GPUS[args.gpu], gpus_per_node=args.gpus_per_node, gpu_memory_gib=gpu_memory_gib(args),
                     reserve_gib=args.reserve_gib, response_tokens=args.mean_response_tokens,
@@ -180,9 +182,14 @@ def search_layouts(args: argparse.Namespace, cfg, actor_hf: dict, critic_hf: dic
                     eval_prompts=args.eval_prompts)
     result = search(cfg, actor_hf, critic_hf, world=world, a=a)
     top = args.top or 10
+    # 0: a layout fits; 1: some pass the checks but none fits in memory; 2: the checks refuse every
+    # layout, which is bad input like a setting no layout can fix (docs/slurm.md, "Choosing a layout").
+    code = 0 if result.rows else 2 if result.nothing_accepted else 1
     if args.json:
         print(json.dumps(records(result, top), indent=1))
-        return 0 if result.rows else 1
+        if not result.rows:  # the records hold no reason for that: it goes to stderr, stdout stays JSON
+            print("\n".join(f"vapo-plan: {line}" for line in no_layout_lines(result)), file=sys.stderr)
+        return code
     options = [("--preset", args.preset), ("--gpu-memory-gib", args.gpu_memory_gib), ("--reserve-gib", args.reserve_gib),
                ("--mean-response-tokens", args.mean_response_tokens), ("--mean-prompt-tokens", args.mean_prompt_tokens),
                ("--storage-gb-per-s", None if args.storage_gb_per_s == 1.0 else args.storage_gb_per_s),
@@ -191,7 +198,7 @@ def search_layouts(args: argparse.Namespace, cfg, actor_hf: dict, critic_hf: dic
     rerun = shlex.join(["vapo-plan", "--config", args.config, "--nodes", str(args.nodes), "--gpus-per-node",
                         str(args.gpus_per_node), "--gpu", args.gpu, *given, *args.overrides])
     print(format_search(result, cfg, top=top, model_source=source, nodes=args.nodes, config_path=args.config, rerun=rerun))
-    return 0 if result.rows else 1
+    return code
 
 
 def gpu_memory_gib(args: argparse.Namespace) -> float:

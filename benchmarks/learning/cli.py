@@ -5,6 +5,8 @@ pre-registered study (STUDIES); both are data, in benchmarks/learning/studies.ya
     python -m benchmarks.learning --study critic --out DIR      the critic study, resumable
     python -m benchmarks.learning --study critic --report       its tables and figure from the summaries
     python -m benchmarks.learning --dry-run                     the commands, nothing run
+    python -m benchmarks.learning --report --unrecorded --summaries docs/benchmarks/chain --variants vapo,grpo,dapo \
+        --seeds 0,1,2 --data-seed 0                             the chain task's tables (issue 31's summaries)
 
 (from the repository's root; `python scripts/bench_learning.py ...` is the same command from anywhere)
 
@@ -16,7 +18,9 @@ HF export every row of the seed starts RL with sft.steps=0. A row with a critic 
 ("critic") gets a bigger random-init model of the seed, given the same warm start
 (OUT/warm/seed<k>_critic<size>), as model.critic_hf_path.
 
-Records: every run, warm start and summary records what it was made with (runs.py). Before
+Records: every run, warm start and summary records what it was made with (runs.py); the harness
+of issue 31 (scripts/bench_learning.py until issue 45) recorded nothing, and its summaries
+(docs/benchmarks/chain) are tabled only by --report --unrecorded, in its own columns. Before
 any work, a run made with other settings than this command's is refused with one line, exit 2
 (never retrained over, nor tabled beside the others); so are bad flags and settings the trainer
 would refuse. Resumes: a finished run is never trained again, and one whose summary is already
@@ -39,10 +43,11 @@ import importlib.util
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.learning.harness import Bench
-from benchmarks.learning.report import STUDY_COLUMNS, figure, seed_figure, study_report, table
+from benchmarks.learning.report import COLUMNS, STUDY_COLUMNS, figure, seed_figure, study_report, table
 from benchmarks.learning.variants import (ROOT, STUDIES, VARIANTS, BadInput, base_settings, derived_yaml, has_critic,
                                           resolve)
 
@@ -94,7 +99,14 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], dict |
     ap.add_argument("--figure", default=None, help="PNG of held-out accuracy vs step (default OUT/learning.png)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--report", action="store_true", help="only tabulate runs that have a summary")
+    ap.add_argument("--unrecorded", action="store_true",
+                    help="with --report: also table summaries that record no settings (issue 31's harness, before "
+                         "issue 45: docs/benchmarks/chain), in that harness's columns; their settings are not checked")
     a = ap.parse_args(argv)
+    if a.unrecorded and not a.report:
+        ap.error("--unrecorded: only with --report (a run is never reused or trained beside a summary of unknown settings)")
+    if a.unrecorded and a.study:
+        ap.error("--unrecorded: not with --study (every study's summaries record their settings)")
     study = STUDIES.get(a.study)
     if study:
         if a.data_seed is not None:
@@ -151,23 +163,37 @@ def dry_run(bench: Bench, plan: list[tuple[str, int]]) -> None:
             print(shlex.join(bench.credit_cmd(bench.run_dir(v, s))))
 
 
-def report_text(summaries: list[dict], variants: list[str], study: dict | None) -> str:
-    """The table (a study's report: report.md) of the finished runs among `summaries`."""
-    warm = {}  # the starting point of every row: the warm start's own figures, once per data seed
+def report_text(summaries: list[dict], variants: list[str], study: dict | None,
+                data_seed: Callable[[int], int] | None = None) -> str:
+    """The table (a study's report: report.md) of the finished runs among `summaries`.
+
+    Summaries without a record (--unrecorded: issue 31's harness, docs/benchmarks/chain) are tabled
+    in that harness's columns (report.COLUMNS). Their warm start's data seed is data_seed(seed), the
+    command's --data-seed, which they did not record; and each of its figures is the first any of
+    them recorded, in the table's order: that harness wrote the warm start's wall time into the
+    first session's summaries and its held-out figures only into later ones (the same warm start,
+    docs/benchmarks.md, "Results")."""
+    warm: dict[int, dict] = {}  # the starting point of every row: the warm start's own figures, once per data seed
+    unrecorded = False
     for s in summaries:
         if s["status"] == "finished" and s.get("warm_start"):
             w = s["warm_start"]
-            warm[s["record"]["warm_start"]["data_seed"]] = {
-                "variant": "warm start (before RL)", "seed": s["record"]["warm_start"]["data_seed"], "status": "finished",
-                "samples": 0, "accuracy": w["eval_accuracy"], "avg@K": w["eval_avg@K"], "wall_s": w["wall_s"],
-                "cpu_s": w["cpu_s"], **{k: x for k, x in w.items() if k.startswith(("heldout", "short", "long"))}}
+            row = {"variant": "warm start (before RL)", "status": "finished", "samples": 0,
+                   "accuracy": w.get("eval_accuracy"), "avg@K": w.get("eval_avg@K"), "wall_s": w.get("wall_s"),
+                   "cpu_s": w.get("cpu_s"), **{k: x for k, x in w.items() if k.startswith(("heldout", "short", "long"))}}
+            if s.get("record") is None:
+                unrecorded, seed = True, data_seed(s["seed"])
+                warm[seed] = {"seed": seed, **{k: x for k, x in row.items() if x is not None}} | warm.get(seed, {})
+            else:
+                seed = s["record"]["warm_start"]["data_seed"]
+                warm[seed] = {"seed": seed, **row}
     rows = list(warm.values()) + summaries
-    return study_report(rows, study, variants) if study else table(rows, STUDY_COLUMNS)
+    return study_report(rows, study, variants) if study else table(rows, COLUMNS if unrecorded else STUDY_COLUMNS)
 
 
 def tabulate(bench: Bench, summaries: list[dict], variants: list[str], study: dict | None) -> None:
     """The table (a study's report) and the figure, of the finished runs among `summaries`."""
-    text = report_text(summaries, variants, study)
+    text = report_text(summaries, variants, study, bench.data_seed if bench.a.unrecorded else None)
     print(text, end="")
     path = Path(bench.a.summaries) / "report.md" if study else bench.out / "table.md"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -134,12 +134,13 @@ class Bench:
         def check(path: Path, made: Path, want: dict) -> None:
             if path not in seen and made.exists():
                 seen.add(path)
-                if msg := record_mismatch(str(path), read_json(path / "bench_record.json"), want):
+                if msg := record_mismatch(str(path), read_json(path / "bench_record.json"), want, flag="--out"):
                     out.append(msg)
 
         for v, s in plan:
             copy = self.copy_path(v, s)
-            if copy and copy.exists() and (msg := record_mismatch(str(copy), (read_json(copy) or {}).get("record"), self.record(v, s))):
+            if copy and copy.exists() and (msg := record_mismatch(str(copy), (read_json(copy) or {}).get("record"),
+                                                                  self.record(v, s), flag="--summaries")):
                 out.append(msg)
             check(self.run_dir(v, s), self.run_dir(v, s) / "checkpoints", self.record(v, s))
             for c in (None, VARIANTS[v].get("critic")) if self.warm else ():
@@ -216,18 +217,18 @@ class Bench:
         here, seen = self.machine, set()
         paths = [self.run_dir(v, s) / "bench_code.json" for v, s in plan]
         paths += [self.warm_dir(s) / "bench_code.json" for _, s in plan] if self.warm else []
-        kinds = [(str(p), k) for p in paths for k in (read_json(p) or {}).get("train_machine", [])]
+        kinds = [(str(p), k, "--out") for p in paths for k in (read_json(p) or {}).get("train_machine", [])]
         for v, s in plan:
             copy = self.copy_path(v, s)
             for k in ((read_json(copy) or {}).get("train_machine") or []) if copy and copy.exists() else []:
-                kinds.append((str(copy), k))
+                kinds.append((str(copy), k, "--summaries"))
         out = []
-        for where, kind in kinds:
+        for where, kind, flag in kinds:
             if kind != here and where not in seen:
                 seen.add(where)
                 out.append(f"{where} was trained on {kind['cpu']} ({kind['cpu_id']}, torch {kind['torch_cpu_capability']}); "
                            f"this machine is {here['cpu']} ({here['cpu_id']}, torch {here['torch_cpu_capability']}): a "
-                           "study runs on one machine kind; run it on that kind, or use another --out")
+                           f"study runs on one machine kind; run it on that kind, or use another {flag}")
         return out
 
     @staticmethod
@@ -350,11 +351,16 @@ class Bench:
         return commit
 
     def read_summary(self, variant: str, seed: int) -> dict | None:
-        """A run's summary, the --summaries copy first; one made with other settings is refused."""
-        for path in (self.copy_path(variant, seed), self.run_dir(variant, seed) / "summary.json"):
+        """A run's summary, the --summaries copy first; one made with other settings is refused, and
+        one with no record (issue 31's harness wrote none) unless --unrecorded lets --report table it."""
+        for path, flag in ((self.copy_path(variant, seed), "--summaries"),
+                           (self.run_dir(variant, seed) / "summary.json", "--out")):
             if path and path.exists():
                 s = json.loads(path.read_text())
-                if msg := record_mismatch(str(path), s.get("record"), self.record(variant, seed)):
-                    raise BadInput(msg)
+                if s.get("record") is None and self.a.unrecorded:
+                    return s
+                if msg := record_mismatch(str(path), s.get("record"), self.record(variant, seed), flag=flag):
+                    raise BadInput(msg + ("; or add --unrecorded to table it in that harness's columns, its settings "
+                                          "unchecked" if s.get("record") is None and self.a.report else ""))
                 return s
         return None

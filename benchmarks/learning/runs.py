@@ -2,7 +2,7 @@
 
     spawn(cmd, log, env)           run a child that the kernel kills when the harness dies; (rc, wall s, CPU s)
     finished(run)                  the run's latest checkpoint says finished
-    record_mismatch(where, old, new)   the first setting a run was made with that this command changes
+    record_mismatch(where, old, new, flag=...)   the first setting a run was made with that this command changes
     curve_figures(records, ...)    the held-out curve, its area, samples generated
     eval_figures(eval_dir, data)   vapo-eval's figures on all held-out prompts and on the short/long chains
     machine()                      this machine's CPU kind: its model, and the kernels torch picks on it
@@ -82,16 +82,18 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def record_mismatch(where: str, old: dict | None, new: dict) -> str | None:
+def record_mismatch(where: str, old: dict | None, new: dict, *, flag: str) -> str | None:
     """None when `old` (what a run was made with) is `new` (what this command would make);
-    else one line naming the first difference."""
+    else one line naming the first difference. `flag`: the option that named `where` (--out for a
+    run directory, --summaries for a summary copy), the one the line tells to change."""
     if old is None:
-        return f"{where} has no record of its settings (made by an older harness): use another --out or remove it"
+        return (f"{where} has no record of its settings (made by the harness before issue 45, which wrote none): "
+                f"use another {flag} or remove it")
     a, b = _flat(old), _flat(new)
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):
             return (f"{where} was made with {key}={a.get(key)!r}, this command asks for {b.get(key)!r}: a run is never "
-                    "reused or tabled beside runs of other settings; use another --out, or remove it to redo it")
+                    f"reused or tabled beside runs of other settings; use another {flag}, or remove it to redo it")
     return None
 
 

@@ -50,4 +50,20 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_2():
     run = _run()
     assert run.returncode == 2
     out = (run.stdout + run.stderr).strip().splitlines()
-    assert len(out) == 1 and "no CUDA GPU visible" in out[0] and "--cpu" in out[0], out
+    assert len(out) == 1 and out[0].startswith("vapo-check: no CUDA GPU visible") and "--cpu" in out[0], out
+
+
+def test_bad_arguments_are_one_line_each_naming_the_flag_before_any_check():
+    """issue 63: `--steps -1` ran every check for 40 s and then reported `FAIL vapo_steps ConfigError`;
+    `--steps 0` passed having trained nothing. Now exit 2 at once, one line per bad argument, its flag
+    named, and nothing on stdout (no check ran: not even the header line, printed after torch's import)."""
+    for args, says in ((("--steps", "-1"), ["vapo-check: --steps=-1 must be >= 1"]),
+                       (("--steps", "0"), ["vapo-check: --steps=0 must be >= 1"]),
+                       (("--steps", "two"), ["vapo-check: argument --steps: invalid int value: 'two'"]),
+                       (("--model-preset", "tiny-qwen2", "nope", "--offload-preset", "zz", "--steps", "0"),
+                        ["vapo-check: --steps=0 must be >= 1", "vapo-check: --model-preset: unknown model preset 'nope'",
+                         "vapo-check: --offload-preset: unknown model preset 'zz'"])):
+        run = _run("--cpu", *args)
+        lines = run.stderr.strip().splitlines()
+        assert run.returncode == 2 and run.stdout == "", (args, run.stdout, run.stderr[-2000:])
+        assert len(lines) == len(says) and all(line.startswith(s) for line, s in zip(lines, says)), (args, lines)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -317,3 +318,83 @@ def test_the_top_layouts_run_the_trainers_step_on_uneven_data(tmp_path):
             same(gathered(run_ranks(4, step, actor, critic, tp, pp, vpp, ep, moe, sp, timeout=300)), ref)
             ran.append((moe, (tp, pp, vpp, ep, sp)))
     assert len(ran) == 4, ran
+
+
+# ---- no layout accepted: why, by rule, and the closest (issue 63) -------------------------------------------
+
+def _nothing_accepted():
+    """The 32B config on 8 nodes x 7 GPUs (56: no TP x PP x DP of it runs the config's batch), as a table
+    and as --json, every candidate's settings, and vapo-plan's verdict on each closest layout given as
+    overrides; then the small model on 1 GiB GPUs (the checks accept layouts, memory refuses them all)."""
+    from vapo_megatron.config.quiet import quiet_startup
+
+    quiet_startup()
+    from model_providers.presets import preset
+    from vapo_megatron.config import parse_config
+    from vapo_megatron.sizing.hardware import GPUS
+    from vapo_megatron.sizing.search import Assumptions, candidates
+
+    args = ["--config", CONFIG_32B, "--nodes", "8", "--gpus-per-node", "7", "--preset", "qwen2.5-32b", "--gpu", "h100"]
+    table = _cli(args + ["--search"])
+    as_json = _cli(args + ["--search", "--json"])
+    a = Assumptions(gpu=GPUS["h100"], gpus_per_node=7, gpu_memory_gib=80.0)
+    layouts = [(c.parallel.tp, c.parallel.pp, c.rollout.sglang_tp)
+               for c in candidates(parse_config(CONFIG_32B, [])[0], {**preset("qwen2.5-32b"), "_source": "p"}, world=56, a=a)]
+    closest = table[1].split("the closest refused")[1].splitlines()[1:] if "the closest refused" in table[1] else []
+    verdicts = []
+    for line in closest:  # "  TP=2 PP=4 VPP=- engine TP=1, recompute on, offload on, micro_batch_tokens=22528: refused: ..."
+        m = re.match(r"  TP=(\d+) PP=(\d+) VPP=(\S+) engine TP=(\d+), recompute (on|off), offload (on|off), "
+                     r"micro_batch_tokens=(\d+): refused: (.*)$", line)
+        tp, pp, vpp, etp, rc, off, mbt, said = m.groups()
+        given = [f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.vpp={'null' if vpp == '-' else vpp}",
+                 f"parallel.sequence_parallel={str(int(tp) > 1).lower()}", f"rollout.sglang_tp={etp}",
+                 f"model.recompute_activations={str(rc == 'on').lower()}",
+                 f"trainer.offload_during_rollout={str(off == 'on').lower()}", f"trainer.micro_batch_tokens={mbt}"]
+        verdicts.append((said, _cli(args + given)))
+    memory = _cli(SMALL_ARGS[:-1] + ["1", "--search"] + SMALL)
+    return table, as_json, layouts, verdicts, memory
+
+
+def test_no_layout_accepted_says_why_by_rule_and_names_the_closest():
+    table, as_json, layouts, verdicts, memory = run_ranks(1, _nothing_accepted)[0]
+    rc, text, err = table
+    assert rc == 2, (rc, text[-2000:], err)  # docs/slurm.md: a setting no layout can fix is bad input
+    assert f"layouts: {len(layouts)} tried, {len(layouts)} refused" in text
+    assert "no layout passes the checks: each of the" in text
+
+    # Each rule's count against the layouts' own arithmetic (56 GPUs, 512 prompts, 16 mini-batches,
+    # 64 layers, 40 heads), not against the check messages: the rule with other numbers groups together.
+    def count(rule: str) -> int:
+        (line,) = [ln for ln in text.splitlines() if re.match(r"\s+[\d,]+  " + re.escape(rule), ln)]
+        return int(line.split()[0].replace(",", ""))
+
+    dp = [56 // (tp * pp) for tp, pp, _ in layouts]
+    assert count("rollout.prompts_per_step=512 must be divisible by data-parallel size * algo.mini_batches = {7,14,28,56}"
+                 " * 16 = {112,224,448,896}") == sum(512 % (d * 16) != 0 for d in dp) > 0
+    assert count("parallel.pp={7,14,28,56} does not divide num_hidden_layers=64") == sum(
+        64 % pp != 0 for _, pp, _ in layouts) > 0
+    assert count("parallel.tp=7 does not divide num_attention_heads=40") == sum(tp == 7 for tp, _, _ in layouts) > 0
+    assert count("rollout.sglang_tp=7 does not divide num_attention_heads=40") == sum(
+        e == 7 for _, _, e in layouts) > 0
+
+    # The three closest, each with every problem vapo-plan finds for that layout given as overrides
+    # (one config: exit 2, the same lines), and three different obstacles named among them.
+    assert len(verdicts) == 3, text[-3000:]
+    for said, (rc1, out1, err1) in verdicts:
+        assert rc1 == 2 and out1 == "", (said, err1)
+        for problem in said.split("; "):
+            assert problem in err1, (problem, err1)
+    assert len({said.split(" ")[0].split("=")[0] for said, _ in verdicts}) == 3, verdicts
+
+    # --json: stdout stays the records (the config's own, refused), the reasons go to stderr, exit 2.
+    rc, out, err = as_json
+    assert rc == 2 and [r["config"] for r in json.loads(out)] == [True], err
+    assert "vapo-plan: no layout passes the checks" in err and "vapo-plan: the closest refused" in err
+
+    # Memory refuses every layout the checks accept: exit 1, the three closest to fitting, and the checks'
+    # refusals (TP*PP=32 among them: the config's own) counted by rule.
+    rc, text, err = memory
+    assert rc == 1, err
+    lines = text.split("no layout fits; the closest")[1].splitlines()
+    assert len([ln for ln in lines[1:4] if "does not fit on rank" in ln]) == 3, text[-3000:]
+    assert "refused by the checks:" in text and "no layout passes the checks" not in text

@@ -222,3 +222,34 @@ def test_eval_every_0_turns_periodic_evaluation_off():
     assert load_config(DEMO, ["eval.every=0"], check_paths=False).eval.every == 0
     with pytest.raises(ConfigError, match=r"eval.every=-1 must be >= 0 \(0: no periodic evaluation\)"):
         load_config(DEMO, ["eval.every=-1"], check_paths=False)
+
+
+def test_missing_demo_data_names_the_command_that_writes_it(tmp_path, monkeypatch):
+    """issue 63: the README's `vapo-train --config configs/demo_cpu.yaml ...` before `make demo` listed
+    the four missing paths and not what makes them. The first one now names it, once; a layout that
+    is not make_demo_data.py's (a model of one's own) gets no such hint."""
+    from vapo_megatron.config.checks import config_problems
+
+    monkeypatch.chdir(tmp_path)  # the configs' relative runs/... paths: none of them exists here
+    problems = config_problems(parse_config(DEMO, ["trainer.run_dir=run"])[0])
+    assert problems[0] == ("model.hf_path: runs/demo/data/model does not exist (written by `make demo`, which then "
+                           "trains the demo, or by `python scripts/make_demo_data.py --out runs/demo/data`)")
+    assert problems[1:4] == [f"{key}: runs/demo/data/{name}.jsonl does not exist"
+                             for key, name in (("data.train_files", "train"), ("data.eval_files", "eval"),
+                                               ("sft.files", "sft"))]
+    chain = config_problems(parse_config(str(ROOT / "configs" / "chain_cpu.yaml"), ["trainer.run_dir=run"])[0])
+    assert chain[0].endswith("(written by `python scripts/make_demo_data.py --out runs/chain/data`, with --task chain "
+                             "for the chain task's configs)"), chain
+    own = config_problems(parse_config(DEMO, ["trainer.run_dir=run", "model.hf_path=/no/such/Qwen2.5-7B"])[0])
+    assert own[0] == "model.hf_path: /no/such/Qwen2.5-7B does not exist" and not any("make_demo_data" in p for p in own)
+
+
+def test_the_demo_data_hint_is_only_for_that_directorys_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "demo" / "data" / "model").mkdir(parents=True)
+    for name in ("train", "eval", "sft"):
+        (tmp_path / "runs" / "demo" / "data" / f"{name}.jsonl").write_text("")
+    from vapo_megatron.config.checks import config_problems
+
+    problems = config_problems(parse_config(DEMO, ["trainer.run_dir=run", "data.eval_files=[/elsewhere/eval.jsonl]"])[0])
+    assert problems == ["data.eval_files: /elsewhere/eval.jsonl does not exist"], problems

@@ -143,6 +143,19 @@ def partial_problems(cfg: Config) -> list[str]:
     return out
 
 
+def _demo_data_hint(cfg: Config) -> tuple[str, str] | None:
+    """(DIR, the command that writes it) when the config reads the layout scripts/make_demo_data.py
+    writes (DIR/model and DIR/train.jsonl, as the CPU configs do); None for any other layout."""
+    d = os.path.dirname(os.path.normpath(cfg.model.hf_path)) if cfg.model.hf_path else ""
+    if not d or os.path.basename(os.path.normpath(cfg.model.hf_path)) != "model" or [
+            os.path.normpath(p) for p in cfg.data.train_files] != [os.path.join(d, "train.jsonl")]:
+        return None
+    make = f"`python scripts/make_demo_data.py --out {d}`"
+    if d == os.path.join("runs", "demo", "data"):
+        return d, f"written by `make demo`, which then trains the demo, or by {make}"
+    return d, f"written by {make}, with --task chain for the chain task's configs"
+
+
 def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     """Every invalid value or combination of values, each message naming the key(s) and what is
     allowed. Also checks that the named files exist (cheap); preflight.py checks their contents."""
@@ -221,12 +234,16 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     out += _optim_problems("actor_optim", cfg.actor_optim)
     out += _optim_problems("critic_optim", cfg.critic_optim)
     require(bool(cfg.model.hf_path), "model.hf_path must name a Hugging Face model directory")
+    demo = _demo_data_hint(cfg) if check_paths else None
     for key, paths in [("model.hf_path", [cfg.model.hf_path] if cfg.model.hf_path else []),
                        ("model.critic_hf_path", [cfg.model.critic_hf_path] if cfg.model.critic_hf_path else []),
                        ("data.train_files", d.train_files), ("data.eval_files", d.eval_files),
                        ("sft.files", s.files if s.steps > 0 else ())]:  # not read without SFT steps
         for p in paths if check_paths else []:
             require(os.path.exists(p), f"{key}: {p} does not exist")
+            if demo and not os.path.exists(p) and os.path.dirname(os.path.normpath(p)) == demo[0]:
+                out[-1] += f" ({demo[1]})"  # once, on the first missing file of that directory
+                demo = None
     require(len(d.train_files) > 0 or t.total_steps == 0, "data.train_files is empty (needed when trainer.total_steps > 0)")
     require(s.steps >= 0, f"sft.steps={s.steps} must be >= 0")
     require(s.steps == 0 or len(s.files) > 0, f"sft.steps={s.steps} needs sft.files")

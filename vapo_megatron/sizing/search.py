@@ -30,6 +30,7 @@ check, finds that both phases fit; it is timed as vapo-plan --gpu times one conf
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 from vapo_megatron.config import Config
@@ -147,6 +148,13 @@ class Search:
     too_big: int = 0  # by the memory check
     closest: list[Row] = field(default_factory=list)  # of those that do not fit, the 3 with the lowest peak
     moe: bool = False  # EP was searched (a mixture-of-experts model)
+    refusals: list[Row] = field(default_factory=list)  # the candidates the checks refused, in the order tried
+
+    @property
+    def nothing_accepted(self) -> bool:
+        """Every candidate refused by the checks: no layout on these GPUs can run the config's other
+        settings, so the memory check never ran (vapo-plan exits 2, as for a setting no layout can fix)."""
+        return self.tried > 0 and self.refused == self.tried
 
     @property
     def own_rank(self) -> int | None:
@@ -209,6 +217,7 @@ def search(cfg: Config, actor_hf: dict, critic_hf: dict, *, world: int, a: Assum
         result.tried += 1
         if row.plan is None:
             result.refused += 1
+            result.refusals.append(row)
         elif row.problems:
             result.too_big += 1
             result.closest = sorted([*result.closest, row], key=lambda r: max(r.training_peak, r.rollout_peak))[:3]
@@ -218,6 +227,63 @@ def search(cfg: Config, actor_hf: dict, critic_hf: dict, *, world: int, a: Assum
         result.rows.append(own)
     result.rows.sort(key=lambda r: (r.estimate.step_s, max(r.training_peak, r.rollout_peak), not r.own))
     return result
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+@dataclass
+class Cause:
+    """One rule of the checks and the refused layouts that broke it. A problem's text with its numbers
+    taken out is its rule ("parallel.pp=7 does not divide ..." and "parallel.pp=14 ..." are one), so
+    the same rule at other TP, PP or DP groups together; `values` keeps, per number's place, the
+    numbers seen there, and text() puts them back: the one number where all agree, else the set."""
+
+    parts: tuple[str, ...]  # the problem's text around its numbers
+    layouts: int = 0  # refused layouts with this cause (a layout can have several causes)
+    values: list[set[str]] = field(default_factory=list)
+
+    def text(self, shown: int = 6) -> str:
+        def place(seen: set[str]) -> str:
+            if len(seen) == 1:
+                return next(iter(seen))
+            ordered = sorted(seen, key=float)
+            return "{" + ",".join(ordered[:shown]) + (",..." if len(ordered) > shown else "") + "}"
+        out = [self.parts[0]]
+        for seen, after in zip(self.values, self.parts[1:]):
+            out += [place(seen), after]
+        return "".join(out)
+
+
+def refusal_causes(rows: list[Row]) -> list[Cause]:
+    """The refused rows' problems grouped by rule (Cause), the most frequent first (ties: first met)."""
+    causes: dict[tuple[str, ...], Cause] = {}
+    for row in rows:
+        counted = set()  # a layout counts once per cause, however many of its problems share the rule
+        for problem in row.problems:
+            parts, numbers = tuple(_NUMBER.split(problem)), _NUMBER.findall(problem)
+            cause = causes.setdefault(parts, Cause(parts, 0, [set() for _ in numbers]))
+            for seen, number in zip(cause.values, numbers):
+                seen.add(number)
+            if parts not in counted:
+                counted.add(parts)
+                cause.layouts += 1
+    return sorted(causes.values(), key=lambda c: -c.layouts)
+
+
+def closest_refused(result: Search, n: int = 3) -> list[Row]:
+    """The n refused layouts nearest to running: the fewest problems, then the fewest settings changed
+    from the config's own. Those whose rules (Cause) differ from the ones already chosen come first,
+    so that the n name n different obstacles where there are that many."""
+    own = settings(result.own.cfg)
+    ranked = sorted(result.refusals, key=lambda r: (len(r.problems), sum(a != b for a, b in zip(settings(r.cfg), own))))
+    rules = [frozenset(tuple(_NUMBER.split(p)) for p in r.problems) for r in ranked]
+    chosen: list[int] = []
+    for i, rule in enumerate(rules):
+        if len(chosen) < n and all(rule != rules[j] for j in chosen):
+            chosen.append(i)
+    chosen += [i for i in range(len(ranked)) if i not in chosen][:n - len(chosen)]
+    return [ranked[i] for i in sorted(chosen)]
 
 
 def phase_deltas(row: Row, reference: Row) -> list[tuple[str, float]]:
@@ -266,5 +332,6 @@ def records(result: Search, top: int) -> list[dict]:
     return out
 
 
-__all__ = ["Assumptions", "KEYS", "Row", "Search", "candidates", "evaluate", "overrides", "phase_deltas", "record",
-           "records", "search", "setting_problems", "settings", "with_settings"]
+__all__ = ["Assumptions", "Cause", "KEYS", "Row", "Search", "candidates", "closest_refused", "evaluate", "overrides",
+           "phase_deltas", "record", "records", "refusal_causes", "search", "setting_problems", "settings",
+           "with_settings"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vapo_megatron.config import Config
 from vapo_megatron.config.estimators import estimator_of
-from vapo_megatron.sizing.search import Row, Search, gib, overrides, phase_deltas
+from vapo_megatron.sizing.search import Row, Search, closest_refused, gib, overrides, phase_deltas, refusal_causes
 
 # The step's phases shown in their own columns; the others (offload, onload, sync, checkpoint) are summed.
 COLUMNS = (("rollout", "rollout"), ("score", "score"), ("critic_update", "critic"), ("actor_update", "actor"))
@@ -124,10 +124,32 @@ def format_search(result: Search, cfg: Config, *, top: int, model_source: str, n
         lines.append(f"the fastest as vapo-plan sees one config, its memory and step time in full: {rerun} "
                      + " ".join(overrides(best.cfg)))
     if not result.rows:
-        lines.append("no layout fits; the closest (more GPUs, a GPU with more memory or another "
-                     "rollout.sglang_mem_fraction, as an override, may make one fit):")
-        lines += [f"  {_layout(r)}: {r.problems[0]}" for r in result.closest]
+        lines += no_layout_lines(result)
     return "\n".join(lines)
 
 
-__all__ = ["format_search"]
+def no_layout_lines(result: Search) -> list[str]:
+    """Why no layout is listed. Every layout refused by the checks (exit 2): the rules they break, each
+    with the number of layouts it refused, and the three closest with all their problems; else (exit 1)
+    the three that came closest to fitting in memory, and the checks' refusals by rule, if any."""
+    lines = []
+    if result.nothing_accepted:
+        lines.append(f"no layout passes the checks: each of the {result.tried:,} tried on these {result.world} GPUs "
+                     "breaks a rule of the trainer's, so none reached the memory check (exit 2: the config's other "
+                     "settings and this number of GPUs do not go together)")
+    else:
+        lines.append("no layout fits; the closest (more GPUs, a GPU with more memory or another "
+                     "rollout.sglang_mem_fraction, as an override, may make one fit):")
+        lines += [f"  {_layout(r)}: {r.problems[0]}" for r in result.closest]
+    if result.refusals:
+        lines.append(f"refused by the checks: {result.refused:,} layout(s), by rule (numbers in braces: the values "
+                     "met at that place; a layout can break more than one rule):")
+        lines += [f"  {c.layouts:>5,}  {c.text()}" for c in refusal_causes(result.refusals)]
+    if result.nothing_accepted:
+        lines.append("the closest refused (the fewest problems, then the fewest settings changed from the config's "
+                     "own): change the setting named (an override) or the number of GPUs:")
+        lines += [f"  {_layout(r)}: refused: {'; '.join(r.problems)}" for r in closest_refused(result)]
+    return lines
+
+
+__all__ = ["format_search", "no_layout_lines"]

@@ -171,3 +171,35 @@ def test_the_single_answer_studys_rules_are_applied_as_written():
     assert "3." not in text
     report = study_report(rows_of(arms, seeds), study, study["primary"])
     assert "| vapo_n1 - batch_n1 | 10 | -0.094 |" in report and "| vapo - grpo | heldout_avg@K | 10 |" in report, report
+
+
+def test_the_defect_reviews_reference_on_a_hand_built_group():
+    """benchmarks/learning/oracle_review.py's check_values on one group of three answers to a chain
+    [5, 6, 7] + stop 9 (prompt of two tokens), against values worked by hand from the oracle's
+    definition; a planted wrong value and a value outside a response are both reported."""
+    import types
+
+    from benchmarks.learning.oracle_review import check_values
+
+    rows = [[1, 2, 5, 6, 7, 9], [1, 2, 5, 8, 7, 9], [1, 2, 5, 6, 7, 9]]  # right, wrong at t=1, right
+    batch = types.SimpleNamespace(tokens=torch.tensor(rows), prompt_lens=torch.tensor([2, 2, 2]),
+                                  response_lens=torch.tensor([4, 4, 4]), correct=torch.tensor([True, False, True]),
+                                  rewards=torch.tensor([1.0, -1.0, 1.0]), group_ids=torch.tensor([0, 0, 0]))
+    refs = [[5, 6, 7, 9]] * 3
+    # By hand: V(t) is the mean reward of the other samples still on the chain after t tokens, -1 once off it.
+    by_hand = [[0.0, 0.0, 1.0, 1.0], [1.0, 1.0, -1.0, -1.0], [0.0, 0.0, 1.0, 1.0]]
+
+    def critic_of(values):
+        full = torch.zeros(3, 6)
+        for i, v in enumerate(values):
+            full[i, 1:5] = torch.tensor(v)  # prediction positions P - 1 + t
+        return types.SimpleNamespace(values=lambda b: full)
+
+    assert check_values(batch, refs, critic_of(by_hand))[:2] == (12, 0)
+    planted = [row[:] for row in by_hand]
+    planted[1][2] = 1.0  # as if the answer were still on the chain one token late
+    checked, wrong, first = check_values(batch, refs, critic_of(planted))
+    assert (checked, wrong) == (12, 1) and first[0][:2] == (1, 2)
+    leak = critic_of(by_hand)
+    leak.values(batch)[0, 5] = 0.5  # after the response
+    assert check_values(batch, refs, leak)[1] == 1

@@ -126,12 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     from vapo_megatron.mcore import parallel
     from vapo_megatron.mcore.update import NonFiniteError
     from vapo_megatron.trainer.signals import StopSignals, leave_together
-    from vapo_megatron.trainer.trainer import NON_FINITE_EXIT_CODE, Trainer
+    from vapo_megatron.sizing.plan import check_engine_share
+    from vapo_megatron.sizing.step_config import predict_on_this_gpu
+    from vapo_megatron.trainer.trainer import NON_FINITE_EXIT_CODE, Planner, Trainer
 
     stop = StopSignals().install()  # before any helper process exists
     fresh = not os.path.lexists(cfg.trainer.run_dir)  # made by this start: a refused start removes it again
     try:
-        trainer = Trainer(cfg, stop)
+        trainer = Trainer(cfg, stop, Planner(check_engine_share, predict_on_this_gpu))  # vapo-plan's models, handed in
     except (PromptDataError, ConfigError, HFConfigError, CheckpointCorrupt, CheckpointMismatch, OSError) as e:  # before any step
         if verbose():
             traceback.print_exc()

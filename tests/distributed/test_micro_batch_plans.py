@@ -63,14 +63,14 @@ def test_a_rank_with_fewer_rows_than_the_count_runs_fillers(monkeypatch):
     tokens, pl, rl = pack_sequences([[1, 2]] * 3, [[3, 4, 5]] * 3)
     batch = RolloutBatch(tokens=tokens, prompt_lens=pl, response_lens=rl, rewards=torch.ones(3),
                          correct=torch.ones(3, dtype=torch.bool), group_ids=torch.arange(3))
-    monkeypatch.setattr(parallel, "forward_crosses_dp", lambda: True)
+    monkeypatch.setattr(update, "forward_crosses_dp", lambda: True)
     monkeypatch.setattr(parallel, "agree_max", lambda n: 5)
-    monkeypatch.setattr(parallel, "micro_batch_multiple", lambda: 1)
+    monkeypatch.setattr(update, "micro_batch_multiple", lambda: 1)
     plan, micro = update.micro_batches(batch, max_tokens=100)  # alone: one micro-batch of all 3
     assert len(micro) == 5 and sorted(r for rows in plan for r in rows) == [0, 1, 2] and plan[3:] == [[], []]
     for fill in micro[3:]:
         assert float(fill.mask.sum()) == 0 and not bool(fill.correct.any()) and fill.tokens.shape == (1, 5)
     monkeypatch.setattr(parallel, "agree_max", lambda n: 1)
-    monkeypatch.setattr(parallel, "micro_batch_multiple", lambda: 2)  # VPP at PP=2: 1 -> 2
+    monkeypatch.setattr(update, "micro_batch_multiple", lambda: 2)  # VPP at PP=2: 1 -> 2
     plan, micro = update.micro_batches(batch, max_tokens=100)
     assert [len(rows) for rows in plan] == [2, 1] and len(micro) == 2

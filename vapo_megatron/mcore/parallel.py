@@ -168,23 +168,7 @@ def ep_size() -> int:
     return _ps().get_expert_model_parallel_world_size()
 
 
-def forward_crosses_dp() -> bool:
-    """Whether a forward pass runs collectives across data-parallel ranks: with expert parallelism
-    megatron's MoE token dispatcher runs an all-to-all over the EP group (made of DP ranks) in every
-    forward and backward, so DP ranks must run the same number of micro-batches or the all-to-alls
-    pair across micro-batches (and across the actor's and critic's forwards) until one deadlocks."""
-    return dp_size() > 1 and ep_size() > 1
-
-
-def micro_batch_multiple() -> int:
-    """The micro-batch count one schedule call must be a multiple of: megatron's interleaved (VPP)
-    schedule takes them in groups of microbatch_group_size_per_vp_stage, PP by default, and refuses
-    a remainder below PP (pipeline_parallel/schedules.py); 1 otherwise."""
-    return pp_size() if vp_size() is not None else 1
-
-
-def agree_max(value: int) -> int:
-    """Collective over DP. The largest `value` of any data-parallel rank."""
+def agree_max(value: int) -> int:  # collective over DP: the largest `value` of any data-parallel rank
     t = torch.tensor([value], dtype=torch.int64)
     all_reduce(t, op=dist.ReduceOp.MAX, group=dp_group())
     return int(t)

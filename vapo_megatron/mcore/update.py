@@ -36,18 +36,33 @@ class NonFiniteError(RuntimeError):
     """Too many optimizer steps in a row were skipped for NaN/Inf losses or gradients."""
 
 
+def forward_crosses_dp() -> bool:
+    """Whether a forward pass runs collectives across data-parallel ranks: with expert parallelism
+    megatron's MoE token dispatcher runs an all-to-all over the EP group (made of DP ranks) in every
+    forward and backward, so DP ranks must run the same number of micro-batches or the all-to-alls
+    pair across micro-batches (and across the actor's and critic's forwards) until one deadlocks."""
+    return parallel.dp_size() > 1 and parallel.ep_size() > 1
+
+
+def micro_batch_multiple() -> int:
+    """The micro-batch count one schedule call must be a multiple of: megatron's interleaved (VPP)
+    schedule takes them in groups of microbatch_group_size_per_vp_stage, PP by default, and refuses
+    a remainder below PP (pipeline_parallel/schedules.py); 1 otherwise."""
+    return parallel.pp_size() if parallel.vp_size() is not None else 1
+
+
 def micro_batches(batch: RolloutBatch, max_tokens: int) -> tuple[list[list[int]], list[RolloutBatch]]:
     """Collective over DP where a forward crosses DP ranks. (plan, micro-batches) of one schedule
     call: token-budget micro-batches of this rank's rows (data/microbatch.py), as many on every DP
-    rank when a forward runs collectives across them (expert parallelism: parallel.forward_crosses_dp),
-    and a multiple of what the schedule takes (VPP: parallel.micro_batch_multiple). The count is the
+    rank when a forward runs collectives across them (expert parallelism: forward_crosses_dp),
+    and a multiple of what the schedule takes (VPP: micro_batch_multiple). The count is the
     largest any rank plans, and the planner splits this rank's micro-batches up to it; a rank with
     fewer rows than that count adds filler micro-batches (plan rows []): one of its sequences with
     no response token, which every loss and count masks out (zero loss, zero tokens)."""
     lengths = batch.seq_lens.tolist()
     plan = plan_micro_batches(lengths, max_tokens)
-    target = parallel.agree_max(len(plan)) if parallel.forward_crosses_dp() else len(plan)
-    multiple = parallel.micro_batch_multiple()
+    target = parallel.agree_max(len(plan)) if forward_crosses_dp() else len(plan)
+    multiple = micro_batch_multiple()
     target = -(-target // multiple) * multiple
     if target > len(plan):
         plan = plan_micro_batches(lengths, max_tokens, min_micro_batches=min(target, len(lengths)))

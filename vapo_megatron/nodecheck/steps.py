@@ -18,9 +18,11 @@ TRAINING_PHASES = ("score", "critic_update", "actor_update")  # what vapo-plan's
 
 def check_vapo_steps(env: Env, steps: int) -> dict | None:
     from vapo_megatron.config import load_config
+    from vapo_megatron.sizing.plan import check_engine_share
+    from vapo_megatron.sizing.step_config import predict_on_this_gpu
     from vapo_megatron.testing.demo_task import TinyModelSpec, write_demo_dir
     from vapo_megatron.trainer.signals import StopSignals
-    from vapo_megatron.trainer.trainer import Trainer
+    from vapo_megatron.trainer.trainer import Planner, Trainer
 
     data = env.work / "demo"
     write_demo_dir(str(data), seed=0, task="add", n_train=256, n_eval=16, n_sft=16, sft_noise=0.0,
@@ -37,7 +39,7 @@ def check_vapo_steps(env: Env, steps: int) -> dict | None:
     switches: list[tuple[str, int, int]] = []
     base = env.peak_reset()
     with contextlib.redirect_stdout(sys.stderr):  # the trainer's own lines: stdout is one line per check
-        trainer = Trainer(cfg, StopSignals())
+        trainer = Trainer(cfg, StopSignals(), Planner(check_engine_share, predict_on_this_gpu))
     training_peak = [0]
     try:
         if not env.cpu:  # the peak inside the phases vapo-plan's `training` figure is for

@@ -127,3 +127,20 @@ def option_problems(*, gpu: str | None, response_tokens: float | None, prompt_to
 
 __all__ = ["default_prompt_tokens", "default_response_tokens", "option_problems", "plan_setup", "predicted_step_and_save",
            "setup_from_config", "without_critic_delta"]
+
+
+def predict_on_this_gpu(cfg, actor_hf: dict, critic_hf: dict | None, world: int) -> tuple[float, float, str] | None:
+    """(step s, save s, GPU name) of predicted_step_and_save on this process's GPU, for the trainer's
+    deadline (trainer.Planner's predict); None without CUDA."""
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    step_s, save_s = predicted_step_and_save(
+        cfg, actor_hf, critic_hf, world=world, device_name=props.name,
+        gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or torch.cuda.device_count()),
+        gpu_memory_gib=props.total_memory / 2**30)
+    return step_s, save_s, props.name

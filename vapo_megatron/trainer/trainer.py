@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -43,7 +45,6 @@ from vapo_megatron.rewards.shaping import OverlongShaping
 from vapo_megatron.rollout.dynamic_sampling import StepRollouts
 from vapo_megatron.rollout.generator import Generator
 from vapo_megatron.runtime import fault_points
-from vapo_megatron.sizing.plan import check_engine_share
 from vapo_megatron.trainer.deadline import Deadline, StepClock
 from vapo_megatron.trainer.metrics import MetricsLogger
 from vapo_megatron.trainer.run_guard import RunDirLock
@@ -54,9 +55,23 @@ PREEMPTED_EXIT_CODE = 3  # checkpoint written after SIGUSR1/SIGTERM or at the de
 NON_FINITE_EXIT_CODE = 4  # trainer.max_consecutive_skips optimizer steps in a row had NaN/Inf
 
 
+@dataclass(frozen=True)
+class Planner:
+    """What vapo-plan's models tell the loop, handed in by the command that builds the trainer
+    (train.py, vapo-check), so the loop does not depend on the planner's cost model:
+    check_engine_share(cfg, models): collective; raises ConfigError where a colocated engine's share
+        and the resident trainer state exceed the GPU (sizing/plan.py);
+    predict(cfg, actor_hf, critic_hf, world): (step s, save s, GPU name) for the deadline until
+        measured, or None where the model has no rates (sizing/step_config.py)."""
+
+    check_engine_share: Callable[[Config, list], None]
+    predict: Callable[[Config, dict, dict, int], tuple[float, float, str] | None]
+
+
 class Trainer:
-    def __init__(self, cfg: Config, stop: StopSignals):
+    def __init__(self, cfg: Config, stop: StopSignals, planner: Planner):
         self.cfg = cfg
+        self.planner = planner
         self.stop = stop  # SIGUSR1/SIGTERM, acted on at the next safe point (end of a step)
         self.deadline = Deadline.from_setting(cfg.trainer.deadline, cfg.trainer.deadline_margin_s)
         self.clock = StepClock()  # longest step and save so far, for the deadline
@@ -93,7 +108,7 @@ class Trainer:
             check_host_memory(list(self.models.values()))  # every node, before any step
             self.offloader = Offloader(list(self.models.values()))
         else:  # the state stays on the GPU beside the engine's share (rollout.sglang_mem_fraction)
-            check_engine_share(cfg, list(self.models.values()))
+            self.planner.check_engine_share(cfg, list(self.models.values()))
         self.state = RunState(sampler=PromptSampler(self.data.train, cfg.rollout.prompts_per_step, cfg.data.seed))
         self.checkpoints = CheckpointManager(t.run_dir, self.models, config=run_record(cfg))
         self.checkpoints.load(self.state)                                     # resume, when there is a checkpoint
@@ -115,33 +130,23 @@ class Trainer:
             self._predict_step_times()  # the deadline is rank 0's decision
 
     def _predict_step_times(self) -> None:
-        """vapo-plan's step and save times for this config and GPU (sizing/step_config.py) stand in for
+        """vapo-plan's step and save times for this config and GPU (the planner's predict) stand in for
         the deadline until this process has measured a step and a save (deadline.py StepClock). None
         on a device the model has no rates for (the CPU, an unknown GPU): then only measured times count."""
-        if not torch.cuda.is_available():
-            return
-        import os
-
-        from vapo_megatron.sizing.step_config import predicted_step_and_save
-
         cfg = self.cfg
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
         try:
             actor_hf = read_hf_config(cfg.model.hf_path)
             critic_hf = read_hf_config(cfg.model.critic_hf_path) if cfg.model.critic_hf_path else actor_hf
-            step_s, save_s = predicted_step_and_save(
-                cfg, actor_hf, critic_hf, world=parallel.tp_size() * parallel.pp_size() * parallel.dp_size(),
-                device_name=props.name,
-                gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or torch.cuda.device_count()),
-                gpu_memory_gib=props.total_memory / 2**30)
+            predicted = self.planner.predict(cfg, actor_hf, critic_hf, parallel.tp_size() * parallel.pp_size() * parallel.dp_size())
         except Exception as e:  # noqa: BLE001 -- a prediction is a convenience, never a reason to stop a run
             print(f"[vapo] warning: deadline: no predicted step time ({e}); only measured times count", flush=True)
             return
-        if step_s:
+        if predicted and predicted[0]:
+            step_s, save_s, name = predicted
             self.clock.predicted_step_s, self.clock.predicted_save_s = step_s, save_s
             # Not "[vapo] deadline: ...": that prefix announces a stop (tests/e2e/test_slurm.py waits for it).
             print(f"[vapo] predicted for the deadline until measured: a step {step_s:.0f} s, a checkpoint save "
-                  f"{save_s:.0f} s ({props.name}; vapo-plan's step-time model, docs/slurm.md)", flush=True)
+                  f"{save_s:.0f} s ({name}; vapo-plan's step-time model, docs/slurm.md)", flush=True)
 
     @property
     def total_iterations(self) -> int:

@@ -22,7 +22,8 @@ Every SGLang call and the source line it was checked against: docs/weight_sync.m
 Memory: around training, `release_memory()` frees weights, KV cache and CUDA graphs
 (needs enable_memory_saver=True); `resume_memory()` takes them back once every member has
 emptied its PyTorch cache (sync_freed: a barrier on the group, a gloo group). Every Engine call
-goes through `_call`, which keeps the process's signal handlers (rollout/engine_signals.py).
+goes through `_call`, which keeps the process's signal handlers (rollout/engine_signals.py); the
+engine's processes start with the trainer's stop signals blocked (engine_signals.spared_from_stop_signals).
 
 SGLang's CPU engine (no GPU, SGLANG_USE_CPU_ENGINE=1, sgl-kernel's CPU build): the same groups and
 payloads (CPU tensors). It holds no GPU memory and SGLang's release/resume synchronize CUDA, so they
@@ -43,7 +44,7 @@ from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.memory import free_cached_memory
 from vapo_megatron.rollout.base import MEMORY_TAGS, Continuation, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket
-from vapo_megatron.rollout.engine_signals import EngineDeath, kept_handlers
+from vapo_megatron.rollout.engine_signals import EngineDeath, kept_handlers, spared_from_stop_signals
 from vapo_megatron.rollout.sglang_requests import continuation_requests, expand_requests, parse_output
 
 
@@ -267,7 +268,8 @@ class SGLangEngine(RolloutEngine):
                             f"(GPUs {base}..{base + tp_size - 1} of host {socket.gethostname()})")
         if dist.get_rank(group) == 0:
             death.install()  # before the Engine starts: its schedulers may fail while they load
-            with kept_handlers(None):
+            # The engine's processes never act on the trainer's stop signals (engine_signals.py).
+            with kept_handlers(None), death.calling(), spared_from_stop_signals():
                 engine = start(SGLangEngineConfig(
                     model_path=model_path, tp_size=tp_size, base_gpu_id=base, mem_fraction_static=mem_fraction,
                     dtype=dtype, random_seed=seed, deterministic=deterministic, load_format=load_format,
@@ -285,10 +287,10 @@ class SGLangEngine(RolloutEngine):
         return self.owner
 
     def _call(self, method: str, *args, **kwargs):
-        """One call on the Engine (the owner's): a dead engine is EngineDied naming it, and the
-        process's signal handlers are the same afterwards (engine_signals.kept_handlers)."""
-        self.death.check()
-        with kept_handlers(self.engine):
+        """One call on the Engine (the owner's): a dead engine, before or during the call, is
+        EngineDied naming it (EngineDeath.calling), and the process's signal handlers are the same
+        afterwards (engine_signals.kept_handlers)."""
+        with kept_handlers(self.engine), self.death.calling():
             return getattr(self.engine, method)(*args, **kwargs)
 
     def sync_freed(self) -> None:

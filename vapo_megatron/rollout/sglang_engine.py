@@ -23,7 +23,8 @@ Memory: around training, `release_memory()` frees weights, KV cache and CUDA gra
 (needs enable_memory_saver=True); `resume_memory()` takes them back once every member has
 emptied its PyTorch cache (sync_freed: a barrier on the group, a gloo group). Every Engine call
 goes through `_call`, which keeps the process's signal handlers (rollout/engine_signals.py); the
-engine's processes start with the trainer's stop signals blocked (engine_signals.spared_from_stop_signals).
+engine's processes start with the trainer's stop signals blocked (engine_signals.spared_from_stop_signals)
+and are ended by `stop_engine`, which ends them and nothing else of the trainer's.
 
 SGLang's CPU engine (no GPU, SGLANG_USE_CPU_ENGINE=1, sgl-kernel's CPU build): the same groups and
 payloads (CPU tensors). It holds no GPU memory and SGLang's release/resume synchronize CUDA, so they
@@ -32,8 +33,10 @@ are never called there. The suite runs this path with sglang itself (docs/what_r
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
+import weakref
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -209,10 +212,53 @@ def engine_kwargs(cfg: SGLangEngineConfig) -> dict:
 
 
 def start_engine(cfg: SGLangEngineConfig):
-    """A colocated sglang.Engine (on the GPU, or SGLang's CPU engine: cpu_engine())."""
+    """A colocated sglang.Engine (on the GPU, or SGLang's CPU engine: cpu_engine()), to be ended by
+    stop_engine: at exit too, in place of the Engine's own atexit shutdown."""
     import sglang
 
-    return sglang.Engine(**engine_kwargs(cfg))
+    engine = sglang.Engine(**engine_kwargs(cfg))
+    atexit.unregister(engine.shutdown)
+    atexit.register(stop_engine, engine)
+    return engine
+
+
+_stopped: "weakref.WeakSet" = weakref.WeakSet()  # the Engines stop_engine ended (it may be called again at exit)
+
+
+def stop_engine(engine) -> None:
+    """sglang.Engine.shutdown(), except that it ends the engine's own processes only.
+
+    Engine.shutdown ends them with kill_process_tree(os.getpid(), include_parent=False): SIGKILL to
+    every descendant of the trainer's process, not only the engine's. That took the reward workers,
+    W&B's service and multiprocessing's resource tracker with it; the tracker gone, the trainer's
+    own semaphores, unregistered at exit, reached a new tracker that had never seen them, which
+    printed a `KeyError` traceback at the end of every SGLang run (exit 0 too). Here the engine's
+    shutdown runs with that call aimed at the engine's processes (Engine.get_all_child_pids: its
+    schedulers and detokenizer), each with its own descendants, killed and reaped as SGLang does:
+    `kill_process_tree` is swapped, for the call, in the globals that Engine.shutdown resolves it in
+    (sglang/srt/entrypoints/engine.py's; tests/unit/test_sglang_api.py runs SGLang's shutdown source
+    through it). Objects without get_all_child_pids (test doubles) get their own shutdown."""
+    if not hasattr(engine, "get_all_child_pids"):
+        engine.shutdown()
+        return
+    if engine in _stopped:
+        return
+    _stopped.add(engine)
+    pids = list(engine.get_all_child_pids())
+    names = type(engine).shutdown.__globals__
+    kill_tree = names["kill_process_tree"]
+
+    def engines_own(parent_pid, include_parent=True, skip_pid=None, wait_timeout=60):
+        if parent_pid != os.getpid() or include_parent:  # not Engine.shutdown's sweep of this process: as SGLang has it
+            return kill_tree(parent_pid, include_parent=include_parent, skip_pid=skip_pid, wait_timeout=wait_timeout)
+        for pid in pids:
+            kill_tree(pid, include_parent=True, skip_pid=skip_pid, wait_timeout=wait_timeout)
+
+    names["kill_process_tree"] = engines_own
+    try:
+        engine.shutdown()
+    finally:
+        names["kill_process_tree"] = kill_tree
 
 
 class SGLangEngine(RolloutEngine):
@@ -376,9 +422,10 @@ class SGLangEngine(RolloutEngine):
         self._weights_lost = False
 
     def shutdown(self) -> None:
-        """Stop the Engine this rank started (Generator.close); an HTTP server keeps running."""
+        """Stop the Engine this rank started (Generator.close), its processes only (stop_engine);
+        an HTTP server keeps running."""
         if self.owner and hasattr(self.engine, "shutdown"):
-            self.engine.shutdown()
+            stop_engine(self.engine)
 
     def release_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
         """Before training: free weights, KV cache and CUDA graphs (the engine must be idle)."""

@@ -13,7 +13,10 @@ failure: ... EngineDied" and blamed the disk), and the next call raises EngineDi
 the real Engine waits in its uvloop event loop (SGLang's policy), which runs Python signal handlers
 as one of its callbacks and only logs what they raise: the call waited for ever on the dead
 scheduler. A second double waits in a real uvloop loop as the Engine does (run_until_complete); the
-death ends its call at once with EngineDied."""
+death ends its call at once with EngineDied. A third registers SGLang's SIGTERM handler on a real
+uvloop loop in its first call, as TokenizerManager does: uvloop keeps a handler removed while its
+loop is not running, and a SIGTERM during a later call reached SGLang's drain as well as the
+trainer (a real resumed run hung so: its engine shut down under the stop checkpoint)."""
 
 from __future__ import annotations
 
@@ -70,6 +73,27 @@ print(json.dumps(out), flush=True)
 import asyncio, threading, uvloop
 from vapo_megatron.rollout.engine_signals import EngineDeath
 
+class TakingEngine:  # TEST DOUBLE: SGLang's takeover of SIGTERM in its first call, on a real uvloop loop
+    loop = uvloop.new_event_loop()
+    drained = []  # SGLang's SIGTERM handler: drain the requests, then shut the engine down
+
+    def begin_weight_update(self):
+        async def first_call():  # TokenizerManager.auto_create_handle_loop, inside the Engine's loop
+            self.loop.add_signal_handler(signal.SIGTERM, lambda: self.drained.append("SIGTERM"))
+        return self.loop.run_until_complete(first_call())
+
+    def flush_cache(self):
+        async def later_call():
+            os.kill(os.getpid(), signal.SIGTERM)  # Slurm's SIGTERM while the trainer waits on the engine
+            await asyncio.sleep(0.5)
+        return self.loop.run_until_complete(later_call())
+
+taking = SGLangEngine(TakingEngine(), death=EngineDeath("the taking engine"))
+stop.signum = 0
+taking._call("begin_weight_update")
+taking._call("flush_cache")
+out["sigterm_in_a_later_call"] = {"trainer": stop.signum, "sglang": TakingEngine.drained}
+
 class WaitingEngine:  # TEST DOUBLE: a call that waits in the engine's loop for a scheduler's answer
     loop = uvloop.new_event_loop()
 
@@ -109,5 +133,7 @@ def test_sigterm_still_stops_the_trainer_and_a_dead_engine_is_a_named_error(tmp_
     assert done["next_call"].startswith("SGLang engine of trainer ranks [0] (GPUs 0..0 of host"), done
     assert "died" in done["next_call"], done
     waited = lines[2]
+    # uvloop kept SGLang's SIGTERM handler past the call that registered it, and ran it as well
+    assert waited["sigterm_in_a_later_call"] == {"trainer": 15, "sglang": []}, waited
     assert waited["waiting_call"].startswith("the waiting engine died"), waited  # not a call that waits on
     assert waited["waited_s"] < 10, waited

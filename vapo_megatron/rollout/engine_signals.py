@@ -114,6 +114,26 @@ def _engine_loops(engine) -> list:
     return loops
 
 
+def _remove_from(loop, signum: int) -> None:
+    """Drop `loop`'s handler of `signum`. uvloop (SGLang's loop policy) removes one only while the loop
+    runs: on a loop that is not running, remove_signal_handler returns False and keeps the handler
+    (uvloop/loop.pyx, `if not self._listening_signals`), and every later run hands that signal to it
+    again, whatever the process's handler is. So SGLang's SIGTERM drain stayed registered after each
+    call and ran beside the trainer's handler on a SIGTERM during a later call: the engine shut itself
+    down (its scheduler exiting 0, which its watchdog does not report) under the trainer's stop
+    checkpoint, which then waited for ever. Outside a run the removal runs inside the loop."""
+    if loop.is_closed():
+        return
+    if loop.is_running():
+        loop.remove_signal_handler(signum)
+        return
+
+    async def remove():
+        loop.remove_signal_handler(signum)
+
+    loop.run_until_complete(remove())
+
+
 def restore_handlers(engine, before: dict) -> list[str]:
     """Put `before` ({signal: handler}) back where the engine changed it; returns the names of the
     signals that had to be restored."""
@@ -122,8 +142,8 @@ def restore_handlers(engine, before: dict) -> list[str]:
         if signal.getsignal(signum) is handler:
             continue
         for loop in _engine_loops(engine):
-            with contextlib.suppress(Exception):  # not registered there, or the loop is closed
-                loop.remove_signal_handler(signum)
+            with contextlib.suppress(Exception):  # not registered there
+                _remove_from(loop, signum)
         if handler is not None:  # None: a handler not installed from Python; nothing to put back
             signal.signal(signum, handler)
         restored.append(signal.Signals(signum).name)
@@ -142,6 +162,29 @@ def kept_handlers(engine):
         yield
     finally:
         restore_handlers(engine, before)
+
+
+def take_over_now(engine) -> None:
+    """Right after the engine starts: SGLang's takeover of SIGTERM and SIGQUIT
+    (TokenizerManager.auto_create_handle_loop, which otherwise runs inside the Engine's first call),
+    done and undone at once. During that first call (a weight sync's begin, the start-up release)
+    a SIGTERM went to SGLang's handler, which starts draining and shutting the engine down, and
+    never reached the trainer's; here the window is a few statements long. The function returns at
+    once when it has run before; objects without a tokenizer manager (test doubles) are left alone.
+
+    It runs inside the Engine's loop, as in the Engine's own calls (TokenizerManager's async methods
+    call it first): outside a running loop it makes a loop of its own (get_or_create_event_loop),
+    and its task that reads the scheduler's answers then lived on a loop that never runs, so the
+    first real call waited for ever."""
+    manager, loop = getattr(engine, "tokenizer_manager", None), getattr(engine, "loop", None)
+    if manager is None or loop is None or not hasattr(manager, "auto_create_handle_loop"):
+        return
+
+    async def take_over():
+        manager.auto_create_handle_loop()
+
+    with kept_handlers(engine):
+        loop.run_until_complete(take_over())
 
 
 # What the trainer stops on and its helpers must not die of (trainer/signals.py): Ctrl-C (SIGINT, to
@@ -173,4 +216,5 @@ def spared_from_stop_signals():
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
-__all__ = ["EngineDeath", "EngineDied", "KEPT", "SPARED", "kept_handlers", "restore_handlers", "spared_from_stop_signals"]
+__all__ = ["EngineDeath", "EngineDied", "KEPT", "SPARED", "kept_handlers", "restore_handlers", "spared_from_stop_signals",
+           "take_over_now"]

@@ -47,7 +47,7 @@ from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.memory import free_cached_memory
 from vapo_megatron.rollout.base import MEMORY_TAGS, Continuation, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket
-from vapo_megatron.rollout.engine_signals import EngineDeath, kept_handlers, spared_from_stop_signals
+from vapo_megatron.rollout.engine_signals import EngineDeath, kept_handlers, spared_from_stop_signals, take_over_now
 from vapo_megatron.rollout.sglang_requests import continuation_requests, expand_requests, parse_output
 
 
@@ -322,6 +322,7 @@ class SGLangEngine(RolloutEngine):
                     sigquit_handler=death, return_routes=routes is not None, device=device,
                     max_total_tokens=max_total_tokens,
                 ))
+            take_over_now(engine)  # SGLang's signal takeover, undone before any stop signal can meet it
         parallel.barrier(group=parallel.wait_group())  # every engine is up before any rank builds its models
         wrapper = cls(engine, group=group, base_gpu_id=base_gpu_id, death=death, routes=routes,
                       frees_memory=device != "cpu")

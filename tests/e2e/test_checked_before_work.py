@@ -223,7 +223,8 @@ def test_eval_refuses_sglang_without_cuda_as_the_trainer_does(made, capsys, no_e
 
     code, message = answered(capsys, vapo_eval.main, eval_argv(made[0], made[0] / "hf", "--engine", "sglang"), "vapo-eval")
     assert code == 2 and message == ("vapo-eval: error: --engine sglang needs CUDA GPUs and none is visible; "
-                                     "allowed here: --engine embedded (or SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1)")
+                                     "allowed here: --engine embedded (or SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1, "
+                                     "with sgl-kernel's CPU build)")
 
 
 @pytest.mark.parametrize("flag,value,says", [

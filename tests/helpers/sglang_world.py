@@ -9,7 +9,8 @@ and detokenizer processes, HTTP server, model classes, weight loaders, sampler, 
     enter_sglang_world()          the same for this process (before sglang is imported)
     start_server(model, log)      `python -m sglang.launch_server` on a loopback port -> (process, url)
     stop_process_tree(proc)       the server and its schedulers, ended
-    main(argv)                    vapo-train's main in this world, VAPO_FAULT honoured (a rank forked by train_in_forks)
+    main(argv)                    vapo-train's main in this world, VAPO_FAULT honoured (a rank forked by train_in_forks,
+                                  or `python -m tests.helpers.sglang_world --config ...` in a process of its own)
 
 A test that cannot start the engine fails: nothing here skips.
 """
@@ -112,3 +113,7 @@ def main(argv: list[str]) -> int:
     from tests.helpers.faults import main as faults_main
 
     return faults_main(argv)
+
+
+if __name__ == "__main__":  # vapo-train as a user's terminal runs it, in a process of its own (sglang_env() given)
+    sys.exit(main(sys.argv[1:]))

@@ -334,13 +334,54 @@ def test_deterministic_sampling_is_refused_on_sglangs_cpu_engine(monkeypatch, en
     from vapo_megatron.config import Config, RolloutConfig, TrainerConfig
     from vapo_megatron.config.preflight import hardware_problems
 
+    from tests.helpers.sglang_world import SGLANG_DOUBLES
+
     def cfg(deterministic):
         return Config(rollout=RolloutConfig(engine="sglang"), trainer=TrainerConfig(deterministic=deterministic))
 
     monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    monkeypatch.syspath_prepend(str(SGLANG_DOUBLES))  # sgl-kernel's CPU build, as the suite's SGLang world has it
     flag = "--deterministic" if engine_flag else "trainer.deterministic=true"
     (msg,) = hardware_problems(cfg(True), cuda=False, engine_flag=engine_flag,
                                deterministic_flag=engine_flag and "--deterministic")
     assert msg.startswith(f"{flag} with SGLang's CPU engine") and "torch_native" in msg, msg
     assert hardware_problems(cfg(False), cuda=False, engine_flag=engine_flag) == []
     assert hardware_problems(cfg(True), cuda=True, engine_flag=engine_flag) == []  # SGLang's GPU engine: allowed
+
+
+@pytest.mark.parametrize("engine_flag", [None, "--engine"])
+def test_sglang_without_sgl_kernel_is_refused_at_start_up(monkeypatch, engine_flag):
+    """Issue 63, defect 9: rollout.engine=sglang with SGLANG_USE_CPU_ENGINE=1 and no sgl-kernel passed the
+    start-up checks; the run built its models, started the engine and died 29 s later in SGLang's
+    scheduler (`ModuleNotFoundError: No module named 'sgl_kernel'`). Now one line naming the setting and
+    what to install, before any work. The module is really absent in this process (the suite's double,
+    tests/doubles/sglang, is on the path only in SGLang's world); with the double on the path, no problem.
+    On a GPU (CUDA visible) the same check names PyPI's sglang-kernel with sglang's own pin."""
+    import importlib.metadata
+    import importlib.util
+
+    from tests.helpers.sglang_world import SGLANG_DOUBLES
+    from vapo_megatron.config import Config, RolloutConfig
+    from vapo_megatron.config.preflight import hardware_problems
+
+    assert importlib.util.find_spec("sgl_kernel") is None  # what the test is about: not installed here
+    cfg = Config(rollout=RolloutConfig(engine="sglang"))
+    setting = f"{engine_flag} sglang" if engine_flag else "rollout.engine=sglang"
+    embedded = f"{engine_flag} embedded" if engine_flag else "rollout.engine=embedded"
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    (msg,) = hardware_problems(cfg, cuda=False, engine_flag=engine_flag)
+    assert msg.startswith(f"{setting} with SGLang's CPU engine (SGLANG_USE_CPU_ENGINE=1) needs sgl-kernel's CPU build "
+                          "(the module sgl_kernel), which is not installed"), msg
+    assert f"or use {embedded} on a CPU" in msg and "\n" not in msg, msg
+
+    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE")  # SGLang's GPU engine, on a machine with GPUs
+    (msg,) = hardware_problems(cfg, cuda=True, engine_flag=engine_flag)
+    pin = next(r for r in importlib.metadata.requires("sglang") if r.startswith("sglang-kernel"))
+    assert msg == (f"{setting} needs sgl-kernel (the module sgl_kernel: PyPI's {pin}, which sglang requires), which "
+                   "is not installed: pip install -e '.[gpu]' installs it with sglang"), msg
+    (msg,) = hardware_problems(cfg, cuda=False, engine_flag=engine_flag)  # no GPU: that refusal, not the kernel's
+    assert "needs CUDA GPUs and none is visible" in msg, msg
+
+    monkeypatch.syspath_prepend(str(SGLANG_DOUBLES))
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    assert hardware_problems(cfg, cuda=False, engine_flag=engine_flag) == []

@@ -48,8 +48,12 @@ T = TypeVar("T")
 
 
 class CheckpointSaveError(RuntimeError):
-    """A save failed on some rank (every rank raises it); the message says what, where, and the
-    free space. vapo-train exits with SAVE_FAILED_EXIT_CODE."""
+    """A save failed on some rank (every rank raises it); the message says what, where, and, when
+    the file system failed, the free space. vapo-train exits with SAVE_FAILED_EXIT_CODE."""
+
+    def __init__(self, message: str, *, file_system: bool = False) -> None:
+        super().__init__(message)
+        self.file_system = file_system  # an OSError behind it (a full disk, a lost mount), on some rank
 
 
 class CheckpointMismatch(RuntimeError):
@@ -58,10 +62,25 @@ class CheckpointMismatch(RuntimeError):
 
 # ---- collective agreement ------------------------------------------------------------------------
 
+def _root_cause(e: BaseException) -> BaseException:
+    """The error a failure started with, through torch DCP's per-rank CheckpointException and the
+    `raise ... from` of the writers (megatron's FileSystemWriterAsync reports a writer's error as
+    `RuntimeError("Worker failure: ...") from` it)."""
+    seen = set()
+    while id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, CheckpointException) and e.failures:
+            e = next(iter(e.failures.values()))[0]
+        elif e.__cause__ is not None:
+            e = e.__cause__
+        else:
+            break
+    return e
+
+
 def _one_line(e: BaseException) -> str:
-    """A short reason; torch DCP wraps each rank's error in a CheckpointException."""
-    if isinstance(e, CheckpointException) and e.failures:
-        e = next(iter(e.failures.values()))[0]
+    """A short reason: the root cause's type and the last line of its message."""
+    e = _root_cause(e)
     if isinstance(e, (CheckpointCorrupt, dist_io.CheckpointError)):  # already one line naming the file
         return str(e)
     lines = str(e).strip().splitlines()
@@ -104,16 +123,16 @@ def _agreed(step: Callable[[], None]) -> None:
     """Collective: run one phase of a save on every rank, then agree; when it failed anywhere,
     every rank raises CheckpointSaveError with the first failing rank's reason (a rank going on
     alone would meet the others' next collective out of step)."""
-    reason = ""
+    reason, file_system = "", False
     try:
         step()
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - reported by every rank below
-        reason = f"rank {dist.get_rank()}: {_save_reason(e)}"
-    reasons = [""] * dist.get_world_size()
-    parallel.all_gather_object(reasons, reason)
-    bad = next((r for r in reasons if r), "")
+        reason, file_system = f"rank {dist.get_rank()}: {_save_reason(e)}", _os_error(e) is not None
+    reasons = [("", False)] * dist.get_world_size()
+    parallel.all_gather_object(reasons, (reason, file_system))
+    bad = next((r for r in reasons if r[0]), None)
     if bad:
-        raise CheckpointSaveError(bad)
+        raise CheckpointSaveError(bad[0], file_system=any(f for _, f in reasons))
 
 
 def _on_every_rank(step: Callable[[], T]) -> T:
@@ -171,10 +190,13 @@ class CheckpointManager:
             free_then = _free_space(self.root)
             if parallel.is_rank0():
                 shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint only keeps the disk full
+            # The free space only where the file system failed: after any other error (a bug, a
+            # signal's exception) it read as if the disk were to blame.
+            space = (f"; {free_then} on the file system of {self.root} when it failed ({_free_space(self.root)} "
+                     "after removing the partial checkpoint)") if e.file_system else ""
             raise CheckpointSaveError(
-                f"saving {target} failed: {e}; {free_then} on the file system of {self.root} when it failed "
-                f"({_free_space(self.root)} after removing the partial checkpoint); {self.root / 'latest'} still "
-                "names the last complete checkpoint") from None
+                f"saving {target} failed: {e}{space}; {self.root / 'latest'} still names the last complete checkpoint",
+                file_system=e.file_system) from None
         return target
 
     def _begin(self, target: Path) -> None:

@@ -3,7 +3,7 @@
     startup_problems(cfg, world_size)   every problem found, one message each (pure Python)
     launch_problems(cfg, world_size, actor_hf, critic_hf, gpus_per_node=G)   vapo-plan's: the layout
                                         and batch against a launch, with the models' HF configs
-    hardware_problems(cfg)              what the settings need of the machine (CUDA, NCCL)
+    hardware_problems(cfg)              what the settings need of the machine (CUDA, NCCL, sgl-kernel)
     export_problems(cfg)                may the final HF export replace run_dir/hf? (in startup_problems)
 
 vapo-train runs startup_problems first thing, on every rank, before it imports torch or
@@ -17,6 +17,8 @@ the data files, the run directory and the reward function. Each message names th
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 from pathlib import Path
 
@@ -134,10 +136,11 @@ def hardware_problems(cfg: Config, *, cuda: bool | None = None, engine_flag: str
     engine = f"{engine_flag} embedded" if engine_flag else "rollout.engine=embedded"
     if sglang_gpu and engine_flag:
         out.append(f"{engine_flag} sglang needs CUDA GPUs and none is visible; allowed here: {engine_flag} embedded "
-                   "(or SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1)")
+                   "(or SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1, with sgl-kernel's CPU build)")
     elif sglang_gpu:
         out.append("rollout.engine=sglang needs CUDA GPUs and none is visible; allowed here: embedded (or "
-                   "sglang_http with rollout.sglang_urls, or SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1)")
+                   "sglang_http with rollout.sglang_urls, or SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1, with "
+                   "sgl-kernel's CPU build)")
     if sglang_cpu and cfg.trainer.deterministic:
         # engine_kwargs passes it on as enable_deterministic_inference, which sglang 0.5.23 refuses with
         # its CPU attention backends (arg_groups/overrides.py _deterministic_attention_backend: only
@@ -155,7 +158,35 @@ def hardware_problems(cfg: Config, *, cuda: bool | None = None, engine_flag: str
         import torch
 
         cuda = torch.cuda.is_available()
-    return [] if cuda else out
+    # Without CUDA, SGLang's GPU engine is refused above already; its kernels are the next thing it needs.
+    kernel = (sgl_kernel_problem(f"{engine_flag} sglang" if engine_flag else "rollout.engine=sglang", engine)
+              if sglang_cpu or (sglang_gpu and cuda) else None)
+    return ([] if cuda else out) + ([kernel] if kernel else [])
+
+
+def sgl_kernel_problem(setting: str, embedded: str) -> str | None:
+    """SGLang's engine in this process needs sgl-kernel (the module sgl_kernel), imported by its
+    scheduler process: without it vapo-train passed its checks, built its models, and died some 30 s
+    later in the scheduler (`ModuleNotFoundError: No module named 'sgl_kernel'`). Looked up, not
+    imported (find_spec runs none of its code). On the GPU it is PyPI's sglang-kernel, which sglang
+    requires (named with sglang's own pin); SGLang's CPU engine needs its CPU build, which no registry
+    publishes (docs/training.md, "SGLang on a CPU"). `setting`: rollout.engine=sglang or vapo-eval's
+    --engine sglang; `embedded`: the setting that needs neither."""
+    if importlib.util.find_spec("sgl_kernel") is not None:
+        return None
+    if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
+        return (f"{setting} with SGLang's CPU engine (SGLANG_USE_CPU_ENGINE=1) needs sgl-kernel's CPU build "
+                "(the module sgl_kernel), which is not installed and no package registry publishes (PyPI's "
+                "sglang-kernel is a CUDA build): build it from SGLang's source (sgl-kernel, its CPU extension), or "
+                f"use {embedded} on a CPU (docs/training.md, 'SGLang on a CPU')")
+    try:
+        pins = [r.split(";")[0].strip() for r in importlib.metadata.requires("sglang") or []
+                if r.lower().replace("_", "-").startswith("sglang-kernel")]
+    except importlib.metadata.PackageNotFoundError:
+        pins = []
+    wanted = f"{pins[0]}, which sglang requires" if pins else "sglang-kernel"
+    return (f"{setting} needs sgl-kernel (the module sgl_kernel: PyPI's {wanted}), which is not installed: "
+            "pip install -e '.[gpu]' installs it with sglang")
 
 
 def _sglang_moe_problems(key: str, hf_cfg: dict, engine: str) -> list[str]:
@@ -259,4 +290,5 @@ def startup_problems(cfg: Config, world_size: int) -> list[str]:
 
 
 __all__ = ["PROMPT_SUFFIXES", "batch_problems", "export_problems", "hardware_problems", "launch_problems", "moe_problems",
+           "sgl_kernel_problem",
            "startup_problems"]

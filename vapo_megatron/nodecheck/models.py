@@ -232,8 +232,7 @@ def check_sglang_engine(env: Env, hf_cfg: dict) -> None:
                f"released {again / GIB:.2f} GiB; engine vs trainer log-prob max diff {err:.3g}")
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        if hasattr(engine.engine, "shutdown"):  # sglang.Engine's own
-            engine.engine.shutdown()
+        engine.shutdown()  # the engine's own processes only (sglang_engine.stop_engine), not vapo-check's others
 
 
 __all__ = ["Env", "GIB", "approx_params", "check_model_logits", "check_recompute", "check_weight_sync", "has", "report", "results"]

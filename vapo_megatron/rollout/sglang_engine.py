@@ -22,7 +22,9 @@ Every SGLang call and the source line it was checked against: docs/weight_sync.m
 Memory: around training, `release_memory()` frees weights, KV cache and CUDA graphs
 (needs enable_memory_saver=True); `resume_memory()` takes them back once every member has
 emptied its PyTorch cache (sync_freed: a barrier on the group, a gloo group). Every Engine call
-goes through `_call`, which keeps the process's signal handlers (rollout/engine_signals.py).
+goes through `_call`, which keeps the process's signal handlers (rollout/engine_signals.py); the
+engine's processes start with the trainer's stop signals blocked (engine_signals.spared_from_stop_signals)
+and are ended by `stop_engine`, which ends them and nothing else of the trainer's.
 
 SGLang's CPU engine (no GPU, SGLANG_USE_CPU_ENGINE=1, sgl-kernel's CPU build): the same groups and
 payloads (CPU tensors). It holds no GPU memory and SGLang's release/resume synchronize CUDA, so they
@@ -31,8 +33,10 @@ are never called there. The suite runs this path with sglang itself (docs/what_r
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
+import weakref
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -43,7 +47,7 @@ from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.memory import free_cached_memory
 from vapo_megatron.rollout.base import MEMORY_TAGS, Continuation, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket
-from vapo_megatron.rollout.engine_signals import EngineDeath, kept_handlers
+from vapo_megatron.rollout.engine_signals import EngineDeath, kept_handlers, spared_from_stop_signals, take_over_now
 from vapo_megatron.rollout.sglang_requests import continuation_requests, expand_requests, parse_output
 
 
@@ -208,10 +212,53 @@ def engine_kwargs(cfg: SGLangEngineConfig) -> dict:
 
 
 def start_engine(cfg: SGLangEngineConfig):
-    """A colocated sglang.Engine (on the GPU, or SGLang's CPU engine: cpu_engine())."""
+    """A colocated sglang.Engine (on the GPU, or SGLang's CPU engine: cpu_engine()), to be ended by
+    stop_engine: at exit too, in place of the Engine's own atexit shutdown."""
     import sglang
 
-    return sglang.Engine(**engine_kwargs(cfg))
+    engine = sglang.Engine(**engine_kwargs(cfg))
+    atexit.unregister(engine.shutdown)
+    atexit.register(stop_engine, engine)
+    return engine
+
+
+_stopped: "weakref.WeakSet" = weakref.WeakSet()  # the Engines stop_engine ended (it may be called again at exit)
+
+
+def stop_engine(engine) -> None:
+    """sglang.Engine.shutdown(), except that it ends the engine's own processes only.
+
+    Engine.shutdown ends them with kill_process_tree(os.getpid(), include_parent=False): SIGKILL to
+    every descendant of the trainer's process, not only the engine's. That took the reward workers,
+    W&B's service and multiprocessing's resource tracker with it; the tracker gone, the trainer's
+    own semaphores, unregistered at exit, reached a new tracker that had never seen them, which
+    printed a `KeyError` traceback at the end of every SGLang run (exit 0 too). Here the engine's
+    shutdown runs with that call aimed at the engine's processes (Engine.get_all_child_pids: its
+    schedulers and detokenizer), each with its own descendants, killed and reaped as SGLang does:
+    `kill_process_tree` is swapped, for the call, in the globals that Engine.shutdown resolves it in
+    (sglang/srt/entrypoints/engine.py's; tests/unit/test_sglang_api.py runs SGLang's shutdown source
+    through it). Objects without get_all_child_pids (test doubles) get their own shutdown."""
+    if not hasattr(engine, "get_all_child_pids"):
+        engine.shutdown()
+        return
+    if engine in _stopped:
+        return
+    _stopped.add(engine)
+    pids = list(engine.get_all_child_pids())
+    names = type(engine).shutdown.__globals__
+    kill_tree = names["kill_process_tree"]
+
+    def engines_own(parent_pid, include_parent=True, skip_pid=None, wait_timeout=60):
+        if parent_pid != os.getpid() or include_parent:  # not Engine.shutdown's sweep of this process: as SGLang has it
+            return kill_tree(parent_pid, include_parent=include_parent, skip_pid=skip_pid, wait_timeout=wait_timeout)
+        for pid in pids:
+            kill_tree(pid, include_parent=True, skip_pid=skip_pid, wait_timeout=wait_timeout)
+
+    names["kill_process_tree"] = engines_own
+    try:
+        engine.shutdown()
+    finally:
+        names["kill_process_tree"] = kill_tree
 
 
 class SGLangEngine(RolloutEngine):
@@ -267,13 +314,15 @@ class SGLangEngine(RolloutEngine):
                             f"(GPUs {base}..{base + tp_size - 1} of host {socket.gethostname()})")
         if dist.get_rank(group) == 0:
             death.install()  # before the Engine starts: its schedulers may fail while they load
-            with kept_handlers(None):
+            # The engine's processes never act on the trainer's stop signals (engine_signals.py).
+            with kept_handlers(None), death.calling(), spared_from_stop_signals():
                 engine = start(SGLangEngineConfig(
                     model_path=model_path, tp_size=tp_size, base_gpu_id=base, mem_fraction_static=mem_fraction,
                     dtype=dtype, random_seed=seed, deterministic=deterministic, load_format=load_format,
                     sigquit_handler=death, return_routes=routes is not None, device=device,
                     max_total_tokens=max_total_tokens,
                 ))
+            take_over_now(engine)  # SGLang's signal takeover, undone before any stop signal can meet it
         parallel.barrier(group=parallel.wait_group())  # every engine is up before any rank builds its models
         wrapper = cls(engine, group=group, base_gpu_id=base_gpu_id, death=death, routes=routes,
                       frees_memory=device != "cpu")
@@ -285,10 +334,10 @@ class SGLangEngine(RolloutEngine):
         return self.owner
 
     def _call(self, method: str, *args, **kwargs):
-        """One call on the Engine (the owner's): a dead engine is EngineDied naming it, and the
-        process's signal handlers are the same afterwards (engine_signals.kept_handlers)."""
-        self.death.check()
-        with kept_handlers(self.engine):
+        """One call on the Engine (the owner's): a dead engine, before or during the call, is
+        EngineDied naming it (EngineDeath.calling), and the process's signal handlers are the same
+        afterwards (engine_signals.kept_handlers)."""
+        with kept_handlers(self.engine), self.death.calling():
             return getattr(self.engine, method)(*args, **kwargs)
 
     def sync_freed(self) -> None:
@@ -374,9 +423,10 @@ class SGLangEngine(RolloutEngine):
         self._weights_lost = False
 
     def shutdown(self) -> None:
-        """Stop the Engine this rank started (Generator.close); an HTTP server keeps running."""
+        """Stop the Engine this rank started (Generator.close), its processes only (stop_engine);
+        an HTTP server keeps running."""
         if self.owner and hasattr(self.engine, "shutdown"):
-            self.engine.shutdown()
+            stop_engine(self.engine)
 
     def release_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
         """Before training: free weights, KV cache and CUDA graphs (the engine must be idle)."""

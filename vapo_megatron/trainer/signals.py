@@ -18,7 +18,10 @@ A blocked signal stays blocked across fork and exec, so helpers started after `i
 act on it, while a watcher thread of the trainer takes it with sigwait().
 
 SIGTERM keeps a plain handler: helpers should end on it, and Slurm follows it with SIGKILL after
-KillWait (GraceTime for preemption), so a checkpoint on SIGTERM is best effort.
+KillWait (GraceTime for preemption), so a checkpoint on SIGTERM is best effort. Not SGLang's engine
+processes: the stop checkpoint's step still needs its engine, so they start with SIGTERM and SIGINT
+blocked, and the trainer ends them after the checkpoint (rollout/engine_signals.py
+spared_from_stop_signals).
 
 SIGINT (Ctrl-C in the terminal of a single-process `vapo-train`) is handled like SIGTERM: a
 checkpoint at the end of the step, exit 3, no requeue. Python's default turned it into a

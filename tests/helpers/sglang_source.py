@@ -30,14 +30,14 @@ def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
 
 
-def _class(path: Path, name: str) -> ast.ClassDef:
+def class_node(path: Path, name: str) -> ast.ClassDef:
     for node in _tree(path).body:
         if isinstance(node, ast.ClassDef) and node.name == name:
             return node
     raise LookupError(f"class {name} not found in {path}")
 
 
-def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef:
+def method_node(cls: ast.ClassDef, name: str) -> ast.FunctionDef:
     for node in cls.body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             return node
@@ -88,16 +88,16 @@ def _signature(fn: ast.FunctionDef) -> inspect.Signature:
 
 def engine_signature(method: str) -> inspect.Signature:
     """inspect.Signature of sglang.Engine.<method> (sglang/srt/entrypoints/engine.py)."""
-    return _signature(_method(_class(ENGINE_PY, "Engine"), method))
+    return _signature(method_node(class_node(ENGINE_PY, "Engine"), method))
 
 
 def engine_method_line(method: str) -> int:
-    return _method(_class(ENGINE_PY, "Engine"), method).lineno
+    return method_node(class_node(ENGINE_PY, "Engine"), method).lineno
 
 
 def struct_fields(name: str) -> dict[str, bool]:
     """Fields of an io_struct request class (and its io_struct bases): name -> has a default."""
-    cls = _class(IO_STRUCT_PY, name)
+    cls = class_node(IO_STRUCT_PY, name)
     fields: dict[str, bool] = {}
     for base in cls.bases:
         if isinstance(base, ast.Name) and base.id not in ("object",):
@@ -126,7 +126,7 @@ def stacked_params_mapping(model: str, method: str) -> list[tuple[str, str, str 
     path = SRT / "models" / f"{model}.py"
     cls_name = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
                 "qwen3_moe": "Qwen3MoeForCausalLM"}[model]
-    fn = _method(_class(path, cls_name), method)
+    fn = method_node(class_node(path, cls_name), method)
     for node in ast.walk(fn):
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "stacked_params_mapping"
                                                 for t in node.targets):
@@ -185,7 +185,7 @@ TOKENIZER_MANAGER_PY = SRT / "managers" / "tokenizer_manager.py"
 def first_call_signals() -> list[str]:
     """The signals sglang's TokenizerManager takes over on the Engine's first call: the names X
     of every `loop.add_signal_handler(signal.X, ...)` in TokenizerManager.auto_create_handle_loop."""
-    fn = _method(_class(TOKENIZER_MANAGER_PY, "TokenizerManager"), "auto_create_handle_loop")
+    fn = method_node(class_node(TOKENIZER_MANAGER_PY, "TokenizerManager"), "auto_create_handle_loop")
     names = []
     for node in ast.walk(fn):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
@@ -219,7 +219,7 @@ def _run_source(fn: ast.FunctionDef, path: Path):
 
 def sglang_function(path: Path, name: str, cls: str | None = None, **names):
     """Function `name` (a method of `cls`) of an SGLang source file, run as plain Python with `names` as its globals."""
-    node = _method(_class(path, cls), name) if cls else next(n for n in _tree(path).body if getattr(n, "name", "") == name)
+    node = method_node(class_node(path, cls), name) if cls else next(n for n in _tree(path).body if getattr(n, "name", "") == name)
     fn = _run_source(node, path)
     fn.__globals__.update(names)
     return fn
@@ -228,7 +228,7 @@ def sglang_function(path: Path, name: str, cls: str | None = None, **names):
 def _self_attrs(path: Path, cls_name: str) -> dict[str, ast.expr]:
     """`self.X = value` assignments of <cls_name>.__init__ (`self.X, ... = value` too): X -> value."""
     out = {}
-    for node in ast.walk(_method(_class(path, cls_name), "__init__")):
+    for node in ast.walk(method_node(class_node(path, cls_name), "__init__")):
         if isinstance(node, ast.Assign):
             for t in node.targets:
                 for e in t.elts if isinstance(t, ast.Tuple) else [t]:
@@ -256,7 +256,7 @@ def _keyword(call: ast.expr, name: str):
 def qwen3_moe_layer_is_sparse(config, layer_id: int) -> bool:
     """Whether SGLang builds layer `layer_id` with routed experts: the `is_layer_sparse = ...`
     expression of Qwen3MoeDecoderLayer.stage_facts, evaluated for the HF config object `config`."""
-    fn = _method(_class(QWEN3_MOE_PY, "Qwen3MoeDecoderLayer"), "stage_facts")
+    fn = method_node(class_node(QWEN3_MOE_PY, "Qwen3MoeDecoderLayer"), "stage_facts")
     for node in ast.walk(fn):
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "is_layer_sparse" for t in node.targets):
             expr = compile(ast.Expression(body=node.value), str(QWEN3_MOE_PY), "eval")
@@ -268,7 +268,7 @@ def qwen3_moe_expert_mapping(config) -> list[tuple[str, str, int, str]]:
     """(param_name, weight_name, expert_id, shard_id) rows of Qwen3MoeForCausalLM.load_weights'
     expert_params_mapping: the call's arguments read from there (`self.config.X` taken from
     `config`), FusedMoE.make_expert_params_mapping run from its own source."""
-    fn = _method(_class(QWEN3_MOE_PY, "Qwen3MoeForCausalLM"), "load_weights")
+    fn = method_node(class_node(QWEN3_MOE_PY, "Qwen3MoeForCausalLM"), "load_weights")
     for node in ast.walk(fn):
         if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "expert_params_mapping" for t in node.targets)
                 and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute)):
@@ -284,7 +284,7 @@ def qwen3_moe_expert_mapping(config) -> list[tuple[str, str, int, str]]:
         else:
             kwargs[kw.arg] = ast.literal_eval(kw.value)
     cls_name, method = ast.unparse(call.func.value), call.func.attr
-    make = _run_source(_method(_class(FUSED_MOE_PY, cls_name), method), FUSED_MOE_PY)
+    make = _run_source(method_node(class_node(FUSED_MOE_PY, cls_name), method), FUSED_MOE_PY)
     return [tuple(row) for row in make(None, **kwargs)]
 
 
@@ -292,7 +292,7 @@ def fused_moe_params(with_bias: bool) -> list[str]:
     """The parameters UnquantizedFusedMoEMethod.create_weights registers on a FusedMoE layer (the
     bf16 path): the names of its `layer.register_parameter(...)` calls, those under
     `if self.with_bias:` only when `with_bias`."""
-    fn = _method(_class(UNQUANT_PY, "UnquantizedFusedMoEMethod"), "create_weights")
+    fn = method_node(class_node(UNQUANT_PY, "UnquantizedFusedMoEMethod"), "create_weights")
     names = []
 
     def visit(node, in_bias: bool):
@@ -319,7 +319,7 @@ def qwen3_moe_params(config) -> set[str]:
     (unquantized, one pipeline stage): every module attribute used here is checked to be set in
     the class's __init__; the layer kind comes from stage_facts, the experts' parameters from
     FusedMoE's create_weights."""
-    if "tie_word_embeddings" in ast.unparse(_class(QWEN3_MOE_PY, "Qwen3MoeForCausalLM")):
+    if "tie_word_embeddings" in ast.unparse(class_node(QWEN3_MOE_PY, "Qwen3MoeForCausalLM")):
         raise LookupError(f"Qwen3MoeForCausalLM ({QWEN3_MOE_PY}) now reads tie_word_embeddings: update qwen3_moe_params")
     _require_attrs(QWEN3_MOE_PY, "Qwen3MoeForCausalLM", ("model", "lm_head"))  # lm_head: never tied (checked above)
     _require_attrs(QWEN2_MOE_PY, "Qwen2MoeModel", ("embed_tokens", "layers", "norm"))  # Qwen3MoeModel's base
@@ -332,7 +332,7 @@ def qwen3_moe_params(config) -> set[str]:
     try:
         with_bias = _keyword(block["experts"], "with_bias")
     except LookupError:  # not passed: FusedMoE.__init__'s default
-        with_bias = _signature(_method(_class(FUSED_MOE_PY, "FusedMoE"), "__init__")).parameters["with_bias"].default
+        with_bias = _signature(method_node(class_node(FUSED_MOE_PY, "FusedMoE"), "__init__")).parameters["with_bias"].default
     params = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
     for layer in range(config.num_hidden_layers):
         p = f"model.layers.{layer}."
@@ -377,7 +377,7 @@ def fused_moe_local_expert(expert_id: int, *, ep_rank: int, ep_size: int, num_ex
     rank `ep_rank` (-1: not this rank's, the tensor is dropped there): SGLang's own
     _map_global_expert_id_to_local_expert_id, run from its source, without EPLB, shared-expert
     fusion or redundant experts (FusedMoE.__init__'s fields for that case)."""
-    fn = _run_source(_method(_class(FUSED_MOE_PY, "FusedMoE"), "_map_global_expert_id_to_local_expert_id"), FUSED_MOE_PY)
+    fn = _run_source(method_node(class_node(FUSED_MOE_PY, "FusedMoE"), "_map_global_expert_id_to_local_expert_id"), FUSED_MOE_PY)
     local = num_experts // ep_size
     layer = type("FusedMoEFields", (), dict(_expert_storage_rank=ep_rank, _num_local_routed=local,
                                             _has_fused_shared=False, _num_global_routed=num_experts))()

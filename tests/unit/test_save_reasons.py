@@ -12,7 +12,7 @@ import queue
 from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
 from torch.distributed.checkpoint.api import CheckpointException
 
-from vapo_megatron.checkpoint.manager import _os_error, _save_reason
+from vapo_megatron.checkpoint.manager import os_error_of, save_reason
 from vapo_megatron.rollout.engine_signals import EngineDied
 
 
@@ -29,9 +29,9 @@ def _failed_write(tmp_path, error: Exception) -> CheckpointException:
 
 def test_a_save_failure_names_its_first_error_and_blames_the_disk_only_when_the_disk_failed(tmp_path):
     died = _failed_write(tmp_path, EngineDied("SGLang engine of trainer ranks [0] died: one of its processes sent SIGQUIT"))
-    assert _save_reason(died) == "EngineDied: SGLang engine of trainer ranks [0] died: one of its processes sent SIGQUIT"
-    assert _os_error(died) is None  # no free-space figures in the message (CheckpointManager.save)
+    assert save_reason(died) == "EngineDied: SGLang engine of trainer ranks [0] died: one of its processes sent SIGQUIT"
+    assert os_error_of(died) is None  # no free-space figures in the message (CheckpointManager.save)
 
     full = _failed_write(tmp_path, OSError(errno.ENOSPC, "No space left on device", "/ckpt/__0_0.distcp"))
-    assert _save_reason(full) == "No space left on device (errno 28): /ckpt/__0_0.distcp"
-    assert _os_error(full) is not None
+    assert save_reason(full) == "No space left on device (errno 28): /ckpt/__0_0.distcp"
+    assert os_error_of(full) is not None

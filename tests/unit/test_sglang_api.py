@@ -1,7 +1,7 @@
-"""Every call vapo_megatron/rollout makes into SGLang, checked against the installed SGLang's own
-source (sglang_source reads engine.py, io_struct.py and the Qwen2/Qwen3/Qwen3-MoE/Llama model files with ast;
-ServerArgs and SamplingParams import here and are used directly). A new SGLang that renames an
-argument, a field or a weight mapping fails these tests. docs/weight_sync.md lists the calls."""
+"""Every call vapo_megatron/rollout makes into SGLang, checked against the installed SGLang's own source (sglang_source
+reads engine.py, io_struct.py and the Qwen2/Qwen3/Qwen3-MoE/Llama model files with ast; ServerArgs and SamplingParams
+import here and are used directly). A new SGLang that renames an argument, a field or a weight mapping fails these
+tests. docs/weight_sync.md lists the calls; test_sglang_shutdown.py checks the engine's shutdown."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from tests.helpers.sglang_source import (
 from tests.helpers.sglang_doubles import FakeColocatedSGLangEngineForTests, FakeSGLangEngineForTests, hf_state
 from tests.helpers.tiny_hf import qwen3_moe_config
 from vapo_megatron.rollout.base import SamplingParams
-from vapo_megatron.rollout.sglang_engine import SGLangEngineConfig, engine_kwargs, order_by_engine_rank
+from vapo_megatron.rollout.sglang_engine import SGLangEngineConfig, engine_kwargs
+from vapo_megatron.rollout.sglang_payloads import order_by_engine_rank
 from vapo_megatron.rollout.sglang_requests import continuation_requests, expand_requests, parse_output
 
 ENGINE_CALLS = ("generate", "begin_weight_update", "end_weight_update", "update_weights_from_tensor",
@@ -368,14 +369,6 @@ def test_each_sglang_ep_rank_keeps_its_own_experts(ep):
         assert {r: s for r, s in slots.items() if s != -1} == {e // (E // ep): e % (E // ep)}
 
 
-def test_memory_tags_are_sglangs():
-    from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
-
-    from vapo_megatron.rollout.base import MEMORY_TAGS
-
-    assert set(MEMORY_TAGS) == set(GPU_MEMORY_ALL_TYPES)
-
-
 def test_sglang_refuses_deterministic_inference_on_the_cpu():
     """Why trainer.deterministic (vapo-eval --deterministic) is refused with SGLang's CPU engine
     (config/preflight.py hardware_problems), read from SGLang's source: deterministic inference takes
@@ -398,47 +391,3 @@ def test_sglang_refuses_deterministic_inference_on_the_cpu():
     dispatch = ast.unparse(function(SRT / "utils" / "common.py", "get_dispatch_device_backend"))
     assert dispatch.endswith("else:\n        raise RuntimeError('No supported accelerator (CUDA/XPU) available')\n"
                              "    return dispatch_key"), dispatch
-
-
-def test_the_engines_shutdown_ends_its_own_processes_only():
-    """sglang.Engine.shutdown ends the engine with kill_process_tree(os.getpid(), include_parent=False):
-    every descendant of the trainer, its reward workers and multiprocessing's resource tracker too
-    (issue 63, defect 11: every SGLang run then ended with the tracker's KeyError traceback). SGLang's
-    own shutdown, run from its source on a stand-in holding what it reads, through the trainer's
-    SGLangEngine.shutdown: only the engine's processes (Engine.get_all_child_pids) are ended, each
-    with its descendants. Read from the same source: the Engine registers that shutdown at exit
-    (start_engine swaps it for stop_engine), and its child pids include the detokenizer's."""
-    import ast
-    import os
-    from types import SimpleNamespace
-
-    from tests.helpers.sglang_source import ENGINE_PY, _class, _method, sglang_function
-    from vapo_megatron.rollout.sglang_engine import SGLangEngine
-
-    killed = []
-
-    def kill_process_tree(parent_pid, include_parent=True, skip_pid=None, wait_timeout=60):  # SGLang's signature
-        killed.append((parent_pid, include_parent))
-
-    class TokenizerManager:  # shutdown's isinstance checks: not one
-        pass
-
-    class EngineStandIn:  # TEST DOUBLE: the attributes sglang.Engine.shutdown reads, a started engine's
-        _attached, tokenizer_manager, send_to_rpc, _multi_tokenizer_shm = False, None, None, None
-        _weight_cache_daemon_procs: list = []
-        _scheduler_init_result = SimpleNamespace(stop_grpc_server=lambda: None)
-        shutdown = sglang_function(ENGINE_PY, "shutdown", cls="Engine", os=os, TokenizerManager=TokenizerManager,
-                                   kill_process_tree=kill_process_tree)
-
-        def get_all_child_pids(self):
-            return [4101, 4102]  # a scheduler and the detokenizer
-
-    SGLangEngine(EngineStandIn()).shutdown()
-    assert killed == [(4101, True), (4102, True)], killed  # before: [(os.getpid(), False)], the whole tree
-
-    engine_cls = _class(ENGINE_PY, "Engine")
-    init = ast.unparse(_method(engine_cls, "__init__"))
-    assert "atexit.register(self.shutdown)" in init
-    assert ast.unparse(_method(engine_cls, "get_all_child_pids")).endswith("return self._scheduler_init_result.all_child_pids")
-    launch = ast.unparse(_method(engine_cls, "_launch_subprocesses"))
-    assert "for p in detoken_procs:\n        scheduler_init_result.all_child_pids.append(p.pid)" in launch

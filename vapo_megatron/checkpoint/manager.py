@@ -87,7 +87,7 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[-1] if lines else ''}"
 
 
-def _os_error(e: BaseException | None) -> OSError | None:
+def os_error_of(e: BaseException | None) -> OSError | None:
     """The OSError behind a failure, through torch DCP's per-rank wrapping and exception chains."""
     seen = set()
     while e is not None and id(e) not in seen:
@@ -101,10 +101,10 @@ def _os_error(e: BaseException | None) -> OSError | None:
     return None
 
 
-def _save_reason(e: BaseException) -> str:
+def save_reason(e: BaseException) -> str:
     """One line: the OS error and its file when there is one (ENOSPC is otherwise buried under
     torch DCP's and megatron's wrapping), else the last line of the error."""
-    os_error = _os_error(e)
+    os_error = os_error_of(e)
     if os_error is not None:
         where = f": {os_error.filename}" if os_error.filename else ""
         return f"{os_error.strerror} (errno {os_error.errno}){where}"
@@ -127,7 +127,7 @@ def _agreed(step: Callable[[], None]) -> None:
     try:
         step()
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - reported by every rank below
-        reason, file_system = f"rank {dist.get_rank()}: {_save_reason(e)}", _os_error(e) is not None
+        reason, file_system = f"rank {dist.get_rank()}: {save_reason(e)}", os_error_of(e) is not None
     reasons = [("", False)] * dist.get_world_size()
     parallel.all_gather_object(reasons, (reason, file_system))
     bad = next((r for r in reasons if r[0]), None)

@@ -211,9 +211,27 @@ def spared_from_stop_signals():
     resource_tracker.ensure_running()
     before = signal.pthread_sigmask(signal.SIG_BLOCK, SPARED)
     try:
+        _start_shm_manager()
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+_SHARED: list = []  # one tiny storage shared by file name, kept so that torch's manager stays up
+
+
+def _start_shm_manager() -> None:
+    """torch's shared-memory manager (torch_shm_manager, which torch starts for the first storage it
+    shares by file name: the weight sync's payloads to SGLang's CPU engine) started under the block,
+    so that it is born with the stop signals blocked. Started later, by a sync, it could take a Ctrl-C
+    to the process group in the moment before it leaves the group, and that sync failed with "no
+    response from torch_shm_manager" (seen in tests/e2e/test_sglang_train_resume.py under load)."""
+    if not _SHARED:
+        import torch
+
+        storage = torch.UntypedStorage(1)
+        storage._share_filename_cpu_()
+        _SHARED.append(storage)
 
 
 __all__ = ["EngineDeath", "EngineDied", "KEPT", "SPARED", "kept_handlers", "restore_handlers", "spared_from_stop_signals",

@@ -195,7 +195,9 @@ SPARED = (signal.SIGINT, signal.SIGTERM)
 
 @contextlib.contextmanager
 def spared_from_stop_signals():
-    """Around the start of an engine: the processes it spawns are born with SPARED blocked. A child
+    """Around the start of an engine (or of whatever may start a helper its calls need: torch's
+    torch_shm_manager, sglang_engine.serialize_flattened_bucket): the processes it spawns are born
+    with SPARED blocked. A child
     inherits its spawning thread's signal mask across fork and exec (a handler it would not: exec
     resets those to the default action, which for both is to die), and a blocked signal stays
     pending, never acted on; SGLang's processes never unblock them and are ended with SIGKILL

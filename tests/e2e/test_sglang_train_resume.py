@@ -104,10 +104,12 @@ def _group_left(pgid: int) -> bool:
 def _run(data: Path, run_dir: Path, logs: Path, name: str, *, signum: int | None = None,
          env: dict[str, str] | None = None) -> tuple[int | None, str, str]:
     """The command in a process of its own, in a session of its own (a terminal's foreground job);
-    with `signum`, that signal to its whole process group once it says it resumed from a checkpoint
-    (its engine, started before the checkpoint loads, is up by then). Returns its exit code (None:
-    it had not ended STOP_WAIT_S after the signal, then killed), stdout and stderr. Every process of
-    its group must be gone within 30 s of its exit."""
+    with `signum`, that signal to its whole process group once it says it resumed from a checkpoint:
+    its engine's processes, started before the checkpoint loads, are up, and the signal lands as its
+    first weight sync begins, in the first iteration (that sync starts torch's torch_shm_manager, which
+    a signal in its first moments, before it leaves the group, killed: tests/unit/test_rollout_sglang.py).
+    Returns the exit code (None: it had not ended STOP_WAIT_S after the signal, then killed), stdout
+    and stderr. Every process of its group must be gone within 30 s of its exit."""
     out, err = logs / f"{name}.out", logs / f"{name}.err"
     with open(out, "w") as o, open(err, "w") as e:
         proc = subprocess.Popen([sys.executable, "-m", ENTRY, "--config", str(ROOT / "configs" / "demo_cpu.yaml"),
@@ -120,7 +122,7 @@ def _run(data: Path, run_dir: Path, logs: Path, name: str, *, signum: int | None
             while "[vapo] resumed from " not in out.read_text():
                 assert proc.poll() is None, f"{name}: exit {proc.returncode} before the signal:\n{err.read_text()[-4000:]}"
                 assert time.monotonic() < deadline, f"{name}: did not resume:\n{err.read_text()[-4000:]}"
-                time.sleep(0.2)
+                time.sleep(0.1)
             os.killpg(proc.pid, signum)  # the trainer, its engine's scheduler and detokenizer, its helpers
         code = proc.wait(timeout=STOP_WAIT_S if signum is not None else 900)
     except subprocess.TimeoutExpired:

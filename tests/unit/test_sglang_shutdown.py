@@ -1,5 +1,6 @@
-"""vapo_megatron/rollout/sglang_engine.py's shutdown and memory tags against the installed SGLang's own
-source (tests/helpers/sglang_source.py): the shutdown ends the engine's processes only (issue 63)."""
+"""SGLang's processes and the trainer's (issue 63): the engine's shutdown, against the installed SGLang's own
+source (tests/helpers/sglang_source.py), ends the engine's processes only; torch's shm manager, which the CPU
+weight payloads start, is born with the trainer's stop signals blocked; the memory tags are SGLang's."""
 
 from __future__ import annotations
 
@@ -54,3 +55,51 @@ def test_the_engines_shutdown_ends_its_own_processes_only():
     assert ast.unparse(method_node(engine_cls, "get_all_child_pids")).endswith("return self._scheduler_init_result.all_child_pids")
     launch = ast.unparse(method_node(engine_cls, "_launch_subprocesses"))
     assert "for p in detoken_procs:\n        scheduler_init_result.all_child_pids.append(p.pid)" in launch
+
+
+SHM_MANAGER_SCRIPT = """
+import json, os, signal
+from pathlib import Path
+import torch
+from vapo_megatron.rollout.sglang_payloads import serialize_flattened_bucket, to_flattened_bucket
+
+signal.signal(signal.SIGINT, lambda *_: None)  # the trainer's handlers (trainer/signals.py): not inherited by a helper
+signal.signal(signal.SIGTERM, lambda *_: None)
+serialize_flattened_bucket(to_flattened_bucket([("w", torch.ones(4))]))  # the first CPU payload starts the manager
+for stat in Path("/proc").glob("[0-9]*/stat"):
+    try:
+        name, rest = stat.read_text().split(" (", 1)[1].rsplit(") ", 1)
+    except (OSError, ValueError):
+        continue
+    fields = rest.split()
+    if name == "torch_shm_manag" and int(fields[1]) == os.getpid():
+        status = dict(l.split(":", 1) for l in (stat.parent / "status").read_text().splitlines() if ":" in l)
+        print(json.dumps({"blocked": int(status["SigBlk"], 16), "session": int(fields[3]), "mine": os.getsid(0)}))
+"""
+
+
+def test_torchs_shm_manager_is_born_with_the_trainers_stop_signals_blocked(tmp_path):
+    """Issue 63, defects 5, 6: SGLang's CPU engine gets its weights as CPU tensors shared through torch's
+    file_system strategy (serialize_flattened_bucket), whose first use forks torch's torch_shm_manager
+    from the trainer, in its process group, until the manager's setsid() a moment later (read here: it
+    ends in a session of its own). A Ctrl-C to the group or Slurm's SIGTERM in that moment killed it,
+    and the weight sync failed ("no response from torch_shm_manager") or waited for ever; a run resumed
+    and signalled as its first sync began did both (tests/e2e/test_sglang_train_resume.py). Now it is
+    born with SIGINT and SIGTERM blocked, as the engine's own processes are."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.helpers.train_runs import ROOT
+
+    script = tmp_path / "share.py"
+    script.write_text(SHM_MANAGER_SCRIPT)
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0 and run.stdout.strip(), run.stderr[-3000:]
+    manager = json.loads(run.stdout.strip().splitlines()[-1])
+    assert manager["session"] != manager["mine"], manager  # it leaves the trainer's session: the window is its start
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        assert manager["blocked"] & (1 << (signum - 1)), f"{signal.Signals(signum).name} not blocked: {manager}"

@@ -195,7 +195,9 @@ SPARED = (signal.SIGINT, signal.SIGTERM)
 
 @contextlib.contextmanager
 def spared_from_stop_signals():
-    """Around the start of an engine: the processes it spawns are born with SPARED blocked. A child
+    """Around the start of an engine (or of whatever may start a helper its calls need: torch's
+    torch_shm_manager, sglang_engine.serialize_flattened_bucket): the processes it spawns are born
+    with SPARED blocked. A child
     inherits its spawning thread's signal mask across fork and exec (a handler it would not: exec
     resets those to the default action, which for both is to die), and a blocked signal stays
     pending, never acted on; SGLang's processes never unblock them and are ended with SIGKILL
@@ -211,27 +213,9 @@ def spared_from_stop_signals():
     resource_tracker.ensure_running()
     before = signal.pthread_sigmask(signal.SIG_BLOCK, SPARED)
     try:
-        _start_shm_manager()
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
-
-
-_SHARED: list = []  # one tiny storage shared by file name, kept so that torch's manager stays up
-
-
-def _start_shm_manager() -> None:
-    """torch's shared-memory manager (torch_shm_manager, which torch starts for the first storage it
-    shares by file name: the weight sync's payloads to SGLang's CPU engine) started under the block,
-    so that it is born with the stop signals blocked. Started later, by a sync, it could take a Ctrl-C
-    to the process group in the moment before it leaves the group, and that sync failed with "no
-    response from torch_shm_manager" (seen in tests/e2e/test_sglang_train_resume.py under load)."""
-    if not _SHARED:
-        import torch
-
-        storage = torch.UntypedStorage(1)
-        storage._share_filename_cpu_()
-        _SHARED.append(storage)
 
 
 __all__ = ["EngineDeath", "EngineDied", "KEPT", "SPARED", "kept_handlers", "restore_handlers", "spared_from_stop_signals",

@@ -4,11 +4,13 @@ handles on GPUs, shared memory on the CPU), and the group members' payloads in e
 
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import torch
 
 from vapo_megatron.rollout.buckets import FlatBucket
+from vapo_megatron.rollout.engine_signals import spared_from_stop_signals
 
 
 def to_flattened_bucket(bucket: FlatBucket | Sequence[tuple[str, torch.Tensor]]):
@@ -53,8 +55,14 @@ def serialize_flattened_bucket(fb, *, output_str: bool = False) -> bytes | str:
     payload = {"flattened_tensor": flat, "metadata": fb.get_metadata()}
     strategy = tmp.get_sharing_strategy()
     tmp.set_sharing_strategy("file_system" if not flat.is_cuda else strategy)
+    # The file_system strategy starts torch's torch_shm_manager helper at its first use, from this
+    # thread, in the trainer's process group: born with the trainer's stop signals blocked (as the
+    # engine's processes are), or a Ctrl-C to the group or Slurm's SIGTERM killed it and the next
+    # weight sync failed ("no response from torch_shm_manager") or waited for ever.
+    spared = spared_from_stop_signals() if not flat.is_cuda else contextlib.nullcontext()
     try:
-        return MultiprocessingSerializer.serialize(payload, output_str=output_str)
+        with spared:
+            return MultiprocessingSerializer.serialize(payload, output_str=output_str)
     finally:
         tmp.set_sharing_strategy(strategy)
 

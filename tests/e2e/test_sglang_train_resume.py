@@ -106,8 +106,9 @@ def _run(data: Path, run_dir: Path, logs: Path, name: str, *, signum: int | None
     """The command in a process of its own, in a session of its own (a terminal's foreground job);
     with `signum`, that signal to its whole process group once it says it resumed from a checkpoint:
     its engine's processes, started before the checkpoint loads, are up, and the signal lands as its
-    first weight sync begins, in the first iteration (that sync starts torch's torch_shm_manager, which
-    a signal in its first moments, before it leaves the group, killed: tests/unit/test_rollout_sglang.py).
+    first weight sync begins, in the first iteration (torch's torch_shm_manager, which a signal in its
+    first moments, before it leaves the group, killed: the unit test
+    test_torchs_shm_manager_is_born_with_the_trainers_stop_signals_blocked).
     Returns the exit code (None: it had not ended STOP_WAIT_S after the signal, then killed), stdout
     and stderr. Every process of its group must be gone within 30 s of its exit."""
     out, err = logs / f"{name}.out", logs / f"{name}.err"

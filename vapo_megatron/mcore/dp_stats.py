@@ -24,29 +24,27 @@ def dp_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-_dp_sum = dp_sum
-
 
 def global_sum(value: float) -> float:
-    return float(_dp_sum(torch.tensor([value], dtype=torch.float64)))
+    return float(dp_sum(torch.tensor([value], dtype=torch.float64)))
 
 
 def global_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     """Mean of x over the masked positions of every DP rank's batch."""
-    t = _dp_sum(torch.tensor([float((x * mask).sum()), float(mask.sum())], dtype=torch.float64))
+    t = dp_sum(torch.tensor([float((x * mask).sum()), float(mask.sum())], dtype=torch.float64))
     return float(t[0] / t[1].clamp(min=1))
 
 
 def whiten_advantages(batch: RolloutBatch) -> torch.Tensor:
     """Advantages whitened with the mean and variance over all response tokens of the global batch."""
-    return whiten(batch.advantages, batch.mask, _dp_sum(masked_moment_sums(batch.advantages, batch.mask).double()))
+    return whiten(batch.advantages, batch.mask, dp_sum(masked_moment_sums(batch.advantages, batch.mask).double()))
 
 
 def explained_variance(batch: RolloutBatch) -> float:
     """critic/explained_variance = 1 - Var(G - V) / Var(G) over all response tokens (global)."""
     sums = explained_variance_sums(batch.values, batch.returns, batch.mask)
     keys = sorted(sums)
-    vec = _dp_sum(torch.tensor([float(sums[k]) for k in keys], dtype=torch.float64))
+    vec = dp_sum(torch.tensor([float(sums[k]) for k in keys], dtype=torch.float64))
     ev = explained_variance_from_sums(dict(zip(keys, vec)))
     return float(ev) if math.isfinite(float(ev)) else float("nan")
 
@@ -74,7 +72,7 @@ def off_policy(batch: RolloutBatch, *, version: int, cap: float, max_staleness: 
     ratios = off_policy_math.importance_ratios(batch.old_logp, seq(batch.extras["engine_logp"]), stale)
     weights = off_policy_math.truncated_weights(ratios, cap)
     bins = max_staleness + 1
-    sums = _dp_sum(torch.cat([off_policy_math.weight_sums(ratios, weights, stale, cap),
+    sums = dp_sum(torch.cat([off_policy_math.weight_sums(ratios, weights, stale, cap),
                               off_policy_math.staleness_counts(by, mask, bins)]))
     real = ratios[stale].double()
     extremes = torch.tensor([float(real.max()) if len(real) else -math.inf, -float(real.min()) if len(real) else -math.inf],

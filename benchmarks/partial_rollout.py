@@ -4,7 +4,7 @@ task, side by side in one process (issue 47; docs/benchmarks.md, "Partial rollou
     python -m benchmarks.partial_rollout [--steps 10] [--sft-steps 300] [--seed 0] [--model DIR]
                                          [--round-tokens 32] [--spare-batches 1] [--max-staleness 1]
 
-1. The chain task's files (vapo_megatron/testing/chain_task.py: answers of 7-80 tokens) in --out,
+1. The chain task's files (vapo_megatron/tasks/chain_task.py: answers of 7-80 tokens) in --out,
    and, unless --model names a warm-started HF model directory, a short supervised warm start of
    its random-init model here (teacher-forced loss on the answers of sft.jsonl, AdamW, as the
    trainer's warm start but without Megatron) so that the answers have the task's lengths; it is
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     from vapo_megatron.data.carry_over import CarryOver
     from vapo_megatron.rollout.embedded import EmbeddedEngine
     from vapo_megatron.rollout.partial import DataParallel, PartialRollouts
-    from vapo_megatron.testing.chain_task import write_chain_dir
+    from vapo_megatron.tasks.chain_task import write_chain_dir
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)

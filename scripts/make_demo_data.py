@@ -6,7 +6,7 @@
 Writes OUT/{train,eval,sft}.jsonl ({"prompt", "answer"}), OUT/tokenizer/, OUT/model/
 (HF Qwen2ForCausalLM: config.json + model.safetensors + tokenizer) and OUT/meta.json.
 The reward for every task is exact match ("exact" in vapo_megatron.rewards).
---task chain (vapo_megatron/testing/chain_task.py: worked chains of 2-10 one-digit terms, answers
+--task chain (vapo_megatron/tasks/chain_task.py: worked chains of 2-10 one-digit terms, answers
 of 5-70 tokens) also writes OUT/eval_short.jsonl and OUT/eval_long.jsonl (the held-out chains of
 2-4 and 7-10 terms), and its model defaults to chain_task.CHAIN_SPEC (the size flags override it).
 """
@@ -15,8 +15,8 @@ import argparse
 import dataclasses
 import json
 
-from vapo_megatron.testing.chain_task import CHAIN_SPEC, MAX_TERMS, MIN_TERMS, write_chain_dir
-from vapo_megatron.testing.demo_task import TASKS, TinyModelSpec, write_demo_dir
+from vapo_megatron.tasks.chain_task import CHAIN_SPEC, MAX_TERMS, MIN_TERMS, write_chain_dir
+from vapo_megatron.tasks.demo_task import TASKS, TinyModelSpec, write_demo_dir
 
 
 def main(argv: list[str] | None = None) -> None:

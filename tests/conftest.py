@@ -75,7 +75,7 @@ def slurm_lock():
 def demo(tmp_path_factory):
     """A tiny demo directory (data, tokenizer, Qwen2 model: 4 heads, 2 KV heads, 2 layers, FFN 256,
     context 128) for tests that start the trainer on the CLI; one per test module."""
-    from vapo_megatron.testing.demo_task import TinyModelSpec, write_demo_dir
+    from vapo_megatron.tasks.demo_task import TinyModelSpec, write_demo_dir
 
     out = tmp_path_factory.mktemp("demo") / "data"
     write_demo_dir(str(out), seed=0, task="add", n_train=64, n_eval=8, n_sft=16, sft_noise=0.0, spec=TinyModelSpec())

@@ -88,7 +88,7 @@ class OracleCritic:
     def __init__(self, cfg):
         from transformers import AutoTokenizer
 
-        from vapo_megatron.testing.chain_task import chain_answer
+        from vapo_megatron.tasks.chain_task import chain_answer
 
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.hf_path)
         self.chain_answer = chain_answer

@@ -28,8 +28,8 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def chain_data(tmp_path_factory) -> Path:
-    from vapo_megatron.testing.chain_task import write_chain_dir
-    from vapo_megatron.testing.demo_task import TinyModelSpec
+    from vapo_megatron.tasks.chain_task import write_chain_dir
+    from vapo_megatron.tasks.demo_task import TinyModelSpec
 
     data = tmp_path_factory.mktemp("chain-layouts") / "data"
     write_chain_dir(str(data), seed=0, n_train=32, n_eval=4, n_sft=4,

@@ -132,7 +132,7 @@ def test_a_second_trainer_is_refused_and_workers_die_with_their_launcher(demo, t
 
 
 def test_a_resume_with_another_model_is_a_mismatch_and_leaves_the_run_as_it_was(demo, tmp_path):
-    from vapo_megatron.testing.demo_task import TinyModelSpec, write_demo_dir
+    from vapo_megatron.tasks.demo_task import TinyModelSpec, write_demo_dir
 
     run_dir = tmp_path / "run"
     base = _base(demo, run_dir, steps=1)

@@ -30,7 +30,7 @@ def make_demo_data(out: Path, *, n_train: int, n_eval: int, n_sft: int) -> Path:
     """What `scripts/make_demo_data.py --out OUT --n-train .. --n-eval .. --n-sft ..` writes (its
     defaults: seed 0, the add task, the demo's model), in this process: a subprocess would spend
     most of its time importing torch and transformers again."""
-    from vapo_megatron.testing.demo_task import TinyModelSpec, write_demo_dir
+    from vapo_megatron.tasks.demo_task import TinyModelSpec, write_demo_dir
 
     write_demo_dir(str(out), seed=0, task="add", n_train=n_train, n_eval=n_eval, n_sft=n_sft, sft_noise=0.0,
                    spec=TinyModelSpec())

@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers.hostile import DAPO_BAD_ROWS, MAX_TOKENS, SIMPLE_BAD_ROWS, j as _j
 from vapo_megatron.data.prompts import PromptDataError, load_prompts
-from vapo_megatron.testing.demo_task import build_tokenizer, save_tokenizer
+from vapo_megatron.tasks.demo_task import build_tokenizer, save_tokenizer
 
 GOOD = json.dumps({"prompt": "1+2=", "answer": "3"})
 GOOD_DAPO = json.dumps({"prompt": [{"role": "user", "content": "2+2?"}], "reward_model": {"ground_truth": "4"}})

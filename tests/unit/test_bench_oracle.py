@@ -13,8 +13,8 @@ from benchmarks.learning.report import T975, oracle_decisions, study_report
 from benchmarks.learning.stats import fieller, holm, t_quantile, t_test
 from benchmarks.learning.variants import STUDIES
 from vapo_megatron.data.batch import RolloutBatch, to_response
-from vapo_megatron.testing.chain_task import chain_answer, chain_prompt
-from vapo_megatron.testing.demo_task import build_tokenizer
+from vapo_megatron.tasks.chain_task import chain_answer, chain_prompt
+from vapo_megatron.tasks.demo_task import build_tokenizer
 
 W, R = -1.0, 1.0  # the chain config's scores
 

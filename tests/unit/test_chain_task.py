@@ -1,13 +1,13 @@
-"""The chain task (vapo_megatron/testing/chain_task.py): long, heterogeneous answers whose exact
+"""The chain task (vapo_megatron/tasks/chain_task.py): long, heterogeneous answers whose exact
 reward is terminal and one wrong step dooms (issue 31)."""
 
 from __future__ import annotations
 
 from vapo_megatron.rewards import build_reward_fn
-from vapo_megatron.testing.chain_task import (
+from vapo_megatron.tasks.chain_task import (
     LONG_TERMS, SHORT_TERMS, chain_answer, chain_prompt, final_result, make_chain_splits, num_terms,
 )
-from vapo_megatron.testing.demo_task import build_tokenizer
+from vapo_megatron.tasks.demo_task import build_tokenizer
 
 
 def test_worked_chain():

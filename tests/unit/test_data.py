@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from vapo_megatron.data.prompts import PromptDataError, PromptRecord, PromptSampler, load_prompts
-from vapo_megatron.testing.demo_task import build_tokenizer, make_splits, save_tokenizer
+from vapo_megatron.tasks.demo_task import build_tokenizer, make_splits, save_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +165,7 @@ def test_demo_dir_is_deterministic_and_loads_with_transformers(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from vapo_megatron.testing.demo_task import TinyModelSpec, write_demo_dir
+    from vapo_megatron.tasks.demo_task import TinyModelSpec, write_demo_dir
 
     spec = TinyModelSpec(hidden_size=32, num_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
     kw = dict(seed=3, task="add", n_train=50, n_eval=20, n_sft=30, sft_noise=0.0, spec=spec)

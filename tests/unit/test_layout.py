@@ -20,6 +20,7 @@ COMMANDS = "the commands"  # the layer of vapo_megatron/<entry point>.py
 # layer and of the layers below it, never one of a layer above (except UPWARD, below).
 LAYERS = (
     "vapo_megatron.runtime",     # imports nothing of the package: every layer may use it
+    "vapo_megatron.tasks",       # the synthetic tasks (demo, chain): imports nothing of the package
     "model_providers",           # what a model family is: pure Python, no megatron
     "vapo_megatron.config",      # the schema and every check of it, start-up
     "vapo_megatron.data",        # prompts, datasets, batches, routes, the carry-over buffer
@@ -34,7 +35,6 @@ LAYERS = (
     "vapo_megatron.trainer",     # the loop, which uses all of the above
     "vapo_megatron.nodecheck",   # vapo-check's checks of a GPU node, over every layer below
     COMMANDS,                    # train.py, convert.py, eval.py, plan.py, check.py
-    "vapo_megatron.testing",     # test and demo helpers: no module of the package imports them
 )
 # The upward imports allowed, each with its reason: (importer, imported) -> why. Each imported
 # module uses nothing above its importer's layer but its own folder's lower modules.
@@ -52,9 +52,6 @@ UPWARD: dict[tuple[str, str], str] = {
         "a trainer checkpoint carries the files vapo-convert's hf-to-mcore writes beside the weights "
         "(write_source_files), so every Megatron checkpoint exports alike; hf_write.py needs only the "
         "runtime, mcore's process groups and the family registry",
-    ("vapo_megatron.nodecheck.steps", "vapo_megatron.testing.demo_task"):
-        "vapo-check trains VAPO steps on the demo's tiny model and prompts (the README's demo task), "
-        "written where the node runs; demo_task.py imports nothing of the package",
 }
 
 
@@ -172,12 +169,23 @@ def test_imports_run_down_the_layers():
         assert not above, f"{a} imports {b}, which brings {above} of layers above {LAYERS[_layer(a)]}"
 
 
-def test_no_module_of_the_package_imports_the_test_helpers():
-    """vapo_megatron/testing/ is for the tests and the demo (scripts/make_demo_data.py): nothing the
-    commands run imports it but vapo-check, whose workload is the demo task. The fault points the tests hook are the runtime's (runtime/fault_points.py)."""
-    bad = [f"{a} imports {b}" for a, edges in _import_graph().items() for b in edges
-           if b.startswith("vapo_megatron.testing") and not a.startswith("vapo_megatron.testing")
-           and (a, b) not in UPWARD]  # vapo-check's workload is the demo's task (UPWARD says why)
+def test_no_product_module_imports_test_machinery():
+    """Product code (the package, model_providers/, scripts/, benchmarks/) imports nothing of tests/:
+    test doubles, helpers and fault injection reach a run only from the tests' side."""
+    bad = []
+    for path in _py_files("vapo_megatron", "model_providers", "scripts", "benchmarks"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            bad += [f"{path.relative_to(ROOT)} imports {n}" for n in names if n == "tests" or n.startswith("tests.")]
+    assert not bad, bad
+
+
+def test_the_tasks_import_nothing_of_the_package():
+    """tasks/ sits at the bottom of the layers so that `make demo`'s data script, the studies and
+    vapo-check may all use it: it must stay free of the package's other layers."""
+    bad = [f"{a} imports {b}" for a, edges in _import_graph().items() if a.startswith("vapo_megatron.tasks")
+           for b in edges if not b.startswith("vapo_megatron.tasks")]
     assert not bad, bad
 
 

@@ -20,7 +20,7 @@ def check_vapo_steps(env: Env, steps: int) -> dict | None:
     from vapo_megatron.config import load_config
     from vapo_megatron.sizing.plan import check_engine_share
     from vapo_megatron.sizing.step_config import predict_on_this_gpu
-    from vapo_megatron.testing.demo_task import TinyModelSpec, write_demo_dir
+    from vapo_megatron.tasks.demo_task import TinyModelSpec, write_demo_dir
     from vapo_megatron.trainer.signals import StopSignals
     from vapo_megatron.trainer.trainer import Planner, Trainer
 

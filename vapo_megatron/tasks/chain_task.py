@@ -30,7 +30,7 @@ import json
 import os
 import random
 
-from vapo_megatron.testing.demo_task import (
+from vapo_megatron.tasks.demo_task import (
     Example, TinyModelSpec, write_task_files,
 )
 

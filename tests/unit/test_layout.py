@@ -181,6 +181,16 @@ def test_no_product_module_imports_test_machinery():
     assert not bad, bad
 
 
+def test_product_files_name_no_test_files():
+    """The package reads on its own: a comment says why, not which test checks it (issue 64)."""
+    import re
+
+    pattern = re.compile(r"\btests/|\btest_\w+\.py")
+    bad = [f"{p.relative_to(ROOT)}:{n}" for p in _py_files(*LIBRARY_DIRS)
+           for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not bad, bad
+
+
 def test_the_tasks_import_nothing_of_the_package():
     """tasks/ sits at the bottom of the layers so that `make demo`'s data script, the studies and
     vapo-check may all use it: it must stay free of the package's other layers."""

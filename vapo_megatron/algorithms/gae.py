@@ -76,7 +76,7 @@ def compute_gae(
     workspace allocated once per call and sized by the first group (the longest response L),
     about _GROUP x (3 L + _CHUNK^2) floats, and writes into it with out= and in-place ops; on a
     CPU, fresh memory costs a page fault per page at first touch, which on a loaded machine cost
-    more than the arithmetic (issue 63; tests/unit/test_gae.py bounds the allocations). The
+    more than the arithmetic (issue 63; the suite bounds the allocations). The
     arithmetic is the operations of the version before, on the same shapes: its results were
     bitwise the same on the tests' batches and benchmarks/algo.py's when the buffers came in.
     """

@@ -182,7 +182,7 @@ class CheckpointManager:
             for sub, model in self.models.items():
                 _agreed(partial(save_model_state, model, tmp / sub))
                 if sub == "actor":
-                    fault_points.point("checkpoint")  # a test's (runtime/fault_points.py): a crash mid-write
+                    fault_points.point("checkpoint")  # a crash mid-write (runtime/fault_points.py)
             _agreed(partial(self._write_rng, tmp))
             _agreed(partial(self._write_carry, tmp, state))
             _agreed(partial(self._commit, tmp, target, state))

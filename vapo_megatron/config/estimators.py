@@ -3,7 +3,7 @@
 Every "does this run have a critic?" question -- the trainer's critic role, the config checks,
 vapo-plan, its layout search and report, the finished-run check -- is asked of the record, never
 of the estimator's name. The estimators' math is in algorithms/advantages.py (ADVANTAGE_FNS, keyed
-by the same names; tests/unit/test_estimators.py checks the two agree). Pure Python: the config
+by the same names; the suite checks the two agree). Pure Python: the config
 checks run before torch is imported.
 """
 

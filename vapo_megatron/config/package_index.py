@@ -10,7 +10,7 @@ and on a cluster's shared filesystem it is 15,000 metadata lookups per rank at o
 `install()` replaces that function, for this process, with `packages_distributions`, which reads
 the same files (top_level.txt, else RECORD) and takes each RECORD entry's first path component as
 the standard library does, without checking that the file is on disk. On an intact installation the
-answer is the same mapping (tests/unit/test_package_index.py compares the two on this environment);
+answer is the same mapping (the suite compares the two on its environment);
 a RECORD listing files that were since deleted names a package that is gone, which only makes a
 library believe an uninstalled optional package is there, as a damaged install does anyway.
 """

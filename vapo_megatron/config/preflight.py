@@ -145,7 +145,7 @@ def hardware_problems(cfg: Config, *, cuda: bool | None = None, engine_flag: str
         # engine_kwargs passes it on as enable_deterministic_inference, which sglang 0.5.23 refuses with
         # its CPU attention backends (arg_groups/overrides.py _deterministic_attention_backend: only
         # the GPU/NPU/XPU ones of arg_groups/choices.py), and whose batch-invariant kernels need an
-        # accelerator (utils/common.py get_dispatch_device_backend) (tests/unit/test_sglang_api.py).
+        # accelerator (utils/common.py get_dispatch_device_backend).
         flag = deterministic_flag or "trainer.deterministic=true"
         out.append(f"{flag} with SGLang's CPU engine (SGLANG_USE_CPU_ENGINE=1): SGLang refuses deterministic "
                    "inference with its CPU attention backend (torch_native); allowed here: "

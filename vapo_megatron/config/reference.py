@@ -1,7 +1,7 @@
 """docs/config.md, the configuration reference, generated from the schema (schema.py): every key
 with its type, default and meaning, the meaning taken from the comments above the key (or beside
-it) and each section's docstring. tests/unit/test_config_reference.py fails when the file is not
-what this module writes, so a key added to the schema without regenerating is caught.
+it) and each section's docstring. The suite fails when the file is not what this module writes,
+so a key added to the schema without regenerating is caught.
 
     python -m vapo_megatron.config.reference            # rewrite docs/config.md
     python -m vapo_megatron.config.reference --check    # exit 1 when docs/config.md is stale
@@ -27,7 +27,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 HEADER = """# Configuration reference
 
 Generated from vapo_megatron/config/schema.py by `python -m vapo_megatron.config.reference`; do not
-edit by hand (tests/unit/test_config_reference.py checks it is current). Every key can be set in
+edit by hand (the test suite checks it is current). Every key can be set in
 the YAML file or on the command line as `section.key=value`; `vapo-train --print-config --config
 FILE [overrides]` prints the resolved configuration. What a resume may change:
 vapo_megatron/config/resume.py.

@@ -12,8 +12,8 @@ folder, written the first time. The file is keyed by transformers' version and t
 and modification time. An unreadable or mismatched file is rebuilt, and a cache folder that cannot
 be written only costs the time it would have saved.
 
-tests/unit/test_transformers_index.py checks that the cached table equals transformers' own, and
-that a stale or damaged file is rebuilt.
+The suite checks that the cached table equals transformers' own, and that a stale or damaged
+file is rebuilt.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A micro-batch is a list of sequence indices, padded to its longest member, so it costs
 ``max(len) * count`` tokens. Sorting by length and filling greedily keeps neighbours of
 similar length together: on a long-tailed mix (long chain-of-thought responses, VAPO paper
-section 4) that is the difference between ~5% and ~60% padding (tests/test_microbatch.py).
+section 4) that is the difference between ~5% and ~60% padding.
 
 The pipeline schedule needs the same number of micro-batches on every data-parallel rank:
 plan once per rank, all-reduce (MAX) the counts, and plan again with ``min_micro_batches``

@@ -10,7 +10,7 @@ Bad rows are skipped, counted by reason and logged with ``file:line`` and the fi
 line for JSONL, 1-based row for Parquet); a run never dies on row 12,345. What stops loading,
 with a PromptDataError naming the file (and the rows, for a damaged Parquet row group): a
 missing or unreadable file, an unknown file type, a file in which no row shows either schema,
-and a file from which no row survives. tests/test_bad_data.py holds the fuzz corpus.
+and a file from which no row survives (the suite holds a fuzz corpus of each).
 """
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ def te_available() -> bool:
     return bool(HAVE_TE)
 
 
-# The tests' TE world only (tests/helpers/worlds.py; never set by the commands): Transformer Engine's
-# layer spec on the CPU, where TE's modules are the suite's pure-torch stand-ins (tests/doubles/te).
+# Never set by the commands: Transformer Engine's layer spec on the CPU, for the suite's TE world,
+# where TE's modules are pure-torch stand-ins of the library (docs/what_ran_where.md).
 TE_SPEC_ON_CPU = "VAPO_TE_SPEC_ON_CPU"
 
 
@@ -123,9 +123,9 @@ def apex_wgrad_available() -> bool:
     return True
 
 
-# The tests' TE-and-Apex world only (tests/helpers/worlds.py; never set by the commands):
-# gradient_accumulation_fusion on the CPU where a GPU node would have it, TE's linears and Apex's
-# fused_weight_gradient_mlp_cuda being the suite's stand-ins there (tests/doubles), so that the
+# Never set by the commands: gradient_accumulation_fusion on the CPU where a GPU node would have
+# it, for the suite's TE-and-Apex world, TE's linears and Apex's fused_weight_gradient_mlp_cuda
+# being pure-torch stand-ins there (docs/what_ran_where.md), so that the
 # accumulation into main_grad every node with TE and Apex runs is exercised; "0" or unset: off.
 WGRAD_FUSION_ON_CPU = "VAPO_WGRAD_FUSION_ON_CPU"
 

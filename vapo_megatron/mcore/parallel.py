@@ -307,7 +307,7 @@ def engine_group():
 # copies the result back into the caller's tensors, which stay where they were. A tensor already
 # on the right device (logits, weights) is used as it is, without a copy. The object collectives
 # and barrier are passed through: torch places their buffers itself (on the current CUDA device
-# for NCCL). tests/test_collectives.py fails when project code calls torch.distributed directly.
+# for NCCL). The suite fails when project code calls torch.distributed directly.
 
 def backend_device(group=None) -> torch.device | None:
     """The device `group`'s backend communicates on: CUDA (the current device) for NCCL, the CPU

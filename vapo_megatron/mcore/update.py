@@ -129,7 +129,8 @@ def _means(sums: dict[str, float], counts: GlobalCounts) -> dict[str, float]:
 def guarded_step(model: TrainModel, sums: dict[str, float], role: str, max_consecutive_skips: int) -> tuple[bool, float]:
     """One optimizer step that is skipped (and counted) when a loss or the gradient norm is not
     finite; after `max_consecutive_skips` skips in a row the run stops (NonFiniteError)."""
-    loss_finite = all(math.isfinite(v) for k, v in sums.items() if k.endswith("loss_sum"))
+    loss_finite = all(math.isfinite(v) for k, v in sums.items() if k.endswith("loss_sum")) \
+        and not fault_points.poisoned("nan_loss")  # runtime/fault_points.py
     applied, grad_norm = optimizer_step(model.optimizer, model.chunks, loss_finite=loss_finite, scheduler=model.scheduler)
     model.consecutive_skips = 0 if applied else model.consecutive_skips + 1
     if model.consecutive_skips >= max_consecutive_skips:
@@ -163,7 +164,7 @@ def optimize(model: TrainModel, role: str, batch: RolloutBatch, loss_for: Callab
                                                        replay=model.replay))
             aux_loss = moe_metrics.take_aux_loss(model.config, len(micro))
             applied, grad_norm = guarded_step(model, sums, role, settings.max_consecutive_skips)
-            fault_points.point(f"{role}_update")  # a test's (runtime/fault_points.py): a crash mid-update
+            fault_points.point(f"{role}_update")  # a crash mid-update (runtime/fault_points.py)
             step_logs = _means(sums, counts)
             step_logs[f"{role}/grad_norm"] = grad_norm
             step_logs[f"{role}/skipped_steps"] = 0.0 if applied else 1.0

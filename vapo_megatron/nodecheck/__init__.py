@@ -6,6 +6,6 @@
     runtime.py     collectives, wait_groups, wgrad_fusion, vocab_parallel
     replay.py      routing_replay (MoE presets)
     offload.py     offload, offload_memory
-    checkpoint.py  adam_resume, save_before_update (also run by tests/distributed/test_adam_checkpoint.py)
+    checkpoint.py  adam_resume, save_before_update (also run by the suite on the CPU)
     steps.py       vapo_steps, phase_memory, plan_memory
 """

@@ -8,7 +8,7 @@ Apex's when Apex does, torch's AdamW otherwise), compared bitwise with a twin th
     save_before_update   a save before the first step (a stop during value pretraining) and its
                          resume: the next step equals a fresh optimizer's (the distributed optimizer)
 
-tests/distributed/test_adam_checkpoint.py runs round_trips() on the CPU with each library's Adam.
+The suite runs round_trips() on the CPU with each library's Adam.
 """
 
 from __future__ import annotations

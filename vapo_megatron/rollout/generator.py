@@ -188,6 +188,7 @@ class Generator:
         if self.engine is not None:
             self.engine.release_memory(("weights",))
         free_cached_memory()  # the rollout phase's blocks: training starts from an empty cache
+        fault_points.point("rollout")  # the rollout phase's end (runtime/fault_points.py)
 
     def sync_weights(self, model, *, version: int) -> None:
         """Step 8: stream the actor's weights (HF names, full tensors) into the rollout engines
@@ -197,7 +198,7 @@ class Generator:
         free_cached_memory()  # the updates' activations, before the engine takes its weights back
         stream_weights(model.modules, model.family, model.hf_cfg, self.engine, version=version,
                      bucket_bytes=self.cfg.weight_sync_bucket_mb << 20)
-        fault_points.point("weight_sync")  # a test's (runtime/fault_points.py): the engine is ahead of the checkpoint
+        fault_points.point("weight_sync")  # the engine is ahead of the checkpoint (runtime/fault_points.py)
 
     def close(self) -> None:
         from vapo_megatron.rollout.tp_gather import free_staging

@@ -72,8 +72,8 @@ def check(result: Any, what: str) -> None:
 
 class EngineLike(Protocol):
     """The part of sglang.Engine's API this module calls, always by keyword except
-    named_tensors (sglang_http.HttpEngine has it too). tests/test_sglang_api.py checks every
-    call against sglang/srt/entrypoints/engine.py."""
+    named_tensors (sglang_http.HttpEngine has it too). The suite checks every call against
+    sglang/srt/entrypoints/engine.py."""
 
     def generate(self, *, input_ids, sampling_params, return_logprob, return_routed_experts): ...
     def begin_weight_update(self): ...
@@ -165,8 +165,7 @@ def stop_engine(engine) -> None:
     shutdown runs with that call aimed at the engine's processes (Engine.get_all_child_pids: its
     schedulers and detokenizer), each with its own descendants, killed and reaped as SGLang does:
     `kill_process_tree` is swapped, for the call, in the globals that Engine.shutdown resolves it in
-    (sglang/srt/entrypoints/engine.py's; tests/unit/test_sglang_api.py runs SGLang's shutdown source
-    through it). Objects without get_all_child_pids (test doubles) get their own shutdown."""
+    (sglang/srt/entrypoints/engine.py's; the suite runs SGLang's shutdown source through it). Objects without get_all_child_pids (test doubles) get their own shutdown."""
     if not hasattr(engine, "get_all_child_pids"):
         engine.shutdown()
         return

@@ -20,7 +20,7 @@ continuation is the one-go response of its seed (sglang/srt):
 - max_new_tokens is the request's budget for this round; finish_reason "length" then means the
   round ended it, and partial.py tells that from rollout.max_new_tokens by the response's length.
 Its log-probs are output_token_logprobs of the new tokens only (return_logprob, parse_output).
-tests/unit/test_sglang_api.py reads these lines from SGLang's source; the HTTP client sends the
+The suite reads these lines from SGLang's source; the HTTP client sends the
 same requests (sglang_http.py).
 """
 

@@ -5,6 +5,6 @@ layer (docs/architecture.md, "The tree").
                      exports, metrics, eval outputs, the run's config.yaml), and the rule that a
                      writer replaces only directories it wrote (the .vapo-writer marker)
     machine.py       the CPU kind a process runs on (learning studies' and golden records' key)
-    fault_points.py  the named points of a step where a test may kill or poison a run (no-ops
-                     unless the tests' entry point installs its hook)
+    fault_points.py  the named boundaries (generator, optimizer step, checkpoint manager) where a
+                     test may kill or poison a run (no-ops unless the tests' entry point installs its hook)
 """

@@ -1,18 +1,23 @@
-"""The named points of a run where a test can step in: the crash-consistency and numerics tests'
+"""The boundaries of a run where a test can step in: the crash-consistency and numerics tests'
 fault points (docs/faults.md, "Crashes and kills").
 
-    set_iteration(n)   the trainer: the iteration it is working on (the N of a test's point@N)
-    point(name)        a place where a test may kill the run or signal it: rollout, critic_update,
-                       actor_update, weight_sync, checkpoint, usr1, term_launcher
-    poisoned(name)     whether a test asks for `name` (nan_loss) to be poisoned at this iteration
-    install(hook)      a test's Hook; the tests' entry point tests/helpers/faults.py installs one
+    point(name)      a boundary a test may kill the run at, or signal it from:
+                       rollout        the generator, when the step's rollout is done (release_weights)
+                       weight_sync    the generator, after the actor's weights reached the engines
+                       critic_update  the optimizer step, after each of the critic's steps
+                       actor_update   the optimizer step, after each of the actor's steps
+                       checkpoint     the checkpoint manager, after the actor's part is written
+    poisoned(name)   whether a test makes this boundary's input non-finite: `nan_loss` at the
+                     optimizer step (its losses count as NaN, so the step is skipped and counted)
+    install(hook)    a test's Hook; only the tests' entry point installs one (docs/faults.md)
 
 Why the package names them at all: the tests prove that a run killed mid-update, between the
 actor's and the critic's part of a checkpoint or after the weight sync resumes to the same run,
-and only the code at those places knows where they are; a real run (torchrun, every rank) is
-killed there, so nothing outside the process can do it. The hook is the tests': it is installed
-by their entry point (`python -m tests.helpers.faults`, vapo-train with $VAPO_FAULT's faults),
-never by the package, so without it every call here reads one global and does nothing.
+and only the code at those boundaries knows where they are; a real run (torchrun, every rank) is
+killed there, so nothing outside the process can do it. Only three owners call this module (the
+generator, the optimizer step, the checkpoint manager), never the training step: which iteration
+a point is at is the hook's business (the tests' hook reads it from the trainer). Without a hook
+every call reads one global and does nothing.
 """
 
 from __future__ import annotations
@@ -21,13 +26,12 @@ from typing import Protocol
 
 
 class Hook(Protocol):
-    def point(self, name: str, iteration: int) -> None: ...
+    def point(self, name: str) -> None: ...
 
-    def poisoned(self, name: str, iteration: int) -> bool: ...
+    def poisoned(self, name: str) -> bool: ...
 
 
 _hook: Hook | None = None
-_iteration = -1  # published by the trainer (set_iteration); -1 before the first RL step
 
 
 def install(hook: Hook | None) -> None:
@@ -35,18 +39,13 @@ def install(hook: Hook | None) -> None:
     _hook = hook
 
 
-def set_iteration(iteration: int) -> None:
-    global _iteration
-    _iteration = iteration
-
-
 def point(name: str) -> None:
     if _hook is not None:
-        _hook.point(name, _iteration)
+        _hook.point(name)
 
 
 def poisoned(name: str) -> bool:
-    return _hook is not None and _hook.poisoned(name, _iteration)
+    return _hook is not None and _hook.poisoned(name)
 
 
-__all__ = ["Hook", "install", "point", "poisoned", "set_iteration"]
+__all__ = ["Hook", "install", "point", "poisoned"]

@@ -2,7 +2,7 @@
 
 The same seed and commit give another trajectory on another CPU kind (torch picks other kernels
 for other vector units, and sums round differently), so a learning study runs on one kind and the
-suite's golden records are kept per kind (tests/golden/). Pure Python but for torch's own report
+suite's golden records are kept per kind. Pure Python but for torch's own report
 of the kernels it dispatches to.
 """
 

@@ -17,7 +17,7 @@ its own warm-up count (get_pp_rank_microbatches, asked about each pipeline rank)
 What is derived, not built: a tied model's output layer. Megatron allocates it on the last stage
 but not on a chunk that also holds the embedding (gpt_model.py: skip_weight_param_allocation=
 pre_process and share_embeddings_and_output_weights), which happens at PP=1 only.
-tests/distributed/test_plan_search.py checks every stage of several layouts (tied, MoE with a dense
+The suite checks every stage of several layouts (tied, MoE with a dense
 layer, VPP, EP, TP) against shards.py's per-stage builds.
 
 The shards come back one per pipeline stage, at tp_rank 0, with `*_unique` summed over the

@@ -124,7 +124,7 @@ def _model_counts(hf_cfg: dict, critic: bool, world_size: int, tp: int, pp: int,
     tp_rank 0 of each pipeline stage: megatron gives every TP rank of a stage the same shapes
     (vocabulary padded to a multiple of TP, heads and FFN divided evenly), so the other TP ranks
     differ only in what they count as distinct, their TP-sharded parameters
-    (tests/distributed/test_plan.py checks every rank against a real TP=2 model)."""
+    (checked on every rank against a real TP=2 model)."""
     key = (json.dumps(hf_cfg, sort_keys=True, default=str), critic, world_size, tp, pp, vpp, str(params_dtype), ep,
            sequence_parallel)
     if key in _COUNTS:

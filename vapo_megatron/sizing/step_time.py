@@ -102,7 +102,7 @@ class Setup:
     eval_prompts: int = 0  # prompts of one evaluation: one greedy response each, then eval_samples sampled
     eval_samples: int = 0  # eval.n_samples
     # Forward passes of a reference policy at scoring (0 here: VAPO, GRPO and DAPO as configured
-    # have no KL term; NeMo-RL's published GRPO runs have one, tests/unit/test_step_time.py).
+    # have no KL term; NeMo-RL's published GRPO runs have one).
     reference_forwards: int = 0
     partial: bool = False  # rollout.partial.enabled: the step's rollout phase is partial_rollout's
     spare_batches: int = 1  # rollout.partial.spare_batches
@@ -223,7 +223,7 @@ def partial_rollout(gpu: GPU, s: Shapes, *, engine_tp: int, engines: int, sample
                     spare_batches: int, max_staleness: int) -> Rollout:
     """The rollout phase with rollout.partial (rollout/partial.py), in the steady state where a step
     trains as many samples as it admits, prompts_per_step groups (so it is with spare_batches <=
-    max_staleness, which the config checks require: tests/unit/test_partial_rollout.py):
+    max_staleness, which the config checks require):
       bulk      the same decode work per trained sample as `rollout` (waves x mean steps), at the
                 concurrency of (1 + spare_batches) x the samples per engine in flight, as far as the
                 KV cache holds them: the spare groups keep the batch full

@@ -12,8 +12,8 @@ checkpoint writer when it has one (a multiprocessing Manager spawned at the firs
 checkpoint/dist_io.py's write_dist_checkpoint gives megatron an in-process queue, it has none). A program
 started by exec gets the default action back for every handled signal, and the default action of
 SIGUSR1 is to terminate; such a checkpoint writer then died and the checkpoint the signal asked
-for failed (BrokenPipeError inside dist_checkpointing.save, seen on the local cluster of
-tests/test_slurm.py).
+for failed (BrokenPipeError inside dist_checkpointing.save, seen on a local Slurm
+cluster).
 A blocked signal stays blocked across fork and exec, so helpers started after `install()` never
 act on it, while a watcher thread of the trainer takes it with sigwait().
 

@@ -44,7 +44,6 @@ from vapo_megatron.rewards.scorer import Scorer
 from vapo_megatron.rewards.shaping import OverlongShaping
 from vapo_megatron.rollout.dynamic_sampling import StepRollouts
 from vapo_megatron.rollout.generator import Generator
-from vapo_megatron.runtime import fault_points
 from vapo_megatron.trainer.deadline import Deadline, StepClock
 from vapo_megatron.trainer.metrics import MetricsLogger
 from vapo_megatron.trainer.run_guard import RunDirLock
@@ -144,7 +143,7 @@ class Trainer:
         if predicted and predicted[0]:
             step_s, save_s, name = predicted
             self.clock.predicted_step_s, self.clock.predicted_save_s = step_s, save_s
-            # Not "[vapo] deadline: ...": that prefix announces a stop (tests/e2e/test_slurm.py waits for it).
+            # Not "[vapo] deadline: ...": that prefix announces a stop (the Slurm tests wait for it).
             print(f"[vapo] predicted for the deadline until measured: a step {step_s:.0f} s, a checkpoint save "
                   f"{save_s:.0f} s ({name}; vapo-plan's step-time model, docs/slurm.md)", flush=True)
 
@@ -214,15 +213,11 @@ class Trainer:
         algo, timed = self.cfg.algo, self.timer
         pretraining = self.state.iteration < algo.value_pretrain_steps and not self.state.pretrain_finished
         t0 = time.perf_counter()
-        fault_points.set_iteration(self.state.iteration)  # what a test's fault point@N counts (runtime/fault_points.py)
         with self._offloaded(timed=True):  # trainer.offload_during_rollout: state on the host until scoring
             with timed("rollout"):
                 rollout, sampling_logs = self.rollouts.collect(self.state.sampler, seed=self._rollout_seed(),  # 1, 2
                                                                carry=self.state.carry, version=self.state.policy_version)
                 self.generator.release_weights()  # colocated SGLang: its GPU memory goes to training until step 8
-            fault_points.point("rollout")
-            fault_points.point("usr1")
-            fault_points.point("term_launcher")
         with timed("reward"):
             batch, reward_logs = self.scorer.score(rollout)                                  # 3
         with timed("score"):
@@ -237,10 +232,6 @@ class Trainer:
                                                                              dp_sum=dp_stats.dp_sum)
         if algo.whiten_advantages:
             batch.advantages = dp_stats.whiten_advantages(batch)
-        if fault_points.poisoned("nan_loss"):  # a test's: NaN losses and gradients in both models
-            batch.advantages = torch.full_like(batch.advantages, float("nan"))
-            if batch.returns is not None:
-                batch.returns = torch.full_like(batch.returns, float("nan"))
         fit_logs = self.critic.fit(batch)  # critic/explained_variance of the old values (none without a critic)
         with timed("critic_update"):
             critic_logs = self.critic.update(batch)                                          # 6

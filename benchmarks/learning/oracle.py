@@ -123,10 +123,12 @@ class OracleCritic:
 
     def fit(self, batch) -> dict[str, float]:
         """How well the oracle's values predict the step's returns, as the learned critic's are logged."""
+        from vapo_megatron.algorithms import step_stats
         from vapo_megatron.mcore import dp_stats
 
         tokens = dp_stats.global_sum(self.tokens)
-        return {"critic/explained_variance": dp_stats.explained_variance(batch),
+        return {"critic/explained_variance": step_stats.explained_variance(batch.values, batch.returns, batch.mask,
+                                                                               reduce=dp_stats.dp_sum),
                 "critic/oracle_carried_fraction": dp_stats.global_sum(self.carried) / max(tokens, 1.0)}
 
     def update(self, batch) -> dict[str, float]:

@@ -70,6 +70,9 @@ def test_a_rank_with_fewer_rows_than_the_count_runs_fillers(monkeypatch):
     assert len(micro) == 5 and sorted(r for rows in plan for r in rows) == [0, 1, 2] and plan[3:] == [[], []]
     for fill in micro[3:]:
         assert float(fill.mask.sum()) == 0 and not bool(fill.correct.any()) and fill.tokens.shape == (1, 5)
+    # perf/padding_ratio is that plan's: 3 x 5 real tokens, and the two fillers' 2 prompt tokens each
+    # processed for nothing (the unagreed plan, one micro-batch of 3 equal rows, would say 0).
+    assert update.padding_ratio(batch, max_tokens=100) == pytest.approx(4 / 19)
     monkeypatch.setattr(parallel, "agree_max", lambda n: 1)
     monkeypatch.setattr(update, "micro_batch_multiple", lambda: 2)  # VPP at PP=2: 1 -> 2
     plan, micro = update.micro_batches(batch, max_tokens=100)

@@ -1,5 +1,5 @@
 """Partial rollout's off-policy correction (algorithms/off_policy.py, losses.py's weights,
-mcore/dp_stats.py off_policy) against plain-Python loops: with no stale token the loss is
+algorithms/step_stats.py off_policy_weights) against plain-Python loops: with no stale token the loss is
 today's bitwise; with stale tokens it is the decoupled-PPO loss of a single-process reference,
 whatever the split into DP ranks and micro-batches (issue 47)."""
 
@@ -11,7 +11,7 @@ import torch
 from vapo_megatron.algorithms import off_policy
 from vapo_megatron.algorithms.losses import policy_loss_sum
 from vapo_megatron.data.batch import RolloutBatch, pack_sequences
-from vapo_megatron.mcore import dp_stats, parallel
+from vapo_megatron.algorithms import step_stats
 
 LENGTHS = [5, 1, 8, 3, 6, 7]
 T = 8
@@ -94,9 +94,9 @@ def test_stale_tokens_give_the_single_process_loss_and_gradient_in_any_split(dua
         assert torch.isfinite(grad).all()
 
 
-def test_the_step_figures_and_weights_over_a_batch(monkeypatch):
-    """dp_stats.off_policy on a batch as the scorer builds it (response lists, sequence layout)."""
-    monkeypatch.setattr(parallel, "dp_size", lambda: 1)
+def test_the_step_figures_and_weights_over_a_batch():
+    """step_stats.off_policy_weights on a batch as the scorer builds it (response lists, sequence
+    layout), on one rank (the reductions are the identity)."""
     _, prox_r, behav_r, _, mask_r, versions_r = batch(seed=2)
     prompts = [[5, 6, 7][: 1 + b % 3] for b in range(len(LENGTHS))]
     responses = [list(range(10, 10 + n)) for n in LENGTHS]
@@ -109,7 +109,8 @@ def test_the_step_figures_and_weights_over_a_batch(monkeypatch):
         b.old_logp[i, pl[i] - 1 : pl[i] - 1 + n] = prox_r[i, :n]
     b.extras["engine_logp"] = [behav_r[i, :n].tolist() for i, n in enumerate(LENGTHS)]
     b.extras["token_versions"] = [versions_r[i, :n].tolist() for i, n in enumerate(LENGTHS)]
-    weights, logs = dp_stats.off_policy(b, version=3, cap=CAP, max_staleness=1)
+    weights, logs = step_stats.off_policy_weights(b, version=3, cap=CAP, max_staleness=1, reduce=lambda t: t,
+                                                 reduce_max=lambda t: t)
     tokens_by_age = [0, 0, 0]
     ratios, wsum = [], 0.0
     for i, n in enumerate(LENGTHS):

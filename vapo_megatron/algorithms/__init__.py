@@ -6,4 +6,6 @@
     losses.py         PPO with clip-higher, positive-example NLL, value loss: SUMS over tokens
     off_policy.py     partial rollout's staleness and truncated importance weights (decoupled PPO)
     normalization.py  the global counts N, N_pos, M a mini-batch's loss sums are divided by
+    step_stats.py     a step's figures over every DP rank (means, whitening, explained variance,
+                      off-policy weights), each handed the reduction it needs
 """

@@ -14,7 +14,7 @@
     actor.py         the policy: old log-probs, PPO + positive-example NLL update
     vocab_parallel.py  log-probs and entropy from vocabulary-sharded logits (TP)
     critic.py        the value model: values, clipped value-loss update
-    dp_stats.py      figures of a step over every data-parallel rank (sums, means, whitening)
+    dp_stats.py      the reductions over the data-parallel group a step's figures are handed
     memory.py        GPU memory handed back at the trainer <-> rollout-engine phase switches
     offload.py       the trainer's state in host memory during rollout (trainer.offload_during_rollout)
     dtypes.py        parameter dtypes by name

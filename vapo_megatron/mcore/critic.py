@@ -13,6 +13,7 @@ from functools import partial
 
 import torch
 
+from vapo_megatron.algorithms import step_stats
 from vapo_megatron.algorithms.losses import value_loss_sum
 from vapo_megatron.algorithms.normalization import GlobalCounts
 from vapo_megatron.config import Config
@@ -65,7 +66,7 @@ class Critic:
 
     def fit(self, batch: RolloutBatch) -> dict[str, float]:
         """How well the old values V_t predicted the step's returns G_t, before the update."""
-        return {"critic/explained_variance": dp_stats.explained_variance(batch)}
+        return {"critic/explained_variance": step_stats.explained_variance(batch.values, batch.returns, batch.mask, reduce=dp_stats.dp_sum)}
 
     def values(self, batch: RolloutBatch) -> torch.Tensor:
         """Step 4: V_t at every prediction position, [B, S]."""

@@ -16,7 +16,7 @@ import torch
 
 from vapo_megatron.algorithms.normalization import GlobalCounts, count_sums
 from vapo_megatron.data.batch import RolloutBatch
-from vapo_megatron.data.microbatch import plan_micro_batches
+from vapo_megatron.data.microbatch import padded_tokens, plan_micro_batches
 from vapo_megatron.mcore import moe_metrics, parallel
 from vapo_megatron.mcore.model import TrainModel
 from vapo_megatron.mcore.optimizer import current_lr, optimizer_step
@@ -69,6 +69,17 @@ def micro_batches(batch: RolloutBatch, max_tokens: int) -> tuple[list[list[int]]
     fill = target - len(plan)  # > 0 only where this rank has fewer rows than the agreed count
     micro = [batch.select(rows) for rows in plan] + [filler(batch)] * fill
     return plan + [[] for _ in range(fill)], micro
+
+
+def padding_ratio(batch: RolloutBatch, max_tokens: int) -> float:
+    """perf/padding_ratio: the padding share of the tokens this rank's scoring forward processes, in
+    the plan micro_batches makes (so collective where it is): each micro-batch padded to its longest
+    sequence, and a filler's tokens all padding."""
+    plan, micro = micro_batches(batch, max_tokens)
+    lengths = batch.seq_lens.tolist()
+    real = sum(lengths[i] for rows in plan for i in rows)
+    processed = padded_tokens(plan, lengths) + sum(int(m.seq_lens.sum()) for rows, m in zip(plan, micro) if not rows)
+    return (processed - real) / processed if processed else 0.0
 
 
 def filler(batch: RolloutBatch) -> RolloutBatch:
@@ -177,4 +188,4 @@ def optimize(model: TrainModel, role: str, batch: RolloutBatch, loss_for: Callab
 
 
 __all__ = ["NonFiniteError", "UpdateSettings", "forward_only", "global_counts", "guarded_step", "micro_batches",
-           "mini_batch_rows", "optimize"]
+           "mini_batch_rows", "optimize", "padding_ratio"]

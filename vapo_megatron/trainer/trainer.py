@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from model_providers import read_hf_config
+from vapo_megatron.algorithms import step_stats
 from vapo_megatron.algorithms.advantages import ADVANTAGE_FNS
 from vapo_megatron.checkpoint.complete import finished_message
 from vapo_megatron.checkpoint.manager import CheckpointManager
@@ -31,7 +32,7 @@ from vapo_megatron.data.datasets import Datasets, repeat_warnings, stop_token_id
 from vapo_megatron.data.prompts import PromptSampler
 from vapo_megatron.data.routes import replays
 from vapo_megatron.evaluation.sampled import greedy_accuracy, sample_eval
-from vapo_megatron.mcore import dp_stats, parallel
+from vapo_megatron.mcore import dp_stats, parallel, update
 from vapo_megatron.mcore.actor import Actor, PolicyLossSettings
 from vapo_megatron.mcore.critic import build_critic
 from vapo_megatron.mcore.model import build_model
@@ -226,12 +227,13 @@ class Trainer:
         off_logs: dict[str, float] = {}
         if "token_versions" in batch.extras:  # partial rollout: decoupled PPO's weights (algorithms/off_policy.py)
             p = self.cfg.rollout.partial
-            batch.extras["is_weights"], off_logs = dp_stats.off_policy(batch, version=self.state.policy_version,
-                                                                       cap=p.is_cap, max_staleness=p.max_staleness)
+            batch.extras["is_weights"], off_logs = step_stats.off_policy_weights(
+                batch, version=self.state.policy_version, cap=p.is_cap, max_staleness=p.max_staleness,
+                reduce=dp_stats.dp_sum, reduce_max=dp_stats.dp_max)
         batch.advantages, batch.returns, estimator_logs = self.estimate(batch, algo, value_pretrain=pretraining,  # 5
                                                                              dp_sum=dp_stats.dp_sum)
         if algo.whiten_advantages:
-            batch.advantages = dp_stats.whiten_advantages(batch)
+            batch.advantages = step_stats.whiten_advantages(batch.advantages, batch.mask, reduce=dp_stats.dp_sum)
         fit_logs = self.critic.fit(batch)  # critic/explained_variance of the old values (none without a critic)
         with timed("critic_update"):
             critic_logs = self.critic.update(batch)                                          # 6
@@ -254,15 +256,15 @@ class Trainer:
         cfg = self.cfg
         logs = {k: v for part in parts for k, v in part.items()}
         logs |= {
-            "actor/entropy_rollout": dp_stats.global_mean(entropy, batch.mask),
+            "actor/entropy_rollout": step_stats.global_mean(entropy, batch.mask, reduce=dp_stats.dp_sum),
             # over the step's own phases, not the eval/checkpoint before it
             "perf/tokens_per_s": dp_stats.global_sum(float(batch.seq_lens.sum())) / seconds,
-            "perf/padding_ratio": dp_stats.batch_padding_ratio(batch, cfg.trainer.micro_batch_tokens),
+            "perf/padding_ratio": update.padding_ratio(batch, cfg.trainer.micro_batch_tokens),
         }
         if "actor/lr" not in logs:  # no actor update this step: the rate its next update uses
             logs["actor/lr"] = current_lr(self.actor.model.optimizer)
         if "engine_logp" in batch.extras:
-            logs["rollout/logprob_diff"] = dp_stats.engine_logprob_diff(batch)
+            logs["rollout/logprob_diff"] = step_stats.engine_logprob_diff(batch, reduce=dp_stats.dp_sum)
         if "actor/entropy" not in logs:
             logs["actor/entropy"] = logs["actor/entropy_rollout"]
         logs |= self.timer.lap()  # perf/<phase>_s, perf/other_s, perf/step_s (timing.py)

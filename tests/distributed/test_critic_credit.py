@@ -43,7 +43,7 @@ def _rows(g: torch.Generator, n: int):
 def _train_and_probe():
     from model_providers import family_for
     from model_providers.presets import preset
-    from vapo_megatron.algorithms.advantages import ADVANTAGE_FNS
+    from vapo_megatron.config.estimators import ESTIMATORS
     from vapo_megatron.config import OptimConfig
     from vapo_megatron.config.schema import AlgoConfig
     from vapo_megatron.data.batch import to_response
@@ -67,7 +67,7 @@ def _train_and_probe():
     for _ in range(40):  # the trainer's steps 4-6 for the critic: values, returns, update
         batch, _ = _rows(g, 64)
         batch.values = critic.values(batch)
-        _, batch.returns, _ = ADVANTAGE_FNS["gae"](batch, algo, value_pretrain=False, dp_sum=lambda t: t)
+        _, batch.returns, _ = ESTIMATORS["gae"].function()(batch, algo, value_pretrain=False, dp_sum=lambda t: t)
         critic.update(batch)
     batch, ks = _rows(g, 64)
     values = to_response(critic.values(batch), batch.prompt_lens, batch.response_lens)  # [B, R]: V_0 .. V_{R-1}

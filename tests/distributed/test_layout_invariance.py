@@ -87,10 +87,10 @@ def _global_batch(grpo: bool = False):
 
 
 def _grpo_advantages(batch):
-    from vapo_megatron.algorithms.advantages import ADVANTAGE_FNS
+    from vapo_megatron.config.estimators import ESTIMATORS
     from vapo_megatron.config import AlgoConfig
 
-    return ADVANTAGE_FNS["grpo"](batch, AlgoConfig(estimator="grpo"), value_pretrain=False, dp_sum=lambda t: t)[0]
+    return ESTIMATORS["grpo"].function()(batch, AlgoConfig(estimator="grpo"), value_pretrain=False, dp_sum=lambda t: t)[0]
 
 
 # ---- reference: transformers + the formulas, single process ---------------------------------

@@ -331,7 +331,7 @@ def test_cli_refuses_bad_baseline_settings_at_once_without_torch(demo, tmp_path)
 
     err = run("demo_cpu.yaml", "algo.estimator=gpro", "rollout.max_sampling_rounds=0", "reward.overlong_buffer=9")
     assert "3 invalid settings:" in err, err[-3000:]
-    for text in ["algo.estimator='gpro' is not allowed (choose one of: gae, grpo, batch)",
+    for text in ["algo.estimator='gpro' is not an estimator; one of: gae, grpo, batch (config/estimators.py)",
                  "rollout.max_sampling_rounds=0 must be >= 1",
                  "reward.overlong_buffer=9 must be <= rollout.max_new_tokens=8"]:
         assert text in err, (text, err[-3000:])

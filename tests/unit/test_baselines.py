@@ -7,7 +7,8 @@ import statistics
 import pytest
 import torch
 
-from vapo_megatron.algorithms.advantages import ADVANTAGE_FNS, group_relative_advantages, informative_groups
+from vapo_megatron.config.estimators import ESTIMATORS
+from vapo_megatron.algorithms.advantages import group_relative_advantages, informative_groups
 from vapo_megatron.config import AlgoConfig
 from vapo_megatron.data.batch import RolloutBatch, pack_sequences
 from vapo_megatron.rewards.shaping import OverlongShaping
@@ -64,7 +65,7 @@ def test_grpo_estimator_puts_the_response_value_on_every_response_token():
     tokens, pl, rl = pack_sequences([[5, 6], [5, 6], [7], [7]], [[1, 2, 3], [1], [4, 4], [9, 9, 9, 9]])
     batch = RolloutBatch(tokens=tokens, prompt_lens=pl, response_lens=rl, rewards=torch.tensor([1.0, -1.0, 1.0, 1.0]),
                          correct=torch.tensor([True, False, True, True]), group_ids=torch.tensor([0, 0, 1, 1]))
-    adv, returns, logs = ADVANTAGE_FNS["grpo"](batch, AlgoConfig(estimator="grpo"), value_pretrain=False, dp_sum=lambda t: t)
+    adv, returns, logs = ESTIMATORS["grpo"].function()(batch, AlgoConfig(estimator="grpo"), value_pretrain=False, dp_sum=lambda t: t)
     assert returns is None and logs == {}
     per = group_relative_advantages(batch.rewards, batch.group_ids, std_norm=True, eps=1e-6)
     torch.testing.assert_close(adv, per[:, None] * batch.mask)

@@ -1,7 +1,7 @@
 """Step 5 of the loop (pure tensors): advantages, and the critic's value targets, of a batch.
 
-An estimator is a function of the batch (ADVANTAGE_FNS, keyed by algo.estimator; what each one is,
-critic or not, is its record in config/estimators.py):
+An estimator is a function of the batch, named by its record in config/estimators.py (which also
+says whether it needs a critic, its settings and its smallest group):
     gae    VAPO/PPO, from rewards and the critic's values (below)
     grpo   value-free (GRPO, DAPO): reward minus the group's mean, over the group's std
     batch  value-free: reward minus the mean of the step's whole batch, over its std
@@ -121,5 +121,3 @@ def batch_estimator(batch: RolloutBatch, algo: AlgoConfig, *, value_pretrain: bo
     per_response, mean, std = batch_relative_advantages(batch.rewards, dp_sum, eps=algo.batch_std_eps)  # [B]
     return per_response.unsqueeze(1) * batch.mask, None, {"actor/batch_reward_mean": mean, "actor/batch_reward_std": std}
 
-
-ADVANTAGE_FNS: dict[str, Callable] = {"gae": gae_estimator, "grpo": grpo_estimator, "batch": batch_estimator}

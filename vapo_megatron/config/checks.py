@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
-from vapo_megatron.config.estimators import estimator_of
+from vapo_megatron.config.estimators import ESTIMATORS, estimator_of, unknown_estimator
 from vapo_megatron.config.schema import Config, OptimConfig
 
 
@@ -85,12 +85,21 @@ def _get(cfg: Config, key: str):
 def estimator_problems(cfg: Config) -> list[str]:
     """Asked of the estimator's record (config/estimators.py): one without a critic refuses value
     pretraining and every critic-only setting changed from its default, one line each; a group
-    smaller than the estimator's min_group (no advantage at all) is refused too."""
+    smaller than the estimator's min_group (no advantage at all) is refused too, and so is a
+    setting only other estimators read (their records' keys) changed from its default."""
+    unknown = unknown_estimator(cfg.algo.estimator)
+    if unknown:
+        return [unknown]
     a, est = cfg.algo, estimator_of(cfg)
     out = []
     for key in ("grpo_std_eps", "batch_std_eps"):
         if getattr(a, key) <= 0:
             out.append(f"algo.{key}={getattr(a, key)} must be > 0")
+    others = {k: e.name for e in ESTIMATORS.values() if e is not est for k in e.keys if k not in est.keys}
+    for key, owner in sorted(others.items()):
+        if key not in CRITIC_ONLY and _get(cfg, key) != _get(_DEFAULTS, key):
+            out.append(f"{key} is set, but only algo.estimator={owner} reads it (this run's is {est.name}): remove it "
+                       "from the config")
     if 1 <= cfg.rollout.n_samples < est.min_group:  # (< 1 is its own problem)
         out.append(f"rollout.n_samples={cfg.rollout.n_samples} with algo.estimator={est.name} trains nothing: a "
                    "response's advantage is its reward against its group's, and a group of one has nothing to compare "

@@ -89,7 +89,7 @@ class AlgoConfig:
     # reward minus the mean of the step's whole batch (every DP rank), over its std (REINFORCE++'s
     # global normalization): defined at one answer per prompt. Without a critic there is none at
     # all (not built, not checkpointed, not in vapo-plan), and the critic-only settings are refused.
-    estimator: Literal["gae", "grpo", "batch"] = "gae"
+    estimator: str = "gae"  # a name of config/estimators.py's records: gae, grpo, batch (or one registered)
     # grpo: divide by the group's reward std (+ grpo_std_eps); false: the "Dr. GRPO" variant,
     # reward minus the group mean only.
     grpo_std_norm: bool = True

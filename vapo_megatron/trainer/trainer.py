@@ -8,7 +8,7 @@ component 1: critic only, frozen policy, Monte-Carlo targets), then RL ("vapo").
     4. old log-probs and values           7. actor update (PPO + NLL)
                                           8. weight sync into the rollout engines
 The loop is estimator-blind: with algo.estimator=grpo the critic is mcore/critic.py's NoCritic,
-whose values, fit and update do nothing, and the estimator is a function (ADVANTAGE_FNS).
+whose values, fit and update do nothing, and the estimator is its record's function.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import torch
 
 from model_providers import read_hf_config
 from vapo_megatron.algorithms import step_stats
-from vapo_megatron.algorithms.advantages import ADVANTAGE_FNS
 from vapo_megatron.checkpoint.complete import finished_message
 from vapo_megatron.checkpoint.manager import CheckpointManager
 from vapo_megatron.checkpoint.run_state import RunState
 from vapo_megatron.config import Config, resume, run_record
 from vapo_megatron.config.determinism import determinism_env
+from vapo_megatron.config.estimators import estimator_of
 from vapo_megatron.data.datasets import Datasets, repeat_warnings, stop_token_ids
 from vapo_megatron.data.prompts import PromptSampler
 from vapo_megatron.data.routes import replays
@@ -100,7 +100,7 @@ class Trainer:
             eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c, loss_agg=a.loss_agg,
             nll_coef=a.nll_coef, temperature=cfg.rollout.temperature, chunk_tokens=t.logprob_chunk_tokens), updates)
         self.critic = build_critic(cfg, updates)  # an estimator without a critic: NoCritic, no value model at all
-        self.estimate = ADVANTAGE_FNS[a.estimator]  # step 5 (algorithms/advantages.py)
+        self.estimate = estimator_of(cfg).function()  # step 5, the record's (config/estimators.py)
         self.models = {"actor": self.actor.model, **self.critic.models}  # what is checkpointed and offloaded
         # trainer.offload_during_rollout: the state's size is known now (mcore/offload.py).
         self.offloader, self.bandwidth_logged = None, False

@@ -131,7 +131,7 @@ class OracleCritic:
                                                                                reduce=dp_stats.dp_sum),
                 "critic/oracle_carried_fraction": dp_stats.global_sum(self.carried) / max(tokens, 1.0)}
 
-    def update(self, batch) -> dict[str, float]:
+    def update(self, batch, *, value_pretrain: bool) -> dict[str, float]:
         return {}
 
 

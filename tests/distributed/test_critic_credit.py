@@ -68,7 +68,7 @@ def _train_and_probe():
         batch, _ = _rows(g, 64)
         batch.values = critic.values(batch)
         _, batch.returns, _ = ESTIMATORS["gae"].function()(batch, algo, value_pretrain=False, dp_sum=lambda t: t)
-        critic.update(batch)
+        critic.update(batch, value_pretrain=False)
     batch, ks = _rows(g, 64)
     values = to_response(critic.values(batch), batch.prompt_lens, batch.response_lens)  # [B, R]: V_0 .. V_{R-1}
     return values, ks, batch.rewards

@@ -139,7 +139,7 @@ LR, CLIP, BUDGET = 0.5, 0.2, 16
 SHARES = ([0, 1], [2, 3, 4, 5])  # whole prompt groups per DP rank, as the trainer deals them: 18 and 41 tokens
 
 
-def _update_vs_naive():
+def _update_vs_naive(k: int = 1):
     from model_providers import family_for
     from model_providers.presets import preset
     from vapo_megatron.config import OptimConfig
@@ -163,14 +163,21 @@ def _update_vs_naive():
     noise = 0.3 * torch.randn(batch.size, S, generator=g) * mask
 
     # The reference: the whole global batch on this rank, written out; no schedule, DDP or optimizer.
+    # K passes (critic.updates_per_step): K plain SGD steps, each on the values of the weights the
+    # last one left, against the same old values and returns.
     params = dict(module.named_parameters())
-    values = module(batch.tokens, torch.arange(S)[None].expand_as(batch.tokens), None).float()
-    old = values.detach() + noise
-    clipped = old + (values - old).clamp(-CLIP, CLIP)
-    per_token = 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
-    loss = (per_token * mask).sum() / mask.sum()
-    grads = torch.autograd.grad(loss, list(params.values()))
-    want = {n: (p - LR * gr).detach() for (n, p), gr in zip(params.items(), grads)}
+    positions = torch.arange(S)[None].expand_as(batch.tokens)
+    old = module(batch.tokens, positions, None).float().detach() + noise
+    weights = {n: p.detach().clone().requires_grad_() for n, p in params.items()}
+    for step in range(k):
+        values = torch.func.functional_call(module, weights, (batch.tokens, positions, None)).float()
+        clipped = old + (values - old).clamp(-CLIP, CLIP)
+        per_token = 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+        step_loss = (per_token * mask).sum() / mask.sum()
+        loss = step_loss if step == 0 else loss  # the first pass's: a step's log is the mean over its passes
+        grads = torch.autograd.grad(step_loss, list(weights.values()))
+        weights = {n: (w - LR * gr).detach().requires_grad_() for (n, w), gr in zip(weights.items(), grads)}
+    want = {n: w.detach() for n, w in weights.items()}
 
     # The trainer's update on this rank's share.
     batch.values, batch.returns = old * mask, returns
@@ -179,8 +186,8 @@ def _update_vs_naive():
                                                                 params_dtype=torch.float32, kind="sgd"),
                        scheduler=None, family=family_for(hf), hf_cfg=hf, hf_dir=Path("."), critic=True, dtype="float32")
     critic = Critic(model, clip_range=CLIP, update=UpdateSettings(mini_batches=1, epochs=1, max_tokens=BUDGET,
-                                                                  max_consecutive_skips=1))
-    logs = critic.update(mine)
+                                                                  max_consecutive_skips=1), passes=k)
+    logs = critic.update(mine, value_pretrain=False)
     have = {n: p.detach().clone() for n, p in module.named_parameters()}
     widths = [m.tokens.shape[1] for m in micro_batches(mine, BUDGET)[1]]
     return {"initial": initial, "want": want, "have": have, "loss": loss.item(), "logs": logs, "widths": widths}
@@ -195,10 +202,23 @@ def test_the_critic_update_at_dp2_equals_one_naive_step():
         assert logs["critic/skipped_steps"] == 0.0
         assert 0.0 < logs["critic/value_clipfrac"] < 1.0, logs  # both branches of the clipped loss
         assert abs(logs["critic/value_loss"] - res["loss"]) <= 1e-5 * abs(res["loss"]), (rank, logs, res["loss"])
-        for name, want in res["want"].items():
-            have = res["have"][name]
-            torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {rank} {name}: {m}")
-            d_have, d_want = have - res["initial"][name], want - res["initial"][name]
-            assert d_want.norm() > 0, name
-            err = (d_have - d_want).norm() / d_want.norm()
-            assert err < 1e-3, f"rank {rank} {name}: the update differs by {err:.2e} relative"
+        _same_weights(rank, res)
+
+
+def _same_weights(rank, res):
+    for name, want in res["want"].items():
+        have = res["have"][name]
+        torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {rank} {name}: {m}")
+        d_have, d_want = have - res["initial"][name], want - res["initial"][name]
+        assert d_want.norm() > 0, name
+        err = (d_have - d_want).norm() / d_want.norm()
+        assert err < 1e-3, f"rank {rank} {name}: the update differs by {err:.2e} relative"
+
+
+def test_k_critic_passes_at_dp2_equal_k_naive_steps():
+    """critic.updates_per_step=2: the update runs twice over the step's rollouts, on two DP ranks
+    with uneven shares and several micro-batches each, and equals two plain steps in sequence."""
+    ranks = run_ranks(2, _update_vs_naive, 2)
+    for rank, res in enumerate(ranks):
+        assert res["logs"]["critic/updates_per_step"] == 2.0 and res["logs"]["critic/skipped_steps"] == 0.0
+        _same_weights(rank, res)

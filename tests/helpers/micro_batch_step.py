@@ -100,7 +100,7 @@ def step(actor_dir, critic_dir, tp, pp, vpp, ep, moe, sp=False):
     batch.old_logp, entropy, logs = actor.log_probs(batch)
     batch.values = critic.values(batch)
     batch.advantages, batch.returns = compute_advantages(batch, cfg.algo, value_pretrain=False)
-    critic_logs = critic.update(batch)
+    critic_logs = critic.update(batch, value_pretrain=False)
     actor_logs = actor.update(batch)
     weights = {role: {k: v.clone() for k, v in iter_hf_tensors(m.modules, m.family, m.hf_cfg, critic=m.critic)}
                for role, m in (("actor", actor.model), ("critic", critic.model))}

@@ -78,9 +78,11 @@ def test_grpo_refuses_every_critic_only_setting_by_name():
     assert load_config(grpo, check_paths=False).algo.estimator == "grpo"  # the shipped config passes
     changed = {"algo.lambda_critic": "0.9", "algo.value_clip": "null", "algo.value_pretrain_ev_threshold": "0.5",
                "algo.decoupled_gae": "false", "algo.length_adaptive": "false", "algo.lambda_policy": "0.9",
-               "algo.alpha": "1.0", "algo.gamma": "0.99", "critic_optim": None, "model.critic_hf_path": str(ROOT)}
+               "algo.alpha": "1.0", "algo.gamma": "0.99", "critic_optim": None, "model.critic_hf_path": str(ROOT),
+               "critic": None}
     assert set(changed) == set(CRITIC_ONLY)
-    overrides = [f"{k}={v}" for k, v in changed.items() if v is not None] + ["critic_optim.lr=1e-3"]
+    overrides = [f"{k}={v}" for k, v in changed.items() if v is not None] + ["critic_optim.lr=1e-3",
+                                                                              "critic.updates_per_step=2"]
     with pytest.raises(ConfigError) as e:
         load_config(grpo, overrides, check_paths=False)
     msg = str(e.value)
@@ -118,7 +120,7 @@ def test_a_run_without_a_critic_records_no_critic_settings(tmp_path):
     assert saved == run_record(grpo) and "critic_optim" not in saved
     assert not {"lambda_critic", "value_clip", "gamma", "alpha", "decoupled_gae"} & set(saved["algo"])
     assert "critic_hf_path" not in saved["model"] and saved["model"]["hf_path"] == grpo.model.hf_path
-    assert len(CRITIC_ONLY) == 10 and saved["algo"]["estimator"] == "grpo"
+    assert len(CRITIC_ONLY) == 11 and saved["algo"]["estimator"] == "grpo" and "critic" not in saved
     assert parse_config(str(run_dir / "config.yaml")) == (grpo, [])  # the same configuration, no problem
     (run_dir / "checkpoints" / "iter_0000001").mkdir(parents=True)
     resume.check_resume(grpo, announce=False)  # a resume compares equal

@@ -82,3 +82,13 @@ def test_the_checks_ask_the_record():
                for p in config_problems(pretrain, check_paths=False))
     eps = Config(algo=AlgoConfig(estimator="batch", value_pretrain_steps=0, batch_std_eps=0.0))
     assert "algo.batch_std_eps=0.0 must be > 0" in estimator_problems(eps)
+
+
+def test_the_critics_own_settings_are_checked_and_refused_without_a_critic():
+    from vapo_megatron.config.schema import CriticConfig
+
+    zero = Config(critic=CriticConfig(updates_per_step=0))
+    assert "critic.updates_per_step=0 must be >= 1" in config_problems(zero, check_paths=False)
+    grpo = Config(algo=AlgoConfig(estimator="grpo", value_pretrain_steps=0), critic=CriticConfig(updates_per_step=2))
+    assert "critic (the critic's own settings) is set, but algo.estimator=grpo has no critic: remove it from the config" \
+        in estimator_problems(grpo)

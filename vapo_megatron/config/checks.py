@@ -65,6 +65,7 @@ CRITIC_ONLY: dict[str, str] = {
     "algo.alpha": "GAE's length-adaptive alpha",
     "algo.gamma": "GAE's discount",
     "critic_optim": "the critic's optimizer",
+    "critic": "the critic's own settings",
     "model.critic_hf_path": "the critic's trunk",
 }
 
@@ -185,6 +186,7 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     require(a.nll_coef >= 0, f"algo.nll_coef={a.nll_coef} must be >= 0")
     require(a.value_clip is None or a.value_clip > 0, f"algo.value_clip={a.value_clip} must be > 0 (or null)")
     require(a.value_pretrain_steps >= 0, f"algo.value_pretrain_steps={a.value_pretrain_steps} must be >= 0")
+    require(cfg.critic.updates_per_step >= 1, f"critic.updates_per_step={cfg.critic.updates_per_step} must be >= 1")
     require(a.value_pretrain_ev_threshold is None or a.value_pretrain_ev_threshold <= 1,
             f"algo.value_pretrain_ev_threshold={a.value_pretrain_ev_threshold} must be <= 1 (or null)")
     out += estimator_problems(cfg)

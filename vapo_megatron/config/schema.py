@@ -309,11 +309,25 @@ class TrainerConfig:
 
 
 @dataclass(frozen=True)
+class CriticConfig:
+    """The value model's own settings, beside its optimizer (critic_optim) and trunk
+    (model.critic_hf_path); refused with an estimator that has no critic."""
+
+    # K: critic passes per RL step. The critic's update (algo.ppo_epochs x algo.mini_batches
+    # steps over the step's rollouts) runs K times before the actor's, on the same returns: a
+    # critic that lags the policy catches up without more rollouts (NeMo-RL's critic_ppo_epochs;
+    # the SAO recipe, arXiv 2607.07508, uses K=2). The actor's update does not depend on it (its
+    # advantages come from the values scored before any update). Value pretraining steps keep one.
+    updates_per_step: int = 1
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     actor_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
     critic_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-6))
+    critic: CriticConfig = field(default_factory=CriticConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     data: DataConfig = field(default_factory=DataConfig)

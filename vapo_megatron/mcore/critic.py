@@ -9,6 +9,7 @@ from GAE with lambda_critic (1.0: Monte-Carlo returns, component 2).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -49,8 +50,10 @@ class Critic:
 
     absent_phases: tuple[str, ...] = ()  # of the step's timed phases (trainer/timing.py), none
 
-    def __init__(self, model: TrainModel, clip_range: float | None, update: UpdateSettings, *, own_trunk: bool = False):
+    def __init__(self, model: TrainModel, clip_range: float | None, update: UpdateSettings, *, own_trunk: bool = False,
+                 passes: int = 1):
         self.model, self.clip_range, self.settings = model, clip_range, update
+        self.passes = passes  # critic.updates_per_step: K passes of the update per RL step
         self.own_trunk = own_trunk  # model.critic_hf_path: a trunk of its own, kept after the warm start
 
     def start_from(self, actor: TrainModel) -> None:
@@ -72,12 +75,19 @@ class Critic:
         """Step 4: V_t at every prediction position, [B, S]."""
         return forward_only(self.model, batch, value_outputs, ("values",), self.settings.max_tokens)["values"]
 
-    def update(self, batch: RolloutBatch) -> dict[str, float]:
-        """Step 6: clipped value loss against `batch.returns`, token-level over each mini-batch."""
+    def update(self, batch: RolloutBatch, *, value_pretrain: bool) -> dict[str, float]:
+        """Step 6: clipped value loss against `batch.returns`, token-level over each mini-batch;
+        K passes of it in an RL step (critic.updates_per_step), one while value pretraining. Each
+        pass is algo.ppo_epochs epochs, so K passes are K x ppo_epochs epochs of one optimize call
+        (the logs are means over all of them)."""
         def loss_for(counts: GlobalCounts):
             return partial(value_loss, clip_range=self.clip_range)
 
-        return optimize(self.model, "critic", batch, loss_for, self.settings)
+        passes = 1 if value_pretrain else self.passes
+        logs = optimize(self.model, "critic", batch, loss_for, replace(self.settings, epochs=self.settings.epochs * passes))
+        if self.passes != 1:  # only a run that sets K logs it: the default run's records stay as they were
+            logs["critic/updates_per_step"] = float(passes)
+        return logs
 
 
 class NoCritic:
@@ -97,7 +107,7 @@ class NoCritic:
     def fit(self, batch: RolloutBatch) -> dict[str, float]:
         return {}
 
-    def update(self, batch: RolloutBatch) -> dict[str, float]:
+    def update(self, batch: RolloutBatch, *, value_pretrain: bool) -> dict[str, float]:
         return {}
 
 
@@ -105,7 +115,8 @@ def build_critic(cfg: Config, update: UpdateSettings) -> Critic | NoCritic:
     """Collective. The value model algo.estimator needs (its record, config/estimators.py): a Critic or none."""
     if not estimator_of(cfg).needs_critic:
         return NoCritic()
-    return Critic(build_model(cfg, critic=True), cfg.algo.value_clip, update, own_trunk=bool(cfg.model.critic_hf_path))
+    return Critic(build_model(cfg, critic=True), cfg.algo.value_clip, update, own_trunk=bool(cfg.model.critic_hf_path),
+                  passes=cfg.critic.updates_per_step)
 
 
 __all__ = ["Critic", "NoCritic", "build_critic", "value_loss", "value_outputs"]

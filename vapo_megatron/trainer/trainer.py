@@ -236,7 +236,7 @@ class Trainer:
             batch.advantages = step_stats.whiten_advantages(batch.advantages, batch.mask, reduce=dp_stats.dp_sum)
         fit_logs = self.critic.fit(batch)  # critic/explained_variance of the old values (none without a critic)
         with timed("critic_update"):
-            critic_logs = self.critic.update(batch)                                          # 6
+            critic_logs = self.critic.update(batch, value_pretrain=pretraining)              # 6
         actor_logs: dict[str, float] = {}
         if not pretraining:
             with timed("actor_update"):

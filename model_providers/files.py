@@ -53,6 +53,34 @@ def _tensor_names(path: Path) -> set[str]:
         return set(json.loads(f.read(n))) - {"__metadata__"}
 
 
+def tensor_shape(hf_dir: str | Path, name: str) -> list[int] | None:
+    """The shape of tensor `name` in an HF directory's safetensors (read from the headers only), or
+    None when no file holds it. The files must be whole (weights_problems says when they are not)."""
+    hf_dir = Path(hf_dir)
+    index = hf_dir / "model.safetensors.index.json"
+    files = ([hf_dir / json.loads(index.read_text())["weight_map"][name]]
+             if index.is_file() and name in json.loads(index.read_text()).get("weight_map", {})
+             else [] if index.is_file() else [hf_dir / "model.safetensors"])
+    for path in files:
+        if path.is_file():
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                entry = json.loads(f.read(n)).get(name)
+            if entry is not None:
+                return [int(d) for d in entry["shape"]]
+    return None
+
+
+# A Megatron model checkpoint of this project (vapo-convert's hf-to-mcore, a trainer checkpoint's
+# actor/ or critic/) holds this file (its family, whether it is a critic, its dtype) and hf/config.json.
+MEGATRON_META = "vapo.json"
+
+
+def megatron_model_dir(path: str | Path) -> bool:
+    """Whether `path` is such a Megatron model checkpoint (else: an HF directory or neither)."""
+    return (Path(path) / MEGATRON_META).is_file() and (Path(path) / "hf" / "config.json").is_file()
+
+
 def weights_problems(hf_dir: Path) -> list[str]:
     """model.safetensors, or model.safetensors.index.json and every file it lists: present, whole,
     and holding the tensors the index places in them."""
@@ -104,4 +132,5 @@ def model_dir_problems(hf_dir: str | Path, *, weights: bool = True, tokenizer: b
     return out
 
 
-__all__ = ["model_dir_problems", "safetensors_problem", "weights_problems", "json_problems"]
+__all__ = ["MEGATRON_META", "json_problems", "megatron_model_dir", "model_dir_problems", "safetensors_problem",
+           "tensor_shape", "weights_problems"]

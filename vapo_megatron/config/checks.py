@@ -187,6 +187,9 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     require(a.value_clip is None or a.value_clip > 0, f"algo.value_clip={a.value_clip} must be > 0 (or null)")
     require(a.value_pretrain_steps >= 0, f"algo.value_pretrain_steps={a.value_pretrain_steps} must be >= 0")
     require(cfg.critic.updates_per_step >= 1, f"critic.updates_per_step={cfg.critic.updates_per_step} must be >= 1")
+    require(not (cfg.critic.warm_start and cfg.model.critic_hf_path),
+            "critic.warm_start and model.critic_hf_path both say where the critic starts: set one (warm_start: a value "
+            "model with its head; critic_hf_path: a trunk whose head may start fresh)")
     require(a.value_pretrain_ev_threshold is None or a.value_pretrain_ev_threshold <= 1,
             f"algo.value_pretrain_ev_threshold={a.value_pretrain_ev_threshold} must be <= 1 (or null)")
     out += estimator_problems(cfg)

@@ -29,7 +29,7 @@ from vapo_megatron.config.schema import Config
 PROMPT_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
-def _model(key: str, hf_dir: str, out: list[str], *, tokenizer: bool) -> dict | None:
+def _model(key: str, hf_dir: str, out: list[str], *, tokenizer: bool, weights: bool = True) -> dict | None:
     """config.json of an HF model dir when its family is supported, else None; every problem of
     the directory appended (an unsupported architecture, missing or truncated weights, a damaged
     tokenizer or other JSON file are all said, each naming its file)."""
@@ -46,7 +46,65 @@ def _model(key: str, hf_dir: str, out: list[str], *, tokenizer: bool) -> dict | 
     except HFConfigError as e:
         out.append(f"{key}: {e}")
         hf_cfg = None
-    out += [f"{key}: {p}" for p in model_dir_problems(hf_dir, tokenizer=tokenizer)]
+    out += [f"{key}: {p}" for p in model_dir_problems(hf_dir, tokenizer=tokenizer, weights=weights)]
+    return hf_cfg
+
+
+def _critic_warm_start(path: str, actor_cfg: dict | None, out: list[str]) -> dict | None:
+    """critic.warm_start's problems, each one line naming the key; its model's config.json when it
+    is a value model (an HF <Family>ForTokenClassification with its score head, or a Megatron critic
+    checkpoint), else None. The family and vocabulary must be the policy's: the critic reads the
+    policy's token ids, and its trunk's layers are the family's."""
+    import json
+
+    from model_providers import family_for
+    from model_providers.files import MEGATRON_META, megatron_model_dir, tensor_shape
+
+    key, p = "critic.warm_start", Path(path)
+    if not p.exists():
+        out.append(f"{key}={path} does not exist")
+        return None
+    if (p / "checkpoints").is_dir() or (p / "state.json").is_file() or any(p.glob("iter_*")):
+        out.append(f"{key}={path} is a run or one of its checkpoints, not a model: give its critic, e.g. "
+                   f"{key}=RUN_DIR/checkpoints/iter_N/critic")
+        return None
+    if megatron_model_dir(p):
+        try:
+            critic = json.loads((p / MEGATRON_META).read_text())["critic"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            out.append(f"{key}: {p / MEGATRON_META} is unreadable ({type(e).__name__}: {e})")
+            return None
+        if not critic:
+            out.append(f"{key}={path} is a policy checkpoint ({MEGATRON_META}: critic false), not a value model: give "
+                       "a run's critic (RUN_DIR/checkpoints/iter_N/critic) or an HF <Family>ForTokenClassification directory")
+            return None
+        if not (p / "metadata.json").is_file():
+            out.append(f"{key}={path} has no metadata.json: not a whole Megatron dist checkpoint")
+        hf_cfg = _model(key, str(p / "hf"), out, tokenizer=False, weights=False)
+    else:
+        hf_cfg = _model(key, path, out, tokenizer=False)
+        if hf_cfg is None:
+            return None
+        head = family_for(hf_cfg).token_classification_architecture
+        labels = hf_cfg.get("num_labels", len(hf_cfg.get("id2label") or {}) or None)
+        if head not in (hf_cfg.get("architectures") or []) or labels != 1:
+            out.append(f"{key}={path} is not a value model: its config.json has architectures="
+                       f"{hf_cfg.get('architectures')} and num_labels={labels}, a warm start needs {head} with "
+                       "num_labels=1 (vapo-convert mcore-to-hf writes a run's critic so)")
+            return None
+        shape = tensor_shape(path, "score.weight")
+        if shape != [1, hf_cfg["hidden_size"]]:
+            out.append(f"{key}={path} has no value head: score.weight is "
+                       f"{'absent' if shape is None else shape}, a value model has [1, {hf_cfg['hidden_size']}]")
+            return None
+    if hf_cfg is not None and actor_cfg is not None:
+        mine, theirs = family_for(hf_cfg).name, family_for(actor_cfg).name
+        if mine != theirs:
+            out.append(f"{key}={path} is a {mine} model; the policy (model.hf_path) is {theirs}: a warm start takes a "
+                       "value model of the policy's family")
+        elif hf_cfg["vocab_size"] != actor_cfg["vocab_size"]:
+            out.append(f"{key}={path} has vocab_size={hf_cfg['vocab_size']}, the policy {actor_cfg['vocab_size']}: the "
+                       "critic reads the policy's token ids")
     return hf_cfg
 
 
@@ -268,20 +326,23 @@ def startup_problems(cfg: Config, world_size: int) -> list[str]:
     out = config_problems(cfg)
     m = cfg.model
     actor_cfg = _model("model.hf_path", m.hf_path, out, tokenizer=True) if m.hf_path and os.path.exists(m.hf_path) else None
-    critic_cfg = None
+    critic_cfg, critic_key = None, "model.critic_hf_path"
     if m.critic_hf_path and os.path.exists(m.critic_hf_path):
         critic_cfg = _model("model.critic_hf_path", m.critic_hf_path, out, tokenizer=False)
+    if cfg.critic.warm_start:
+        critic_cfg, critic_key = _critic_warm_start(cfg.critic.warm_start, actor_cfg, out), "critic.warm_start"
     p = cfg.parallel
     out += layout_problems(world_size, p.tp, p.pp, p.vpp, model=actor_cfg, ep=p.ep)
     if critic_cfg is not None:
-        critic = layout_problems(world_size, p.tp, p.pp, p.vpp, model=critic_cfg, model_key="model.critic_hf_path", ep=p.ep)
+        critic = layout_problems(world_size, p.tp, p.pp, p.vpp, model=critic_cfg, model_key=critic_key, ep=p.ep)
         out += [msg for msg in critic if msg not in out]  # the world-size ones are said once
-    out += moe_problems(cfg, [("model.hf_path", actor_cfg), ("model.critic_hf_path", critic_cfg)])
+    out += moe_problems(cfg, [("model.hf_path", actor_cfg), (critic_key, critic_cfg)])
     if world_size >= 1 and p.tp >= 1 and p.pp >= 1 and world_size % (p.tp * p.pp) == 0:
         out += batch_problems(cfg, world_size // (p.tp * p.pp))
     if actor_cfg is not None:
         _context("model.hf_path", actor_cfg, cfg, out)
-    if actor_cfg is not None and critic_cfg is not None and critic_cfg["vocab_size"] < actor_cfg["vocab_size"]:
+    if actor_cfg is not None and critic_cfg is not None and critic_key == "model.critic_hf_path" \
+            and critic_cfg["vocab_size"] < actor_cfg["vocab_size"]:
         out.append(f"model.critic_hf_path has vocab_size={critic_cfg['vocab_size']} < vocab_size={actor_cfg['vocab_size']} "
                    "of model.hf_path: the critic reads the policy's token ids")
     _files(cfg, out)

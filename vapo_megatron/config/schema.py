@@ -319,6 +319,13 @@ class CriticConfig:
     # the SAO recipe, arXiv 2607.07508, uses K=2). The actor's update does not depend on it (its
     # advantages come from the values scored before any update). Value pretraining steps keep one.
     updates_per_step: int = 1
+    # A value model to start the critic from, instead of the policy's trunk with a fresh value head:
+    # an HF <Family>ForTokenClassification directory (num_labels=1; its `score` is the value head),
+    # or a Megatron critic checkpoint of this project (a run's checkpoints/iter_N/critic, or
+    # `vapo-convert hf-to-mcore --critic`'s output). Same family and vocabulary as the policy;
+    # checked before any work. Value pretraining is then optional (algo.value_pretrain_steps=0).
+    # "": no warm start. Excludes model.critic_hf_path (a trunk whose head may start fresh).
+    warm_start: str = ""
 
 
 @dataclass(frozen=True)

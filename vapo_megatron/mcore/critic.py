@@ -54,7 +54,7 @@ class Critic:
                  passes: int = 1):
         self.model, self.clip_range, self.settings = model, clip_range, update
         self.passes = passes  # critic.updates_per_step: K passes of the update per RL step
-        self.own_trunk = own_trunk  # model.critic_hf_path: a trunk of its own, kept after the warm start
+        self.own_trunk = own_trunk  # critic_hf_path or critic.warm_start: its own trunk, kept after SFT
 
     def start_from(self, actor: TrainModel) -> None:
         """After the warm start: the critic starts from the policy that RL starts from, with its
@@ -115,7 +115,8 @@ def build_critic(cfg: Config, update: UpdateSettings) -> Critic | NoCritic:
     """Collective. The value model algo.estimator needs (its record, config/estimators.py): a Critic or none."""
     if not estimator_of(cfg).needs_critic:
         return NoCritic()
-    return Critic(build_model(cfg, critic=True), cfg.algo.value_clip, update, own_trunk=bool(cfg.model.critic_hf_path),
+    own_trunk = bool(cfg.model.critic_hf_path or cfg.critic.warm_start)  # not the policy's after SFT
+    return Critic(build_model(cfg, critic=True), cfg.algo.value_clip, update, own_trunk=own_trunk,
                   passes=cfg.critic.updates_per_step)
 
 

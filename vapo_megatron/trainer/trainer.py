@@ -49,6 +49,7 @@ from vapo_megatron.trainer.deadline import Deadline, StepClock
 from vapo_megatron.trainer.metrics import MetricsLogger
 from vapo_megatron.trainer.run_guard import RunDirLock
 from vapo_megatron.trainer.signals import StopSignals, request_requeue, stop_reason
+from vapo_megatron.trainer.warm_start import load_critic_start
 from vapo_megatron.trainer.timing import PhaseTimer
 
 PREEMPTED_EXIT_CODE = 3  # checkpoint written after SIGUSR1/SIGTERM or at the deadline; the launcher may requeue
@@ -102,6 +103,7 @@ class Trainer:
         self.critic = build_critic(cfg, updates)  # an estimator without a critic: NoCritic, no value model at all
         self.estimate = estimator_of(cfg).function()  # step 5, the record's (config/estimators.py)
         self.models = {"actor": self.actor.model, **self.critic.models}  # what is checkpointed and offloaded
+        load_critic_start(cfg, self.models)  # critic.warm_start from a Megatron checkpoint (before a resume)
         # trainer.offload_during_rollout: the state's size is known now (mcore/offload.py).
         self.offloader, self.bandwidth_logged = None, False
         if t.offload_during_rollout:

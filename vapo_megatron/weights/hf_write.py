@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from model_providers.files import MEGATRON_META
 from model_providers.registry import clean
 from vapo_megatron.mcore import parallel
 from vapo_megatron.runtime.atomic import commit_dir, staging_dir, staging_path
@@ -28,7 +29,7 @@ TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
     "added_tokens.json", "chat_template.jinja", "generation_config.json",
 )
-META = "vapo.json"
+META = MEGATRON_META  # model_providers/files.py: what marks a Megatron model checkpoint
 # Largest safetensors shard that mcore-to-hf (and the trainer's HF export) writes; also the bound
 # on the tensors held at once, since a shard is written from memory in one go.
 DEFAULT_SHARD_BYTES = 512 << 20

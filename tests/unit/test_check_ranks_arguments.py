@@ -52,3 +52,12 @@ def test_under_torchrun_only_rank_0_says_it(capsys, monkeypatch):
     rc, lines, out = _main(capsys, monkeypatch, ["--ranks", "--engine-tp", "3"], RANK="2", WORLD_SIZE="4",
                            LOCAL_WORLD_SIZE="4")
     assert (rc, lines, out) == (2, [], "")
+
+
+def test_without_a_gpu_per_rank_it_says_so_in_one_line_and_exits_2(capsys, monkeypatch):
+    """The launch is right but the node has no GPU for each rank: nothing starts (no process group)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same answer on a GPU machine
+    rc, lines, out = _main(capsys, monkeypatch, ["--ranks"], RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    assert (rc, out) == (2, "") and lines == ["vapo-check: --ranks needs a GPU per rank: 2 ranks, 0 CUDA GPU(s) visible"]

@@ -3,9 +3,13 @@
     vapo-check [--model-preset NAME ...] [--offload-preset NAME] [--steps 2]
     vapo-check --cpu          # the same checks on the CPU (gloo), GPU-only parts SKIP
     python -m vapo_megatron.check ...   # the same, where the package is not installed (docs/gpu_node.md)
+    torchrun --nproc-per-node N -m vapo_megatron.check --ranks [--engine-tp K] [--model-preset NAME ...]
+                              # the multi-rank checks: every GPU of the node, one rank each (below)
 
 Exit status: 0 no FAIL; 1 some FAIL; 2 no GPU visible (without --cpu) or bad arguments (each one line
-naming its flag, found before anything is imported or run: --steps below 1, an unknown preset).
+naming its flag, found before anything is imported or run: --steps below 1, an unknown preset, and
+for --ranks: not under torchrun with N >= 2 ranks on one node, --engine-tp not dividing N, flags
+of the other mode).
 Single process (world size 1): the NCCL process group of one GPU still takes CUDA tensors only,
 so every collective of the checks below runs through mcore/parallel.py's device-placing helpers.
 
@@ -44,8 +48,30 @@ Checks (vapo_megatron/nodecheck/; each calls the project's own code; a check is 
                   and moments bitwise equal to a twin that never saved, one step later too
   save_before_update  the distributed optimizer saved before its first step and resumed: its next
                   step equals a fresh optimizer's
-  multi_gpu       always SKIP, naming what no check here runs: SGLang at an engine TP > 1, the colocated
-                  sync through CUDA IPC from every trainer rank, SGLang's routed-experts capture
+  multi_gpu       always SKIP, naming what one process cannot check: SGLang at an engine TP > 1, the
+                  colocated sync through CUDA IPC from every trainer rank, SGLang's routed-experts
+                  capture. With several GPUs visible it gives the --ranks command that checks them;
+                  with one (or --cpu), that they need a node of several GPUs.
+
+Multi-rank checks (`--ranks`, nodecheck/ranks_mode.py and multi_rank.py; not yet run on GPUs: docs/
+what_ran_where.md). One rank per GPU of one node, the actor at trainer TP = N (sequence parallel),
+per `--model-preset` (default the four families' tiny presets, their heads multiplied until N
+divides them, head_dim 128, experts in every layer: ranks_mode.ranks_model; random bf16 weights). The
+colocated SGLang engines start through SGLangEngine.colocated at engine TP `--engine-tp` (default N,
+what the shipped configs' rollout.sglang_tp = parallel.tp means), one per block of K ranks; one weight
+sync (rollout/weight_sync.py in 1 MiB buckets: each rank's bucket a CUDA IPC handle, gathered per
+engine group and opened by the SGLang TP rank on that rank's GPU); each engine samples its share of 8
+prompts (2 answers each, 16 tokens, temperature 1). Every rank makes the same collectives whatever the
+answers; rank 0 prints:
+  sglang_sync:<preset>     every answer token's SGLang log-prob against the trainer's own (step 4's
+                           forward_only), max |difference| <= 0.1 in bf16 (1e-4 in float32)
+  routed_experts:<preset>  MoE presets, engines started with return_routed_experts: SGLang's routes
+                           (one row per prompt and answer token but the last, k distinct experts per
+                           layer) replayed by the trainer (nodecheck/replay.py): moe/routing_mismatch as
+                           the trainer computes it <= 0.25, and the replayed log-probs at least as close
+                           to SGLang's as without replay, within the same tolerance
+On the CPU (SGLang's CPU engine: engine TP 1, no routed-experts capture) the suite runs these
+checks on real engines (tests/distributed/test_sglang_colocated_real.py); routed_experts SKIPs there.
 """
 
 from __future__ import annotations
@@ -75,8 +101,42 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="model_providers.presets names for the model checks (default: one tiny model per family)")
     ap.add_argument("--offload-preset", default=None,
                     help="preset of the offload check (default: small-qwen2 on a GPU, tiny-qwen2 on the CPU)")
-    ap.add_argument("--steps", type=int, default=2, help="VAPO steps in vapo_steps (>= 1)")
-    return ap.parse_args(argv)
+    ap.add_argument("--steps", type=int, default=None, help="VAPO steps in vapo_steps (>= 1; default 2)")
+    ap.add_argument("--ranks", action="store_true",
+                    help="the multi-rank checks, under torchrun --nproc-per-node N (N >= 2, one node): SGLang at "
+                         "engine TP > 1 fed by every trainer rank, SGLang's routed experts against routing replay")
+    ap.add_argument("--engine-tp", type=int, default=None,
+                    help="with --ranks: SGLang's engine TP, dividing N (default N, as rollout.sglang_tp = parallel.tp)")
+    args = ap.parse_args(argv)
+    args.steps_given = args.steps is not None
+    args.steps = 2 if args.steps is None else args.steps
+    return args
+
+
+def ranks_problems(args: argparse.Namespace, env) -> list[str]:
+    """--ranks' own: a torchrun launch of N >= 2 ranks on one node (the ranks are the node's GPUs, the
+    trainer's TP group) and an engine TP dividing N; the single-process mode's flags refused."""
+    if not args.ranks:
+        return [] if args.engine_tp is None else [f"--engine-tp={args.engine_tp} is a flag of the multi-rank checks: "
+                                                  "add --ranks (under torchrun)"]
+    problems = []
+    for flag, given in (("--cpu", args.cpu), ("--steps", args.steps_given), ("--offload-preset", args.offload_preset)):
+        if given:
+            problems.append(f"{flag} is a flag of the single-process checks, not of --ranks"
+                            + (" (SGLang's CPU engine runs TP=1 only; the suite runs --ranks' checks on it)"
+                               if flag == "--cpu" else ""))
+    world, local = env.get("WORLD_SIZE"), env.get("LOCAL_WORLD_SIZE")
+    if world is None or int(world) < 2:
+        problems.append(f"--ranks runs one rank per GPU of the node ({'no launcher' if world is None else 'WORLD_SIZE=' + world}):"
+                        " torchrun --nproc-per-node N -m vapo_megatron.check --ranks, N >= 2")
+        return problems
+    if local is not None and local != world:
+        problems.append(f"--ranks checks one node: WORLD_SIZE={world} over nodes of LOCAL_WORLD_SIZE={local} "
+                        "(torchrun --nnodes 1)")
+    if args.engine_tp is not None and (args.engine_tp < 1 or int(world) % args.engine_tp):
+        problems.append(f"--engine-tp={args.engine_tp} must be >= 1 and divide the {world} ranks (each engine serves "
+                        "a block of the trainer's TP group, as rollout.sglang_tp divides parallel.tp)")
+    return problems
 
 
 def argument_problems(args: argparse.Namespace) -> list[str]:
@@ -95,16 +155,20 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
                 preset(name)
             except ValueError as e:
                 problems.append(f"{flag}: {e}")
-    return problems
+    return problems + ranks_problems(args, os.environ)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     problems = argument_problems(args)
-    for problem in problems:
+    for problem in problems if os.environ.get("RANK", "0") == "0" else ():  # under torchrun: once, not per rank
         print(f"vapo-check: {problem}", file=sys.stderr)
     if problems:
         return 2
+    if args.ranks:
+        from vapo_megatron.nodecheck.ranks_mode import run
+
+        return run(args.model_preset, args.engine_tp)
     if args.cpu:  # before torch looks for GPUs: the CPU path must not use one that is present
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import torch
@@ -172,12 +236,15 @@ def main(argv: list[str] | None = None) -> int:
             if not args.cpu:
                 torch.cuda.empty_cache()
     parallel.destroy()
-    # What no check here runs (issue 63): they need several GPUs and the trainer's own ranks, and have
-    # never run (docs/what_ran_where.md). Said on every node, so its record does not read as complete.
+    # What one process cannot check (issue 63): it needs several GPUs and the trainer's own ranks, which
+    # --ranks runs. Said on every node, so that its record does not read as complete.
     gpus = 0 if args.cpu else torch.cuda.device_count()
-    report("multi_gpu", "SKIP", f"not checked by vapo-check (one process; {gpus} GPU(s) visible): SGLang at an engine "
-           "TP > 1 (the shipped configs' rollout.sglang_tp), the colocated weight sync through CUDA IPC from "
-           "every trainer rank, SGLang's routed-experts capture against routing replay; see docs/gpu_node.md")
+    what = ("SGLang at an engine TP > 1 (the shipped configs' rollout.sglang_tp), the colocated weight sync through "
+            "CUDA IPC from every trainer rank, SGLang's routed-experts capture against routing replay")
+    command = f"torchrun --nproc-per-node {gpus if gpus > 1 else 'N'} -m vapo_megatron.check --ranks"
+    report("multi_gpu", "SKIP", f"not checked in this process ({gpus} GPU(s) visible): {what}; " + (
+        f"check them now: {command}" if gpus > 1 else f"they need a node of 2+ GPUs, where: {command} "
+        "(docs/gpu_node.md)"))
     failed = [n for n, s, _ in results if s == "FAIL"]
     print(f"vapo-check: {len(results) - len(failed)} of {len(results)} without FAIL" + (f"; FAIL: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0

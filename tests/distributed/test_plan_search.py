@@ -270,7 +270,7 @@ def test_candidates_are_every_layout_the_checks_accept():
         searched = {(c.parallel.tp, c.parallel.pp, c.parallel.vpp, c.parallel.ep) for c in candidates(cfg, hf, world=world, a=a)
                     if not layout_problems(world, c.parallel.tp, c.parallel.pp, c.parallel.vpp, model=hf, ep=c.parallel.ep)}
         naive = set()
-        for tp in range(1, node + 1):
+        for tp in (t for t in range(1, node + 1) if node % t == 0):  # a TP group inside one node
             for pp in range(1, world + 1):
                 if world % (tp * pp):
                     continue

@@ -16,6 +16,11 @@ so each rank owns one engine, started once for every check and every layout:
     max_new_tokens bounds the answer; a stop token ends it and is kept;
   - partial rollout: a response continued in rounds (extend) is the greedy response, with the
     log-probs of the new tokens only;
+  - vapo-check --ranks' checks (nodecheck/multi_rank.py check_on_engine) on these engines: its own
+    actor at trainer TP=2 with sequence parallelism, one sync, every engine's answers gathered on both
+    ranks, sglang_sync PASS and routed_experts SKIP (SGLang's CPU engine captures no routes), alike
+    on both ranks; then the engines synced with one wrong shard (rank 1's part of the output layer)
+    and sglang_sync is FAIL;
   - the same engines then colocated with the trainer at PP=2 (each stage's engine gets the other
     stage's layers) and at EP=2 (each EP rank's engine gets the other rank's experts): two syncs
     each, log-probs equal. SGLangEngine.colocated builds each layout's engine groups as for a
@@ -144,6 +149,24 @@ def _colocated_again(hf_dir: Path, running, layout: dict) -> list:
     return out
 
 
+def _node_check(hf_dir: Path, engine) -> dict:
+    """vapo-check --ranks' checks on the running engines, then the engines given a wrong weight: its lines."""
+    from vapo_megatron.mcore import parallel
+    from vapo_megatron.nodecheck import multi_rank
+
+    lines = multi_rank.check_on_engine(hf_dir, engine, name="moe", dtype=torch.float32)
+    chunks, hf_cfg = multi_rank.build_actor(hf_dir, torch.float32)
+    (output,) = [p for n, p in chunks[0].named_parameters() if n == "output_layer.weight"]
+    plant = torch.randn(output.shape, generator=torch.Generator().manual_seed(1)) * (parallel.tp_rank() == 1)
+    with torch.no_grad():
+        output.add_(plant)
+        multi_rank.sync(chunks, hf_cfg, engine, version=9)  # the engines get rank 1's shard wrong
+        output.sub_(plant)
+    wrong = multi_rank.compare_logprobs(chunks, hf_cfg, multi_rank.sample(engine, hf_cfg, routes=False), name="moe",
+                                        dtype=torch.float32)
+    return {"lines": lines, "wrong": wrong}
+
+
 def _run(hf_dir: Path):
     from tests.helpers.sglang_world import enter_sglang_world
 
@@ -209,6 +232,7 @@ def _run(hf_dir: Path):
     res["rounds"] = everyone(rounds)
     res["greedy"] = greedy
     res["order"] = everyone(mine)
+    res["node_check"] = _node_check(hf_dir, engine)  # it syncs other weights: after every check of the test's own
     res["layouts"] = {name: _colocated_again(hf_dir, engine.engine, layout) for name, layout in LAYOUTS.items()}
     engine.shutdown()  # a forked rank runs no atexit handler: the Engine's own would never run
     return res
@@ -233,6 +257,11 @@ def test_colocated_real_engines_sync_sample_and_continue(tmp_path):
     assert run["stop"] == [(g[:g.index(g[2]) + 1], "stop") for g in want]
     assert run["grown"] == want
     assert all(n_lp == len(t) == 2 for r in run["rounds"] for t, n_lp in r)
+    for rank in (run, last):  # vapo-check --ranks' verdicts, alike on both ranks
+        lines, wrong = rank["node_check"]["lines"], rank["node_check"]["wrong"]
+        assert [(n, s) for n, s, _ in lines] == [("sglang_sync:moe", "PASS"), ("routed_experts:moe", "SKIP")], lines
+        assert "2 SGLang engine(s) at TP=1" in lines[0][2] and "registers pinned host memory" in lines[1][2], lines
+        assert wrong[1] == "FAIL" and "max |engine - trainer log-prob|" in wrong[2], wrong
     for name in LAYOUTS:  # rank 1 is a last stage at PP=2 and at EP=2
         assert len(last["layouts"][name]) == 2, name
         for engine, trainer in last["layouts"][name]:

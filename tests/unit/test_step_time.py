@@ -25,7 +25,7 @@ import pytest
 from model_providers.presets import preset
 from vapo_megatron.config import parse_config
 from vapo_megatron.sizing.flops import Shapes, forward_flops_per_token, shapes_from_hf
-from vapo_megatron.sizing.hardware import GPUS, gpu_from_device_name
+from vapo_megatron.sizing.hardware import GPUS, gpu_from_device_name, link_bytes_s, on_nvlink
 from vapo_megatron.sizing.step_config import (option_problems, predicted_step_and_save, setup_from_config,
                                               without_critic_delta)
 from vapo_megatron.sizing.step_time import decode_step_s, estimate, partial_rollout, rollout
@@ -251,6 +251,20 @@ def test_device_names_map_to_their_rates():
     assert gpu_from_device_name("NVIDIA B200") is GPUS["b200"]
     assert gpu_from_device_name("NVIDIA GB200") is GPUS["gb200"]
     assert gpu_from_device_name("NVIDIA L40S") is None
+
+
+def test_a_group_is_on_nvlink_only_when_no_node_boundary_falls_inside_it():
+    """A group of `span` consecutive ranks starts at a multiple of span: with 7 GPUs per node, TP=2's
+    group of ranks 6 and 7 spans two nodes (span <= node was taken as enough), while TP=7 and TP=1 fit."""
+    h100, gb200 = GPUS["h100"], GPUS["gb200"]
+    assert not on_nvlink(h100, 2, 7, 56) and not on_nvlink(h100, 4, 7, 56)
+    assert on_nvlink(h100, 7, 7, 56) and on_nvlink(h100, 1, 7, 56)
+    assert on_nvlink(h100, 8, 8, 64) and on_nvlink(h100, 4, 8, 64) and not on_nvlink(h100, 16, 8, 64)
+    assert not on_nvlink(h100, 6, 8, 48)  # ranks 6..11 cross the first node's end
+    assert on_nvlink(h100, 3, 6, 6)  # one node of 6: every group inside it
+    # GB200 NVL72: the domain is the rack of 72, whatever the GPUs per node.
+    assert on_nvlink(gb200, 8, 4, 144) and not on_nvlink(gb200, 16, 4, 144) and on_nvlink(gb200, 16, 4, 16)
+    assert link_bytes_s(h100, 2, 7, 56) == link_bytes_s(h100, 16, 8, 64) < link_bytes_s(h100, 7, 7, 56)
 
 
 def test_vapo_plan_counts_the_evaluations_the_trainer_runs():

@@ -8,4 +8,7 @@
     offload.py     offload, offload_memory
     checkpoint.py  adam_resume, save_before_update (also run by the suite on the CPU)
     steps.py       vapo_steps, phase_memory, plan_memory
+    ranks_mode.py  vapo-check --ranks (under torchrun, one rank per GPU): each preset's model, its engines
+    multi_rank.py  --ranks' checks on running SGLang engines: sglang_sync, routed_experts (also run by
+                   tests/distributed/test_sglang_colocated_real.py on SGLang's CPU engines)
 """

@@ -1,6 +1,7 @@
 """vapo-check's routing_replay check (MoE presets): the embedded engine on the device, synced from
 the actor, samples with its routes; step 4's forward (mcore/update.py forward_only) with and without
-routing replay (mcore/routing_replay.py) against the engine's log-probs. On a GPU it also counts the
+routing replay (mcore/routing_replay.py) against the engine's log-probs (replayed_errors, which
+vapo-check --ranks' routed_experts check runs on SGLang's routes). On a GPU it also counts the
 synchronizing CUDA calls of each forward (torch.cuda.set_sync_debug_mode): replay adds none, its
 routes reaching the GPU in one non-blocking copy (issue 55 item 3). Run through vapo_megatron/check.py."""
 
@@ -21,9 +22,6 @@ def check_routing_replay(env: Env) -> None:
 
     import model_providers
     from vapo_megatron.data.batch import RolloutBatch, pack_sequences, pad_ragged, to_sequence
-    from vapo_megatron.mcore.actor import logprob_outputs
-    from vapo_megatron.mcore.routing_replay import RouteReplay, mismatch_share
-    from vapo_megatron.mcore.update import forward_only
     from vapo_megatron.rollout.base import SamplingParams
     from vapo_megatron.rollout.embedded import EmbeddedEngine
     from vapo_megatron.data.routes import pack_routes
@@ -45,26 +43,40 @@ def check_routing_replay(env: Env) -> None:
                          routes=pack_routes([o.routes for o in outs], tokens.shape[1], outs[0].routes.shape[2]))
     engine_logp = to_sequence(pad_ragged([o.logprobs for o in outs]), pl, rl, tokens.shape[1])
     del engine
-    replay = RouteReplay(env.actor, hf_cfg)
-    model = SimpleNamespace(chunks=env.actor, replay=replay)
-    fn = partial(logprob_outputs, temperature=1.0, vocab_size=hf_cfg["vocab_size"], chunk_tokens=1024)
-    got, syncs = {}, {}
-    for on in (True, False):
-        replay.enabled = on
-        replay.count()
-        with synchronizing_calls(env.device) as calls:
-            out = forward_only(model, batch, fn, ("logp",), 10**6)
-        syncs[on] = len(calls)
-        got[on] = (((out["logp"] - engine_logp).abs() * batch.mask).max().item(), mismatch_share(out["routing_mismatch"], batch))
-    (with_replay, mismatch), (without, _) = got[True], got[False]
+    got = replayed_errors(env.actor, hf_cfg, batch, engine_logp)
+    (with_replay, mismatch, with_syncs), (without, _, without_syncs) = got[True], got[False]
     atol = 1e-4 if env.dtype == torch.float32 else 5e-2  # model_logits' tolerance: bf16 kernels differ by ~1e-2
-    ok = with_replay <= without + 1e-6 and with_replay < 10 * atol and syncs[True] <= syncs[False]
-    counted = (f"; synchronizing CUDA calls in the forward: {syncs[True]} with replay, {syncs[False]} without"
+    ok = with_replay <= without + 1e-6 and with_replay < 10 * atol and with_syncs <= without_syncs
+    counted = (f"; synchronizing CUDA calls in the forward: {with_syncs} with replay, {without_syncs} without"
                if env.device.type == "cuda" else "")
     report(name, "PASS" if ok else "FAIL",
            f"embedded engine {str(env.dtype).removeprefix('torch.')} on {env.device.type}, {int(batch.mask.sum())} "
            f"response tokens: moe/routing_mismatch {mismatch:.3f}; max |engine - trainer log-prob| with replay "
            f"{with_replay:.3g}, without {without:.3g}{counted}")
+
+
+def replayed_errors(chunks: list, hf_cfg: dict, batch, engine_logp: torch.Tensor) -> dict[bool, tuple[float, float, int]]:
+    """Collective over the model-parallel group. Step 4's forward (mcore/update.py forward_only) of `batch`
+    with routing replay of batch.routes (True) and without (False): {on: (max |engine_logp - trainer
+    log-prob| over the response tokens, moe/routing_mismatch as the trainer computes it, the forward's
+    synchronizing CUDA calls)}. Also vapo-check --ranks' routed_experts check (multi_rank.py)."""
+    from vapo_megatron.mcore import parallel
+    from vapo_megatron.mcore.actor import logprob_outputs
+    from vapo_megatron.mcore.routing_replay import RouteReplay, mismatch_share
+    from vapo_megatron.mcore.update import forward_only
+
+    replay = RouteReplay(chunks, hf_cfg)
+    model = SimpleNamespace(chunks=chunks, replay=replay)
+    fn = partial(logprob_outputs, temperature=1.0, vocab_size=hf_cfg["vocab_size"], chunk_tokens=1024)
+    got = {}
+    for on in (True, False):
+        replay.enabled = on
+        replay.count()
+        with synchronizing_calls(parallel.device()) as calls:
+            out = forward_only(model, batch, fn, ("logp",), 10**6)
+        got[on] = (((out["logp"] - engine_logp).abs() * batch.mask).max().item(),
+                   mismatch_share(out["routing_mismatch"], batch), len(calls))
+    return got
 
 
 @contextlib.contextmanager
@@ -86,4 +98,4 @@ def synchronizing_calls(device: torch.device):
     calls.extend(w for w in caught if "synchronizing" in str(w.message))
 
 
-__all__ = ["check_routing_replay"]
+__all__ = ["check_routing_replay", "replayed_errors", "synchronizing_calls"]

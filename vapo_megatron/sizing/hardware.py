@@ -58,15 +58,22 @@ LINK_EFFICIENCY = 0.8
 # ---- links --------------------------------------------------------------------------------------------
 
 
-def on_nvlink(gpu: GPU, span: int, gpus_per_node: int) -> bool:
-    """Whether a group of ranks `span` consecutive global ranks wide (megatron's order: TP fastest,
-    then DP, then PP) stays within one NVLink domain."""
-    return span <= (gpu.nvlink_domain or gpus_per_node)
+def on_nvlink(gpu: GPU, span: int, gpus_per_node: int, world: int) -> bool:
+    """Whether every group of ranks `span` consecutive global ranks wide (megatron's order: TP
+    fastest, then DP, then PP), of `world` ranks, stays within one NVLink domain.
+
+    The groups are the blocks [k * span, (k + 1) * span) and a domain holds D consecutive ranks (D:
+    the GPU's NVLink domain, else the node). A block fits one domain only when no domain boundary
+    falls inside it: span <= D is not enough, because with D not a multiple of span some block
+    straddles two domains once there are ranks past the first (7 GPUs per node: the TP=2 group of
+    ranks 6 and 7 spans two nodes). So: span divides D, or all `world` ranks sit in one domain."""
+    domain = gpu.nvlink_domain or gpus_per_node
+    return span <= domain and (domain % span == 0 or world <= domain)
 
 
-def link_bytes_s(gpu: GPU, span: int, gpus_per_node: int) -> float:
+def link_bytes_s(gpu: GPU, span: int, gpus_per_node: int, world: int) -> float:
     """What a collective over such a group achieves per GPU: NVLink inside the domain, else the network."""
-    rate = gpu.nvlink_bytes_s if on_nvlink(gpu, span, gpus_per_node) else gpu.network_bytes_s
+    rate = gpu.nvlink_bytes_s if on_nvlink(gpu, span, gpus_per_node, world) else gpu.network_bytes_s
     return rate * LINK_EFFICIENCY
 
 

@@ -93,7 +93,7 @@ def candidates(cfg: Config, actor_hf: dict, *, world: int, a: Assumptions) -> li
     sequence = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
     micro = sorted({cfg.trainer.micro_batch_tokens, sequence})
     out = []
-    for tp in (t for t in _divisors(world) if on_nvlink(a.gpu, t, a.gpus_per_node)):
+    for tp in (t for t in _divisors(world) if on_nvlink(a.gpu, t, a.gpus_per_node, world)):
         for pp in _divisors(world // tp):
             dp = world // (tp * pp)
             vpps = [None] + ([v for v in _divisors(layers // pp) if v >= 2] if pp >= 2 and layers % pp == 0 else [])

@@ -277,7 +277,7 @@ def gradient_sync_s(gpu: GPU, s: Shapes, *, setup: Setup, critic: bool) -> float
     experts = s.expert_params()
     per_gpu = (s.params(critic=critic) - experts + experts / setup.ep) / (setup.tp * setup.pp)
     moved = (4 + 2 if setup.distributed_optimizer else 2 * 4) * per_gpu * (setup.dp - 1) / setup.dp
-    return moved / link_bytes_s(gpu, setup.tp * setup.dp, setup.gpus_per_node)
+    return moved / link_bytes_s(gpu, setup.tp * setup.dp, setup.gpus_per_node, setup.world)
 
 
 def update_s(gpu: GPU, s: Shapes, *, setup: Setup, critic: bool) -> tuple[float, str]:
@@ -319,12 +319,12 @@ def sync_s(gpu: GPU, setup: Setup) -> tuple[float, str]:
     the per-tensor, per-bucket and per-sync costs."""
     s = setup.actor
     model = 2 * s.params()
-    gather = model * (setup.tp - 1) / setup.tp / link_bytes_s(gpu, setup.tp, setup.gpus_per_node)
+    gather = model * (setup.tp - 1) / setup.tp / link_bytes_s(gpu, setup.tp, setup.gpus_per_node, setup.world)
     pp_span = setup.tp * setup.dp * setup.pp
-    broadcast = model / link_bytes_s(gpu, pp_span, setup.gpus_per_node) if setup.pp > 1 else 0.0
+    broadcast = model / link_bytes_s(gpu, pp_span, setup.gpus_per_node, setup.world) if setup.pp > 1 else 0.0
     buckets = math.ceil(model / setup.bucket_bytes)
     fixed = s.hf_tensors() * SYNC_PER_TENSOR_S + buckets * SYNC_PER_BUCKET_S + SYNC_FIXED_S
-    where = "NVLink" if on_nvlink(gpu, pp_span, setup.gpus_per_node) else "the network"
+    where = "NVLink" if on_nvlink(gpu, pp_span, setup.gpus_per_node, setup.world) else "the network"
     how = (f"{model / 1e9:,.1f} GB of bf16 weights: TP gather {gather:.1f} s"
            + (f", PP broadcast over {where} {broadcast:.1f} s" if setup.pp > 1 else "")
            + f", {s.hf_tensors():,} tensors / {buckets} buckets {fixed:.1f} s")

@@ -71,7 +71,7 @@ answers; rank 0 prints:
                            the trainer computes it <= 0.25, and the replayed log-probs at least as close
                            to SGLang's as without replay, within the same tolerance
 On the CPU (SGLang's CPU engine: engine TP 1, no routed-experts capture) the suite runs these
-checks on real engines (tests/distributed/test_sglang_colocated_real.py); routed_experts SKIPs there.
+checks on real engines (docs/what_ran_where.md); routed_experts SKIPs there.
 """
 
 from __future__ import annotations

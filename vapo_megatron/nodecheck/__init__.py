@@ -10,5 +10,5 @@
     steps.py       vapo_steps, phase_memory, plan_memory
     ranks_mode.py  vapo-check --ranks (under torchrun, one rank per GPU): each preset's model, its engines
     multi_rank.py  --ranks' checks on running SGLang engines: sglang_sync, routed_experts (also run by
-                   tests/distributed/test_sglang_colocated_real.py on SGLang's CPU engines)
+                   the suite on SGLang's CPU engines)
 """

@@ -3,8 +3,8 @@ on the node's GPUs; vapo_megatron/check.py's docstring says what each proves).
 
     check_on_engine(hf_dir, engine, name=..., dtype=...)   the whole check of one model: build, sync, sample, compare
 
-Its steps, each a function of its own (tests/distributed/test_sglang_colocated_real.py runs
-check_on_engine on SGLang's CPU engines, then the steps with a wrong weight planted between them):
+Its steps, each a function of its own (the suite runs check_on_engine on SGLang's CPU
+engines, then the steps with a wrong weight planted between them):
     build_actor(hf_dir, dtype)                  the actor at the world's TP (sequence parallel at TP > 1)
     sync(chunks, hf_cfg, engine)                one weight sync (rollout/weight_sync.py stream_weights)
     sample(engine, hf_cfg, routes=...)          every engine's answers, on every rank (Sampled)
@@ -38,8 +38,7 @@ MISMATCH_TOL = 0.25
 PROMPT_LENS = (5, 9, 12, 16, 7, 11, 3, 14)  # 8 prompts, shared out over the engines
 SAMPLES, NEW_TOKENS = 2, 16
 NO_CAPTURE_ON_CPU = ("SGLang's CPU engine cannot capture routes (enable_return_routed_experts registers pinned host "
-                     "memory through CUDA at start-up); the comparison's logic runs on hand-built routes in "
-                     "tests/unit/test_multi_rank_check.py")
+                     "memory through CUDA at start-up); the suite runs the comparison's logic on hand-built routes")
 
 
 @dataclass(frozen=True)

@@ -213,8 +213,8 @@ class Trainer:
         return 0
 
     def train_step(self) -> None:
-        algo, timed = self.cfg.algo, self.timer
-        pretraining = self.state.iteration < algo.value_pretrain_steps and not self.state.pretrain_finished
+        timed = self.timer
+        pretraining = self.state.iteration < self.cfg.algo.value_pretrain_steps and not self.state.pretrain_finished
         t0 = time.perf_counter()
         with self._offloaded(timed=True):  # trainer.offload_during_rollout: state on the host until scoring
             with timed("rollout"):
@@ -226,33 +226,45 @@ class Trainer:
         with timed("score"):
             batch.old_logp, entropy, replay_logs = self.actor.log_probs(batch)               # 4
             batch.values = self.critic.values(batch)
-        off_logs: dict[str, float] = {}
-        if "token_versions" in batch.extras:  # partial rollout: decoupled PPO's weights (algorithms/off_policy.py)
-            p = self.cfg.rollout.partial
-            batch.extras["is_weights"], off_logs = step_stats.off_policy_weights(
-                batch, version=self.state.policy_version, cap=p.is_cap, max_staleness=p.max_staleness,
-                reduce=dp_stats.dp_sum, reduce_max=dp_stats.dp_max)
-        batch.advantages, batch.returns, estimator_logs = self.estimate(batch, algo, value_pretrain=pretraining,  # 5
-                                                                             dp_sum=dp_stats.dp_sum)
-        if algo.whiten_advantages:
-            batch.advantages = step_stats.whiten_advantages(batch.advantages, batch.mask, reduce=dp_stats.dp_sum)
+        off_logs, estimator_logs = self._advantages(batch, value_pretrain=pretraining)      # 5
         fit_logs = self.critic.fit(batch)  # critic/explained_variance of the old values (none without a critic)
         with timed("critic_update"):
             critic_logs = self.critic.update(batch, value_pretrain=pretraining)              # 6
         actor_logs: dict[str, float] = {}
-        if not pretraining:
+        if pretraining:
+            self._count_value_pretraining(fit_logs)
+        else:
             with timed("actor_update"):
                 actor_logs = self.actor.update(batch)                                        # 7
-        else:
-            self.state.pretrain_steps_done += 1
-            threshold = algo.value_pretrain_ev_threshold
-            if threshold is not None and fit_logs["critic/explained_variance"] >= threshold:
-                self.state.pretrain_finished = True
         with timed("sync"):  # also while value pretraining (actor unchanged): the engine released its weights
             self.generator.sync_weights(self.actor.model, version=self.state.iteration + 1)   # 8
         self._log_step("value_pretrain" if pretraining else "vapo", batch, entropy, sampling_logs, reward_logs,
                        replay_logs, off_logs, estimator_logs, fit_logs, critic_logs, actor_logs,
                        seconds=time.perf_counter() - t0)
+
+    def _advantages(self, batch, *, value_pretrain: bool) -> tuple[dict[str, float], dict[str, float]]:
+        """Step 5 on `batch`, in place: partial rollout's off-policy weights (decoupled PPO), the
+        estimator's advantages and returns, and whitening if asked; (off-policy logs, estimator logs).
+        Every global figure is exact over DP through the reductions handed in (algorithms/step_stats.py)."""
+        algo, off_logs = self.cfg.algo, {}
+        if "token_versions" in batch.extras:  # carried-over tokens (rollout.partial)
+            p = self.cfg.rollout.partial
+            batch.extras["is_weights"], off_logs = step_stats.off_policy_weights(
+                batch, version=self.state.policy_version, cap=p.is_cap, max_staleness=p.max_staleness,
+                reduce=dp_stats.dp_sum, reduce_max=dp_stats.dp_max)
+        batch.advantages, batch.returns, estimator_logs = self.estimate(batch, algo, value_pretrain=value_pretrain,
+                                                                        dp_sum=dp_stats.dp_sum)
+        if algo.whiten_advantages:
+            batch.advantages = step_stats.whiten_advantages(batch.advantages, batch.mask, reduce=dp_stats.dp_sum)
+        return off_logs, estimator_logs
+
+    def _count_value_pretraining(self, fit_logs: dict[str, float]) -> None:
+        """A value-pretraining step done; it ends early once the old values explain enough of the
+        returns (algo.value_pretrain_ev_threshold)."""
+        self.state.pretrain_steps_done += 1
+        threshold = self.cfg.algo.value_pretrain_ev_threshold
+        if threshold is not None and fit_logs["critic/explained_variance"] >= threshold:
+            self.state.pretrain_finished = True
 
     def _log_step(self, phase: str, batch, entropy, *parts: dict, seconds: float) -> None:
         cfg = self.cfg

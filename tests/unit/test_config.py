@@ -255,3 +255,24 @@ def test_the_demo_data_hint_is_only_for_that_directorys_files(tmp_path, monkeypa
 
     problems = config_problems(parse_config(DEMO, ["trainer.run_dir=run", "data.eval_files=[/elsewhere/eval.jsonl]"])[0])
     assert problems == ["data.eval_files: /elsewhere/eval.jsonl does not exist"], problems
+
+
+def test_a_moved_key_is_refused_naming_its_new_place_but_read_from_a_runs_own_record(tmp_path):
+    """A user's file or override with a key that moved (load.MOVED_KEYS) is refused, one line naming
+    where and the new key; the run directory's record written before the move reads in the new form."""
+    from vapo_megatron.config import resume
+    from vapo_megatron.config.load import parse_recorded
+
+    path = _write(tmp_path, "trainer:\n  eval_every: 7\n")
+    cfg, problems = parse_config(path, ["data.eval_max_prompts=3"])
+    assert problems == [f"{path}: trainer.eval_every was moved to eval.every",
+                        "command-line override 'data.eval_max_prompts=3': data.eval_max_prompts was moved to eval.max_prompts"]
+    assert cfg.eval.every == 10 and cfg.eval.max_prompts == 512  # nothing read from an old key
+    run_dir = tmp_path / "run"
+    new = parse_config(DEMO, [f"trainer.run_dir={run_dir}", "eval.every=7"])[0]
+    saved = resume.save(new)
+    saved.write_text(saved.read_text().replace("eval:\n  every: 7\n", "eval:\n").replace("trainer:\n", "trainer:\n  eval_every: 7\n"))
+    assert "eval_every: 7" in saved.read_text()
+    assert parse_recorded(str(saved)) == (new, [])
+    (run_dir / "checkpoints" / "iter_0000001").mkdir(parents=True)
+    resume.check_resume(new, announce=False)  # the same run

@@ -22,7 +22,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from vapo_megatron.config.schema import Config, ConfigError, problems_error
 
-MOVED_KEYS = {"trainer.eval_every": "eval.every", "data.eval_max_prompts": "eval.max_prompts"}
+# Keys that moved, old -> new: in a user's file or override one is refused, in one line naming its
+# new key (parse_config); in a run's own record (run_dir/config.yaml, written before the move) its
+# value is read under the new key (parse_recorded), so the run still resumes. Same meaning, new place.
+MOVED_KEYS = {
+    "trainer.eval_every": "eval.every", "data.eval_max_prompts": "eval.max_prompts",
+}
 
 
 def _from_dict(cls, data: dict, path: str, errors: list[str], base=None):
@@ -37,10 +42,7 @@ def _from_dict(cls, data: dict, path: str, errors: list[str], base=None):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     where = f"{path}." if path else ""
     for name in sorted(set(data) - set(fields)):
-        if f"{where}{name}" in MOVED_KEYS:
-            errors.append(f"config key {where}{name} is now {MOVED_KEYS[f'{where}{name}']}")
-        else:
-            errors.append(f"unknown config key {where}{name} (allowed: {', '.join(sorted(fields))})")
+        errors.append(f"unknown config key {where}{name} (allowed: {', '.join(sorted(fields))})")
     kwargs = {}
     hints = {f.name: f.type for f in dataclasses.fields(cls)}
     for name, value in data.items():
@@ -128,14 +130,74 @@ def _dotlist(overrides: list[str], problems: list[str]) -> list[str]:
     return good
 
 
+def _pop(tree: dict, key: str) -> tuple[bool, object]:
+    """(found, value) of dotted `key` in nested dicts, removed from them when found."""
+    *parents, leaf = key.split(".")
+    for part in parents:
+        tree = tree.get(part)
+        if not isinstance(tree, dict):
+            return False, None
+    return (True, tree.pop(leaf)) if leaf in tree else (False, None)
+
+
+def _moved_in_file(data: dict, path: str, problems: list[str]) -> None:
+    """Each moved key the file sets: one problem naming the file and the new key (dropped from `data`)."""
+    for old, new in MOVED_KEYS.items():
+        if _pop(data, old)[0]:
+            problems.append(f"{path}: {old} was moved to {new}")
+
+
+def _moved_override(item: str, problems: list[str]) -> bool:
+    """True (and one problem naming the new key) when override `item` sets a moved key."""
+    key = item.partition("=")[0].strip()
+    if key in MOVED_KEYS:
+        problems.append(f"command-line override {item!r}: {key} was moved to {MOVED_KEYS[key]}")
+    return key in MOVED_KEYS
+
+
+def translate_record(data: dict) -> dict:
+    """A run's own record written before keys moved (MOVED_KEYS), in the new form: each moved key's
+    value under its new key (where the record does not set that already). Only for what the run
+    itself wrote (parse_recorded): a user's file or override with an old key is refused."""
+    for old, new in MOVED_KEYS.items():
+        found, value = _pop(data, old)
+        if not found:
+            continue
+        *parents, leaf = new.split(".")
+        node = data
+        for part in parents:
+            if node.get(part) is None:  # absent, or an empty section (YAML reads it as null)
+                node[part] = {}
+            node = node[part]
+            if not isinstance(node, dict):  # not a section: the parser says so
+                break
+        else:
+            node.setdefault(leaf, value)
+    return data
+
+
+def parse_recorded(path: str) -> tuple[Config, list[str]]:
+    """(config, problems) of a run's recorded configuration (run_dir/config.yaml), written by any
+    version of the trainer: parse_config of the record in the new form (translate_record)."""
+    problems: list[str] = []
+    return _build(translate_record(_read_yaml(path)), [], problems, None), problems
+
+
 def parse_config(path: str | None, overrides: list[str] = (), *,
                  fallbacks: dict[str, str] | None = None) -> tuple[Config, list[str]]:
     """(config, problems): the YAML file with the `a.b.c=value` overrides applied (values typed as
     YAML), as the frozen schema. `fallbacks` maps dotted keys to a launcher's values that apply
     only where neither the file nor an override sets the key (the Slurm job's run dir: the user's
-    choice wins). Fields with a problem keep their defaults."""
+    choice wins). Fields with a problem keep their defaults; a moved key (MOVED_KEYS) is refused."""
     problems: list[str] = []
     data = _read_yaml(path) if path is not None else {}
+    _moved_in_file(data, path, problems)
+    overrides = [item for item in overrides if not _moved_override(item, problems)]
+    return _build(data, overrides, problems, fallbacks), problems
+
+
+def _build(data: dict, overrides: list[str], problems: list[str], fallbacks: dict[str, str] | None) -> Config:
+    """The schema from the file's tree and the overrides; their problems appended to `problems`."""
     merged = OmegaConf.create(data)
     for item in _dotlist(list(overrides), problems):
         try:
@@ -145,8 +207,7 @@ def parse_config(path: str | None, overrides: list[str] = (), *,
     for key, value in (fallbacks or {}).items():
         if OmegaConf.select(merged, key) is None:
             OmegaConf.update(merged, key, value)
-    cfg = _from_dict(Config, OmegaConf.to_container(merged, resolve=True), "", problems)
-    return cfg, problems
+    return _from_dict(Config, OmegaConf.to_container(merged, resolve=True), "", problems)
 
 
 def load_config(path: str | None, overrides: list[str] = (), *, check_paths: bool = True,

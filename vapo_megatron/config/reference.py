@@ -6,7 +6,8 @@ so a key added to the schema without regenerating is caught.
     python -m vapo_megatron.config.reference            # rewrite docs/config.md
     python -m vapo_megatron.config.reference --check    # exit 1 when docs/config.md is stale
 
-Pure Python (the schema's source is read with ast and tokenize, nothing is imported but it).
+Pure Python (the schema's source is read with ast and tokenize; nothing is imported but it and
+load.py's table of moved keys).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import tokenize
 from pathlib import Path
 
 from vapo_megatron.config import schema
+from vapo_megatron.config.load import MOVED_KEYS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 HEADER = """# Configuration reference
@@ -102,6 +104,10 @@ def render() -> str:
                 continue
             parts.append(f"| `{name}.{f.name}` | {_cell(_type(str(f.type)))} | {_cell(_default(defaults[f.name]))} "
                          f"| {_cell(notes.get(f.name, ''))} |\n")
+    parts.append("\n## Moved keys\n\nA file or override that sets an old key is refused, in one line naming the new "
+                 "one; a run directory's config.yaml written before a move is read in the new form, so the run "
+                 "resumes (vapo_megatron/config/load.py MOVED_KEYS).\n\n| old key | new key |\n|---|---|\n")
+    parts += [f"| `{old}` | `{new}` |\n" for old, new in MOVED_KEYS.items()]
     return "".join(parts)
 
 

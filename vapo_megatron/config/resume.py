@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from vapo_megatron.config.load import flatten, parse_config, run_record, to_dict
+from vapo_megatron.config.load import flatten, parse_recorded, run_record, to_dict
 from vapo_megatron.config.schema import Config, ConfigError, problems_error
 from vapo_megatron.runtime.atomic import write_atomic
 
@@ -112,8 +112,9 @@ def check_resume(cfg: Config, *, announce: bool) -> None:
     path = run_dir / CONFIG_FILE
     if not path.is_file() or not _has_checkpoint(run_dir):
         return
-    # Missing keys take their defaults: a key added since the run started is not a change.
-    saved, problems = parse_config(str(path))
+    # Missing keys take their defaults: a key added since the run started is not a change; a key
+    # moved since (load.MOVED_KEYS) is read under its new name.
+    saved, problems = parse_recorded(str(path))
     if problems:
         raise ConfigError(f"{path}: the saved configuration of the run cannot be read ({problems_error(problems)}); "
                           "move it away to resume without the check")

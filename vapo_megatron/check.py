@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     # What one process cannot check (issue 63): it needs several GPUs and the trainer's own ranks, which
     # --ranks runs. Said on every node, so that its record does not read as complete.
     gpus = 0 if args.cpu else torch.cuda.device_count()
-    what = ("SGLang at an engine TP > 1 (the shipped configs' rollout.sglang_tp), the colocated weight sync through "
+    what = ("SGLang at an engine TP > 1 (the shipped configs' rollout.sglang.tp), the colocated weight sync through "
             "CUDA IPC from every trainer rank, SGLang's routed-experts capture against routing replay")
     command = f"torchrun --nproc-per-node {gpus if gpus > 1 else 'N'} -m vapo_megatron.check --ranks"
     report("multi_gpu", "SKIP", f"not checked in this process ({gpus} GPU(s) visible): {what}; " + (

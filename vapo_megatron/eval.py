@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from vapo_megatron.config.engines import ENGINES
 from vapo_megatron.evaluation.offline import EvalInputError, resolve_model
 
 
@@ -41,7 +42,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-chat-template", action="store_true", help="feed prompts as plain text")
     p.add_argument("--max-prompt-tokens", type=int, default=2048, help="longer prompts are skipped (counted)")
     p.add_argument("--max-prompts", type=int, default=None, help="evaluate only the first N prompts")
-    p.add_argument("--engine", choices=("embedded", "sglang"), default="embedded", help="embedded (CPU/one GPU) or colocated SGLang")
+    # The engines of this command's own processes (config/engines.py; a server engine is the trainer's).
+    engines = [name for name, e in ENGINES.items() if not e.remote]
+    p.add_argument("--engine", choices=engines, default="embedded", help="embedded (CPU/one GPU) or colocated SGLang")
     p.add_argument("--sglang-tp", type=int, default=1)
     p.add_argument("--sglang-mem-fraction", type=float, default=0.8)
     p.add_argument("--sglang-max-total-tokens", type=int, default=None,

@@ -38,6 +38,7 @@ import os
 import sys
 
 from vapo_megatron.config import ConfigError, parse_config, problems_error
+from vapo_megatron.config.engines import colocated_engines, engine_of
 
 
 def resolve_model_config(hf_path: str, preset: str | None, *, key: str) -> tuple[dict, str]:
@@ -158,9 +159,9 @@ def search_option_problems(args: argparse.Namespace, cfg) -> list[str]:
     if args.gpu is None:
         problems.append("--search ranks layouts by modelled step time: give the GPU with --gpu (h100, h200, a100, "
                         "b200, gb200)")
-    if cfg.rollout.engine != "sglang":
-        problems.append(f"--search ranks by the step-time model, which times colocated SGLang engines only; this "
-                        f"config's rollout.engine={cfg.rollout.engine} (set rollout.engine=sglang)")
+    if not engine_of(cfg).colocated:
+        problems.append(f"--search ranks by the step-time model, which times colocated engines only; this "
+                        f"config's rollout.engine={cfg.rollout.engine} (set rollout.engine={' or '.join(colocated_engines())})")
     if args.top is not None and args.top < 1:
         problems.append(f"--top={args.top} must be >= 1")
     return problems
@@ -236,9 +237,9 @@ def step_time_report(args: argparse.Namespace, cfg, plan, actor_hf: dict, critic
     from vapo_megatron.sizing.step_config import plan_setup, without_critic_delta
     from vapo_megatron.sizing.step_time import estimate
 
-    if cfg.rollout.engine != "sglang":
-        return (f"step time: modelled for colocated SGLang engines (rollout.engine=sglang) only; this config's "
-                f"rollout.engine={cfg.rollout.engine}")
+    if not engine_of(cfg).colocated:
+        return (f"step time: modelled for colocated engines (rollout.engine={' or '.join(colocated_engines())}) only; "
+                f"this config's rollout.engine={cfg.rollout.engine}")
     gpu = GPUS[args.gpu]
     setup = plan_setup(cfg, plan, actor_hf, critic_hf, gpus_per_node=args.gpus_per_node, gpu=gpu,
                        response_tokens=args.mean_response_tokens, prompt_tokens=args.mean_prompt_tokens,

@@ -254,7 +254,7 @@ def test_value_head_computes_in_float32_on_a_bf16_trunk(decided):
     assert not torch.equal(values, bf16)  # a bf16 matmul rounds to 3 significant digits
 
 
-# ---- 7. rollout.sglang_mem_fraction against the offload, at start-up (the collective part) -------
+# ---- 7. rollout.sglang.mem_fraction against the offload, at start-up (the collective part) -------
 
 def _engine_share(offload: bool):
     """check_engine_share on 2 ranks with CUDA faked: an 80 GiB GPU, rank 1 holding more state."""
@@ -265,7 +265,7 @@ def _engine_share(offload: bool):
 
     parallel.init_distributed(1, 1)
     cfg = load_config(str(ROOT / "configs" / "qwen3_32b_vapo.yaml"),
-                      [f"trainer.offload_during_rollout={str(offload).lower()}", "rollout.sglang_mem_fraction=0.6"],
+                      [f"trainer.offload_during_rollout={str(offload).lower()}", "rollout.sglang.mem_fraction=0.6"],
                       check_paths=False)
     torch.cuda.is_available = lambda: True
     torch.cuda.current_device = lambda: 0
@@ -281,6 +281,6 @@ def _engine_share(offload: bool):
 def test_engine_share_checked_on_every_rank_by_the_worst_one():
     refused = run_ranks(2, _engine_share, False)
     assert refused[0] is not None and refused[0] == refused[1]  # every rank stops, with the same line
-    assert refused[0].startswith("rollout.sglang_mem_fraction=0.6 with trainer.offload_during_rollout=false")
+    assert refused[0].startswith("rollout.sglang.mem_fraction=0.6 with trainer.offload_during_rollout=false")
     assert "30.0 GiB (the worst rank's, resident)" in refused[0]
     assert run_ranks(2, _engine_share, True) == [None, None]  # with the offload the state leaves the GPU

@@ -101,7 +101,7 @@ def _run(hf_dir: Path, tp: int, sglang_tp: int, log: str):
     from transformers import PreTrainedTokenizerFast
 
     from model_providers import family_for, read_hf_config
-    from vapo_megatron.config import RolloutConfig
+    from vapo_megatron.config import RolloutConfig, SGLangConfig
     from vapo_megatron.data.prompts import PromptRecord
     from vapo_megatron.evaluation.sampled import greedy_accuracy, sample_eval
     from vapo_megatron.mcore import parallel
@@ -125,7 +125,7 @@ def _run(hf_dir: Path, tp: int, sglang_tp: int, log: str):
 
     engine = SGLangEngine.colocated(model_path=str(hf_dir), tp_size=sglang_tp, mem_fraction=0.5, dtype="float32",
                                     seed=0, start=lambda c: LoggingEngineForTests(hf_dir, c))
-    gen = Generator(engine, RolloutConfig(engine="sglang", sglang_tp=sglang_tp, n_samples=2, max_new_tokens=2), ())
+    gen = Generator(engine, RolloutConfig(engine="sglang", sglang=SGLangConfig(tp=sglang_tp), n_samples=2, max_new_tokens=2), ())
     actor = SimpleNamespace(modules=chunks, family=family_for(hf_cfg), hf_cfg=hf_cfg)
     gen.sync_weights(actor, version=1)
     records = [PromptRecord(prompt_ids=ids, answer="w7", source=f"p{i}", prompt_text="") for i, ids in enumerate(PROMPTS)]

@@ -66,7 +66,7 @@ def _cli_and_shards(tiny_dir: str):
         base + ["--nodes", "1", "--gpus-per-node", "8"],
         base + ["--nodes", "1", "--gpus-per-node", "8", "parallel.pp=1"],
         ["--config", CONFIG_32B, "--nodes", "8", "--gpus-per-node", "8"],  # no --preset, no model files
-        base + ["--nodes", "8", "--gpus-per-node", "8", "rollout.sglang_mem_fraction=0.75", "trainer.offload_during_rollout=false"],
+        base + ["--nodes", "8", "--gpus-per-node", "8", "rollout.sglang.mem_fraction=0.75", "trainer.offload_during_rollout=false"],
         # The CPU demo config, its model read from model.hf_path/config.json (embedded engine).
         ["--config", str(REPO / "configs" / "demo_cpu.yaml"), "--nodes", "1", "--gpus-per-node", "2",
          "--gpu-memory-gib", "8", "--reserve-gib", "1", f"model.hf_path={tiny_dir}"],
@@ -127,7 +127,7 @@ def test_vapo_plan_32b(tmp_path):
     # (24 GiB per GPU) during rollout; training alone still fits.
     assert rc_kv == 1
     assert "rollout does not fit on rank" in out_kv and "training does not fit" not in out_kv
-    assert "SGLang engine (rollout.sglang_mem_fraction x GPU) 60.0 GiB" in out_kv
+    assert "SGLang engine (rollout.sglang.mem_fraction x GPU) 60.0 GiB" in out_kv
     assert "rollout: trainer.offload_during_rollout=true would move the trainer's 24.0 GiB per GPU to host memory" in out_kv
 
     # The config as shipped offloads the trainer's state during rollout, and its engine share uses
@@ -140,8 +140,8 @@ def test_vapo_plan_32b(tmp_path):
         (line,) = [x for x in out8.splitlines() if x.startswith(f"  trainer state {way}:")]
         kv[way] = float(line.split("KV cache")[1].split("GiB")[0])
         kv[way + " sequences"] = int(line.split("tokens per engine, ")[1].split(" full sequences")[0])
-        assert line.endswith("<- rollout.sglang_mem_fraction") == (way == "offloaded"), line
-    assert "sglang_mem_fraction 0.85 =  68.0 GiB, KV cache  60.4 GiB" in out8
+        assert line.endswith("<- rollout.sglang.mem_fraction") == (way == "offloaded"), line
+    assert "rollout.sglang.mem_fraction 0.85 =  68.0 GiB, KV cache  60.4 GiB" in out8
     assert kv["offloaded"] >= 1.5 * kv["resident"] and kv["resident"] == 36.4, kv
     assert kv["offloaded sequences"] == 87 and kv["resident sequences"] == 52, kv
     assert "off the GPU before the resume (trainer.offload_during_rollout; to pinned host memory, but the gradient " \
@@ -170,7 +170,7 @@ def test_vapo_plan_32b(tmp_path):
     assert rc_tiny == 0, out_tiny + err_tiny
     assert f"model: {tmp_path / 'config.json'}" in out_tiny
     assert "TP=2 PP=1 VPP=- DP=1; params float32" in out_tiny
-    assert "rollout.engine=embedded: no SGLang engine on these GPUs" in out_tiny
+    assert "rollout.engine=embedded: no colocated engine on these GPUs" in out_tiny
     assert "reserve per GPU, GiB, worst rank (--reserve-gib)" in out_tiny  # the flat figure replaces the items
 
     # Parameter counts of megatron's own shards against the naive formula (padded vocabulary).
@@ -281,7 +281,7 @@ def _plans_at_two_bucket_sizes():
     out = []
     for mb in (1024, 4096):
         cfg = parse_config(CONFIG_32B, [f"rollout.weight_sync_bucket_mb={mb}", "trainer.offload_during_rollout=false",
-                                        "rollout.sglang_mem_fraction=0.55"])[0]
+                                        "rollout.sglang.mem_fraction=0.55"])[0]
         plan = make_plan(cfg, QWEN25_32B, QWEN25_32B, world_size=64, gpu_memory_gib=80.0)
         out.append((plan, format_plan(plan, cfg, model_source="test", nodes=8, gpus_per_node=8)))
     return out
@@ -321,7 +321,7 @@ def _plans_with_and_without_offload():
     from vapo_megatron.sizing.plan import make_plan
 
     return [make_plan(parse_config(CONFIG_32B, over)[0], QWEN25_32B, QWEN25_32B, world_size=64, gpu_memory_gib=80.0)
-            for over in ([], ["trainer.offload_during_rollout=false", "rollout.sglang_mem_fraction=0.55"])]
+            for over in ([], ["trainer.offload_during_rollout=false", "rollout.sglang.mem_fraction=0.55"])]
 
 
 def test_offload_takes_the_trainer_state_out_of_the_rollout_phase():

@@ -55,7 +55,7 @@ def _plans():
         rc = main(["--config", DAPO, "--nodes", "8", "--gpus-per-node", "8", "--preset", "qwen2.5-32b"])
     # The trainer's state resident during rollout, the engine's share at what it leaves: fits
     # without a critic; the same with a critic does not.
-    cfg = parse_config(DAPO, ["trainer.offload_during_rollout=false", "rollout.sglang_mem_fraction=0.70"])[0]
+    cfg = parse_config(DAPO, ["trainer.offload_during_rollout=false", "rollout.sglang.mem_fraction=0.70"])[0]
     resident = make_plan(cfg, QWEN25_32B, QWEN25_32B, world_size=64, gpu_memory_gib=80.0)
     return rc, o.getvalue(), e.getvalue(), resident, format_plan(resident, cfg, model_source="test", nodes=8, gpus_per_node=8)
 
@@ -89,7 +89,7 @@ def test_grpo_plan_has_no_critic_and_more_kv_cache():
     for m in plan.ranks:
         assert not [k for k in (*m.parts, *m.kv_resume, *m.offloaded) if k.startswith("critic")], m.parts.keys()
         assert len([k for k in m.kv_resume if k.startswith("actor ")]) == 3  # resident: the actor's state
-    # Resident state: fits at sglang_mem_fraction 0.70 without a critic; with one it would not, and
+    # Resident state: fits at rollout.sglang.mem_fraction 0.70 without a critic; with one it would not, and
     # at the same rollout peak its KV cache is smaller by the critic's state on the worst rank.
     assert not plan.problems and any(p.startswith("rollout does not fit") for p in plan.with_critic.problems)
     other = plan.with_critic.kv_compare["resident"]
@@ -125,6 +125,6 @@ def test_grpo_plan_without_a_colocated_engine(tmp_path):
     (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(demo))
     rc, out, err = run_ranks(1, _tiny, str(tmp_path / "grpo.yaml"), str(tmp_path))[0]
     assert rc == 0, out + err
-    assert "x 1 model (actor);" in out and "rollout.engine=embedded: no SGLang engine" in out
+    assert "x 1 model (actor);" in out and "rollout.engine=embedded: no colocated engine" in out
     assert "no critic (algo.estimator=grpo) against the same config with one" in out
     assert "SGLang KV cache per GPU at this config's rollout peak" not in out

@@ -20,7 +20,7 @@ def test_vapo_plan_sizes_the_llama3_1_presets():
     ((rc8, out8, err8), (rc70, out70, err70)), = run_ranks(1, plan_outputs, [
         # One node: TP=8 (divides the 8 KV heads), no pipeline; the engine's share lowered to 0.5.
         ["--config", CONFIG, "--preset", "llama3.1-8b", "--nodes", "1", "--gpus-per-node", "8",
-         "parallel.tp=8", "parallel.pp=1", "rollout.sglang_mem_fraction=0.5"],
+         "parallel.tp=8", "parallel.pp=1", "rollout.sglang.mem_fraction=0.5"],
         ["--config", CONFIG, "--preset", "llama3.1-70b", "--nodes", "8", "--gpus-per-node", "8"],
     ])
     assert rc8 == 0, out8 + err8

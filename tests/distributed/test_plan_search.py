@@ -32,7 +32,7 @@ CONFIG_MOE = str(ROOT / "configs" / "qwen3_30b_a3b_vapo.yaml")
 CONFIG_DAPO = str(ROOT / "configs" / "qwen2.5_32b_dapo.yaml")
 # Qwen2.5-0.5B (tied embeddings, 24 layers, 14 heads, 2 KV heads) on 2 nodes x 4 GPUs of 12 GiB, with
 # sizes where memory separates layouts: some fit, some do not.
-SMALL = ["rollout.sglang_mem_fraction=0.5", "rollout.prompts_per_step=64", "data.max_prompt_tokens=1024",
+SMALL = ["rollout.sglang.mem_fraction=0.5", "rollout.prompts_per_step=64", "data.max_prompt_tokens=1024",
          "rollout.max_new_tokens=3072", "trainer.micro_batch_tokens=8192"]
 SMALL_ARGS = ["--config", CONFIG_32B, "--nodes", "2", "--gpus-per-node", "4", "--preset", "qwen2.5-0.5b",
               "--gpu", "h100", "--gpu-memory-gib", "12"]
@@ -160,7 +160,7 @@ def test_search_counts_memory_and_time_are_vapo_plans():
     assert [r["rank"] for r in recs[:3]] == [1, 2, 3] and all(r["fits"] and not r["config"] for r in recs[:3])
     assert [r["step_s"] for r in recs[:3]] == sorted(r["step_s"] for r in recs[:3])
     for r in recs[:3]:
-        assert {"tp", "pp", "vpp", "ep", "dp", "sglang_tp", "recompute", "offload", "fits", "peak_gib", "headroom_gib",
+        assert {"tp", "pp", "vpp", "ep", "dp", "engine_tp", "recompute", "offload", "fits", "peak_gib", "headroom_gib",
                 "step_s", "phases_s", "tokens_per_s_per_gpu", "run_gpu_hours", "overrides"} <= set(r)
         assert r["dp"] == 8 // (r["tp"] * r["pp"]) and abs(sum(r["phases_s"].values()) - r["step_s"]) < 0.01
     own = recs[-1]
@@ -222,7 +222,7 @@ def _top_layouts_accepted(tmp: str):
         base = [f"model.hf_path={root / name}", f"data.train_files=[{root / 'train.jsonl'}]", "data.eval_files=[]",
                 f"trainer.run_dir={root / 'run'}", "data.max_prompt_tokens=16", "rollout.max_new_tokens=32",
                 "trainer.micro_batch_tokens=48", "rollout.prompts_per_step=32", "rollout.n_samples=2",
-                "algo.mini_batches=2", "parallel.tp=2", "parallel.pp=2", "rollout.sglang_tp=2"]  # TP=8 or 4: 2 KV heads
+                "algo.mini_batches=2", "parallel.tp=2", "parallel.pp=2", "rollout.sglang.tp=2"]  # TP=8 or 4: 2 KV heads
         rc, text, err = _cli(["--config", config, "--nodes", "2", "--gpus-per-node", "4", "--gpu", "h100", "--search",
                               "--json", "--top", "4", *base])
         assert rc == 0, err
@@ -294,7 +294,7 @@ def _search_tiny(tmp: str, actor_dir: str, critic_dir: str, moe: bool) -> list[d
     base = [f"model.hf_path={actor_dir}", f"model.critic_hf_path={critic_dir}", f"data.train_files=[{tmp}/train.jsonl]",
             "data.eval_files=[]", f"trainer.run_dir={tmp}/run", "data.max_prompt_tokens=4", "rollout.max_new_tokens=20",
             "trainer.micro_batch_tokens=24", "rollout.prompts_per_step=8", "rollout.n_samples=2", "algo.mini_batches=2",
-            "parallel.tp=1", "parallel.pp=1", "parallel.ep=1", "rollout.sglang_tp=1"]
+            "parallel.tp=1", "parallel.pp=1", "parallel.ep=1", "rollout.sglang.tp=1"]
     rc, text, err = _cli(["--config", CONFIG_MOE if moe else CONFIG_32B, "--nodes", "1", "--gpus-per-node", "4", "--gpu",
                           "h100", "--search", "--json", "--top", "8", *base])
     assert rc == 0, err + text[-3000:]
@@ -338,7 +338,7 @@ def _nothing_accepted():
     table = _cli(args + ["--search"])
     as_json = _cli(args + ["--search", "--json"])
     a = Assumptions(gpu=GPUS["h100"], gpus_per_node=7, gpu_memory_gib=80.0)
-    layouts = [(c.parallel.tp, c.parallel.pp, c.rollout.sglang_tp)
+    layouts = [(c.parallel.tp, c.parallel.pp, c.rollout.sglang.tp)
                for c in candidates(parse_config(CONFIG_32B, [])[0], {**preset("qwen2.5-32b"), "_source": "p"}, world=56, a=a)]
     closest = table[1].split("the closest refused")[1].splitlines()[1:] if "the closest refused" in table[1] else []
     verdicts = []
@@ -347,7 +347,7 @@ def _nothing_accepted():
                      r"micro_batch_tokens=(\d+): refused: (.*)$", line)
         tp, pp, vpp, etp, rc, off, mbt, said = m.groups()
         given = [f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.vpp={'null' if vpp == '-' else vpp}",
-                 f"parallel.sequence_parallel={str(int(tp) > 1).lower()}", f"rollout.sglang_tp={etp}",
+                 f"parallel.sequence_parallel={str(int(tp) > 1).lower()}", f"rollout.sglang.tp={etp}",
                  f"model.recompute_activations={str(rc == 'on').lower()}",
                  f"trainer.offload_during_rollout={str(off == 'on').lower()}", f"trainer.micro_batch_tokens={mbt}"]
         verdicts.append((said, _cli(args + given)))
@@ -374,7 +374,7 @@ def test_no_layout_accepted_says_why_by_rule_and_names_the_closest():
     assert count("parallel.pp={7,14,28,56} does not divide num_hidden_layers=64") == sum(
         64 % pp != 0 for _, pp, _ in layouts) > 0
     assert count("parallel.tp=7 does not divide num_attention_heads=40") == sum(tp == 7 for tp, _, _ in layouts) > 0
-    assert count("rollout.sglang_tp=7 does not divide num_attention_heads=40") == sum(
+    assert count("rollout.sglang.tp=7 does not divide num_attention_heads=40") == sum(
         e == 7 for _, _, e in layouts) > 0
 
     # The three closest, each with every problem vapo-plan finds for that layout given as overrides

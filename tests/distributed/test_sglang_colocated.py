@@ -36,7 +36,7 @@ def _colocated_run(hf_dir: Path):
     from vapo_megatron.rollout.base import SamplingParams
     from vapo_megatron.rollout.sglang_engine import SGLangEngine
     from vapo_megatron.rollout.weight_sync import stream_weights
-    from vapo_megatron.config import RolloutConfig
+    from vapo_megatron.config import RolloutConfig, SGLangConfig
     from vapo_megatron.rollout.generator import Generator
 
     parallel.init_distributed(2, 1)
@@ -55,7 +55,7 @@ def _colocated_run(hf_dir: Path):
         engine = SGLangEngine.colocated(model_path=str(hf_dir), tp_size=sglang_tp, mem_fraction=0.5, dtype="float32",
                                         seed=0, start=lambda c: FakeColocatedSGLangEngineForTests(hf_dir, c))
         stream_weights(chunks, family_for(hf_cfg), hf_cfg, engine, version=7, bucket_bytes=16_000)
-        gen = Generator(engine, RolloutConfig(engine="sglang", sglang_tp=sglang_tp), stop_token_ids=())
+        gen = Generator(engine, RolloutConfig(engine="sglang", sglang=SGLangConfig(tp=sglang_tp)), stop_token_ids=())
         outputs = gen.generate(prompts, SamplingParams(n=N, temperature=1.0, max_new_tokens=2, seed=SEED))
         gen.release_weights()
         refused = ""

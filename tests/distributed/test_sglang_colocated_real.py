@@ -6,7 +6,7 @@ SGLang's CPU path imports; tests/helpers/sglang_world.py). Release/resume of GPU
 (SGLang's CPU engine holds no GPU memory and its release synchronizes CUDA): test_sglang_colocated.py's
 stand-in keeps it.
 
-One run of 2 gloo ranks, rollout.sglang_tp=1 (SGLang's CPU engine runs TP=1 only: docs/what_ran_where.md),
+One run of 2 gloo ranks, rollout.sglang.tp=1 (SGLang's CPU engine runs TP=1 only: docs/what_ran_where.md),
 so each rank owns one engine, started once for every check and every layout:
   - at trainer TP=2, three weight syncs of the trainer's weights through the project's payloads
     (stream_weights), each followed by generation of the same prompts: the engines' log-probs of what
@@ -187,7 +187,7 @@ def _run(hf_dir: Path):
     chunks = build_chunks(hf_cfg, params_dtype=torch.float32, critic=False)
     load_hf_weights(chunks, family_for(hf_cfg), hf_cfg, hf_dir)
     # The production start (start_engine: SGLang's CPU engine, load_format="dummy", random weights until
-    # the first sync) with the KV cache capped at 4,096 tokens (rollout.sglang_max_total_tokens): SGLang
+    # the first sync) with the KV cache capped at 4,096 tokens (rollout.sglang.max_total_tokens): SGLang
     # sizes it as a share of the host's memory and refuses a share smaller than what the memory it sees
     # free fell by while it loaded, which other processes on a shared machine decide (seen at 0.01).
     engine = SGLangEngine.colocated(model_path=str(hf_dir), tp_size=1, mem_fraction=0.5, dtype="float32", seed=0,

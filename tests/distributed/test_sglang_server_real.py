@@ -42,7 +42,7 @@ def test_server_info_generate_and_flush(server):
 
     url, _ = server
     http = HttpEngine(url)
-    assert http.server_tp_size("rollout.sglang_urls[0]") == 1
+    assert http.server_tp_size("rollout.sglang_http.urls[0]") == 1
     eng = SGLangEngine(http, engine_tp=1)
     outs = eng.generate(PROMPTS, SamplingParams(n=2, temperature=1.0, max_new_tokens=5, seed=1))
     assert [o.prompt_index for o in outs] == [0, 0, 1, 1, 2, 2]
@@ -75,7 +75,7 @@ def push_and_compare(url: str, hf_dir: Path, tp: int = 1, pp: int = 1, ep: int =
     engine = None
     if dist.get_rank() == 0:
         http = HttpEngine(url)
-        engine = SGLangEngine(http, engine_tp=http.server_tp_size("rollout.sglang_urls[0]"))
+        engine = SGLangEngine(http, engine_tp=http.server_tp_size("rollout.sglang_http.urls[0]"))
     res = []
     for step in range(syncs):
         random_update(chunks)

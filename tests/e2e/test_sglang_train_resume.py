@@ -68,9 +68,9 @@ def _settings(data, run_dir) -> list[str]:
         f"data.eval_files=[{data}/eval.jsonl]", "eval.max_prompts=4", "eval.n_samples=2", "eval.every=100",
         "sft.files=[]", "sft.steps=0", "algo.value_pretrain_steps=1", "algo.mini_batches=2",
         "rollout.prompts_per_step=8", "rollout.n_samples=2", "rollout.max_new_tokens=4", "rollout.top_k=1",
-        "parallel.tp=1", "rollout.engine=sglang", "rollout.sglang_tp=1",
+        "parallel.tp=1", "rollout.engine=sglang", "rollout.sglang.tp=1",
         # SGLang's CPU engine sizes its KV cache as a share of the host's memory (tests/e2e/test_sglang_eval.py)
-        "rollout.sglang_mem_fraction=0.5", "rollout.sglang_max_total_tokens=4096",
+        "rollout.sglang.mem_fraction=0.5", "rollout.sglang.max_total_tokens=4096",
         f"trainer.total_steps={ITERATIONS - 1}", f"trainer.save_every={SAVE_EVERY}", "trainer.tensorboard=false",
     ]
 

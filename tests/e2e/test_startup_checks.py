@@ -87,7 +87,8 @@ CASES = [
 
 
 def test_moved_keys_name_their_new_place(demo, tmp_path):
-    for old, new in (("trainer.eval_every", "eval.every"), ("data.eval_max_prompts", "eval.max_prompts")):
+    for old, new in (("trainer.eval_every", "eval.every"), ("data.eval_max_prompts", "eval.max_prompts"),
+                     ("rollout.sglang_tp", "rollout.sglang.tp")):
         assert startup_report(demo, tmp_path, f"{old}=5") == [f"command-line override '{old}=5': {old} was moved to {new}"]
 
 
@@ -159,7 +160,7 @@ def test_files_and_model_dirs_are_checked_for_what_they_hold(demo, tmp_path):
 def test_what_a_setting_needs_of_the_machine_is_listed_with_the_other_problems(demo, tmp_path, monkeypatch):
     """vapo-train's own two passes (train.checked_config): a setting that needs CUDA is said beside
     the other problems, not only once they are fixed (rollout.engine=sglang at parallel.tp=1 said
-    the sglang_tp problem alone, then the missing CUDA on the next try)."""
+    the rollout.sglang.tp problem alone, then the missing CUDA on the next try)."""
     import torch
 
     from vapo_megatron.train import checked_config
@@ -169,10 +170,10 @@ def test_what_a_setting_needs_of_the_machine_is_listed_with_the_other_problems(d
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # this machine's answer, on any machine
     with pytest.raises(ConfigError) as e:
         checked_config(str(ROOT / "configs" / "demo_cpu.yaml"),
-                       [*base_overrides(demo, tmp_path / "run"), "rollout.engine=sglang", "rollout.sglang_tp=2"])
+                       [*base_overrides(demo, tmp_path / "run"), "rollout.engine=sglang", "rollout.sglang.tp=2"])
     msg = str(e.value)
     assert msg.startswith("2 invalid settings:"), msg
-    assert "rollout.sglang_tp=2 must divide parallel.tp=1" in msg and "rollout.engine=sglang needs CUDA GPUs" in msg, msg
+    assert "rollout.sglang.tp=2 must divide parallel.tp=1" in msg and "rollout.engine=sglang needs CUDA GPUs" in msg, msg
 
 
 def test_unknown_keys_and_wrong_types_are_all_listed():

@@ -36,12 +36,12 @@ def test_an_override_must_be_key_equals_value(bare):
 def test_structural_and_value_problems_are_reported_together():
     with pytest.raises(ConfigError) as e:
         load_config(DEMO, ["algo.alpah=0.1", "algo.gamma=1.5", "trainer.save_every=0", "parallel.vpp=2",
-                           "rollout.sglang_max_total_tokens=0"], check_paths=False)
+                           "rollout.sglang.max_total_tokens=0"], check_paths=False)
     msg = str(e.value)
     assert msg.startswith("5 invalid settings:"), msg
     for text in ("unknown config key algo.alpah", "algo.gamma=1.5 must be in [0, 1]", "trainer.save_every=0 must be >= 1",
                  "parallel.vpp=2 must be null, or >= 1 with parallel.pp >= 2",
-                 "rollout.sglang_max_total_tokens=0 must be >= 1 (or null)"):
+                 "rollout.sglang.max_total_tokens=0 must be >= 1 (or null)"):
         assert text in msg, (text, msg)
 
 

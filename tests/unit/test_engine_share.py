@@ -1,4 +1,4 @@
-"""Issue 32, item 7: rollout.sglang_mem_fraction against trainer.offload_during_rollout at vapo-train's
+"""Issue 32, item 7: rollout.sglang.mem_fraction against trainer.offload_during_rollout at vapo-train's
 start-up, not only in vapo-plan (sizing/plan.py resident_rollout_problem; the Trainer calls it through
 sizing/plan.py check_engine_share once the models' state is measured, before any step, and
 vapo-train answers its ConfigError with one line and exit 2). The 32B configs share 0.85 of the GPU
@@ -26,8 +26,8 @@ def test_32b_configs_without_offload_are_refused_naming_both_keys():
         cfg = _cfg(name, "trainer.offload_during_rollout=false")
         msg = resident_rollout_problem(cfg, state_bytes=STATE_32B, gpu_bytes=H100, world_size=64)
         assert msg is not None and "\n" not in msg
-        assert msg.startswith("rollout.sglang_mem_fraction=0.85 with trainer.offload_during_rollout=false does not fit")
-        assert "set trainer.offload_during_rollout=true or lower rollout.sglang_mem_fraction to at most 0.63" in msg
+        assert msg.startswith("rollout.sglang.mem_fraction=0.85 with trainer.offload_during_rollout=false does not fit")
+        assert "set trainer.offload_during_rollout=true or lower rollout.sglang.mem_fraction to at most 0.63" in msg
         assert "24.0 GiB (the worst rank's, resident)" in msg
 
 
@@ -35,11 +35,11 @@ def test_what_fits_passes():
     cfg = _cfg("qwen3_32b_vapo.yaml")  # as shipped: with the offload
     assert resident_rollout_problem(cfg, state_bytes=STATE_32B, gpu_bytes=H100, world_size=64) is None
     # The config's own advice without the offload: 0.55.
-    cfg = _cfg("qwen3_32b_vapo.yaml", "trainer.offload_during_rollout=false", "rollout.sglang_mem_fraction=0.55")
+    cfg = _cfg("qwen3_32b_vapo.yaml", "trainer.offload_during_rollout=false", "rollout.sglang.mem_fraction=0.55")
     assert resident_rollout_problem(cfg, state_bytes=STATE_32B, gpu_bytes=H100, world_size=64) is None
     # No colocated engine: nothing shares the GPU during rollout.
     cfg = _cfg("qwen3_32b_vapo.yaml", "trainer.offload_during_rollout=false", "rollout.engine=sglang_http",
-               "rollout.sglang_urls=[http://h:1]")
+               "rollout.sglang_http.urls=[http://h:1]")
     assert resident_rollout_problem(cfg, state_bytes=STATE_32B, gpu_bytes=H100, world_size=64) is None
 
 

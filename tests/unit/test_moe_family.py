@@ -86,7 +86,7 @@ def test_sglang_refuses_what_its_qwen3_moe_would_silently_drop(change, says):
 
     hf = _cfg(**change)
     for engine, refused in (("sglang", True), ("sglang_http", True), ("embedded", False)):
-        urls = ["rollout.sglang_urls=[http://127.0.0.1:30000]"] if engine == "sglang_http" else []
+        urls = ["rollout.sglang_http.urls=[http://127.0.0.1:30000]"] if engine == "sglang_http" else []
         cfg = load_config("configs/qwen3_30b_a3b_vapo.yaml", [f"rollout.engine={engine}", *urls], check_paths=False)
         problems = moe_problems(cfg, [("model.hf_path", hf)])
         assert bool(problems) == refused, (engine, problems)

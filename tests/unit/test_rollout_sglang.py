@@ -217,7 +217,7 @@ def serve():
 
 def _http_engine(monkeypatch, url: str, model: str = "", replay: bool | None = None):
     """The trainer's engine for rollout.engine=sglang_http, built where the trainer builds it."""
-    from vapo_megatron.config import Config, ModelConfig, RolloutConfig
+    from vapo_megatron.config import Config, ModelConfig, RolloutConfig, SGLangHttpConfig
     from vapo_megatron.mcore import parallel
     from model_providers import read_hf_config
     from vapo_megatron.rollout.generator import build_engine
@@ -226,7 +226,7 @@ def _http_engine(monkeypatch, url: str, model: str = "", replay: bool | None = N
     for name in ("tp_rank", "pp_rank", "dp_rank"):  # the replica's first rank holds the engine
         monkeypatch.setattr(parallel, name, lambda: 0)
     cfg = Config(model=ModelConfig(hf_path=model or _dense_dir()),
-                 rollout=RolloutConfig(engine="sglang_http", sglang_urls=(url,), routing_replay=replay))
+                 rollout=RolloutConfig(engine="sglang_http", sglang_http=SGLangHttpConfig(urls=(url,)), routing_replay=replay))
     return build_engine(cfg, routes=replays(cfg, read_hf_config(cfg.model.hf_path)))  # as the trainer resolves it
 
 
@@ -272,16 +272,16 @@ def test_http_client_sends_sglang_requests(serve, monkeypatch, tp):
 def test_http_engine_refuses_unusable_servers_at_start(serve, monkeypatch):
     from vapo_megatron.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"rollout.sglang_urls\[0\]: the SGLang server at .* runs dp_size=2"):
+    with pytest.raises(ConfigError, match=r"rollout.sglang_http.urls\[0\]: the SGLang server at .* runs dp_size=2"):
         _http_engine(monkeypatch, serve(2, dp=2).url)
     other = serve(2)
     other.info = {"version": "?"}
-    with pytest.raises(ConfigError, match=r"rollout.sglang_urls\[0\]: .*/server_info reports no tp_size"):
+    with pytest.raises(ConfigError, match=r"rollout.sglang_http.urls\[0\]: .*/server_info reports no tp_size"):
         _http_engine(monkeypatch, other.url)
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(ConfigError, match=r"rollout.sglang_urls\[0\]: .* unreachable.*start the server"):
+    with pytest.raises(ConfigError, match=r"rollout.sglang_http.urls\[0\]: .* unreachable.*start the server"):
         _http_engine(monkeypatch, f"http://127.0.0.1:{port}")
 
 
@@ -319,7 +319,7 @@ def test_sglang_engines_return_the_routes_sglang_sends(serve, monkeypatch, tmp_p
     assert dict(server.requests)["/generate"]["return_routed_experts"] is True
     from vapo_megatron.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"rollout.sglang_urls\[0\]: rollout.routing_replay is on, but the SGLang "
+    with pytest.raises(ConfigError, match=r"rollout.sglang_http.urls\[0\]: rollout.routing_replay is on, but the SGLang "
                        r"server at .* --enable-return-routed-experts"):
         _http_engine(monkeypatch, serve(1).url, str(moe))
     assert _http_engine(monkeypatch, serve(1).url, str(moe), replay=False).routes is None

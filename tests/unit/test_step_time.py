@@ -139,7 +139,7 @@ def test_vapo_plan_prints_the_step_with_partial_rollout_beside_the_synchronous_o
 NEMO_RL_GRPO = """
 model: {dtype: bfloat16, recompute_activations: false}
 algo: {estimator: grpo, value_pretrain_steps: 0, mini_batches: 4, ppo_epochs: 1, nll_coef: 0.0}
-rollout: {engine: sglang, prompts_per_step: 64, n_samples: 32, max_new_tokens: 3996, sglang_mem_fraction: 0.6}
+rollout: {engine: sglang, prompts_per_step: 64, n_samples: 32, max_new_tokens: 3996, sglang: {mem_fraction: 0.6}}
 actor_optim: {distributed_optimizer: true}
 data: {max_prompt_tokens: 512}
 trainer: {micro_batch_tokens: 4096, offload_during_rollout: true, save_every: 1000000, total_steps: 1}
@@ -172,7 +172,7 @@ def within_2x(predicted: dict[str, float], published: dict[str, float]) -> None:
 
 def test_llama_8b_on_one_h100_node_within_2x_of_nemo_rl(tmp_path):
     est = nemo_rl_estimate(tmp_path, model="llama3.1-8b", gpus=8, response_tokens=795,
-                           layout=["parallel.tp=1", "parallel.pp=1", "rollout.sglang_tp=1"])
+                           layout=["parallel.tp=1", "parallel.pp=1", "rollout.sglang.tp=1"])
     assert "critic_update" not in est.phases  # GRPO: no critic
     within_2x(published_phases(est), {"generation": 58, "get logprobs": 18, "policy training": 28, "refit": 5,
                                       "step": 112})
@@ -181,7 +181,7 @@ def test_llama_8b_on_one_h100_node_within_2x_of_nemo_rl(tmp_path):
 def test_qwen3_32b_on_eight_h100_nodes_within_2x_of_nemo_rl(tmp_path):
     est = nemo_rl_estimate(tmp_path, model="qwen3-32b", gpus=64, response_tokens=3283,
                            layout=["parallel.tp=4", "parallel.pp=2", "parallel.sequence_parallel=true",
-                                   "rollout.sglang_tp=4"])
+                                   "rollout.sglang.tp=4"])
     within_2x(published_phases(est), {"generation": 96, "get logprobs": 40, "policy training": 68, "refit": 7,
                                       "step": 213})
 
@@ -189,7 +189,7 @@ def test_qwen3_32b_on_eight_h100_nodes_within_2x_of_nemo_rl(tmp_path):
 def test_qwen3_32b_on_four_h100_nodes_within_2x_of_nemo_rl(tmp_path):
     est = nemo_rl_estimate(tmp_path, model="qwen3-32b", gpus=32, response_tokens=3251,
                            layout=["parallel.tp=4", "parallel.pp=4", "parallel.sequence_parallel=true",
-                                   "rollout.sglang_tp=4"])
+                                   "rollout.sglang.tp=4"])
     predicted = published_phases(est)
     predicted["tokens/s/GPU"] = est.tokens_per_s_per_gpu
     within_2x(predicted, {"step": 376, "tokens/s/GPU": 571})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
+from vapo_megatron.config.engines import engine_problems
 from vapo_megatron.config.estimators import ESTIMATORS, estimator_of, unknown_estimator
 from vapo_megatron.config.schema import Config, OptimConfig
 
@@ -217,14 +218,7 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     require(r.weight_sync_bucket_mb >= 1, f"rollout.weight_sync_bucket_mb={r.weight_sync_bucket_mb} must be >= 1")
     require(r.wait_timeout_s > 0, f"rollout.wait_timeout_s={r.wait_timeout_s} must be > 0 (seconds a rank waits "
             "for another rank's generation, engine start or weight update)")
-    require(r.sglang_tp >= 1, f"rollout.sglang_tp={r.sglang_tp} must be >= 1")
-    require(r.engine != "sglang" or r.sglang_tp < 1 or cfg.parallel.tp % r.sglang_tp == 0,
-            f"rollout.sglang_tp={r.sglang_tp} must divide parallel.tp={cfg.parallel.tp} with rollout.engine=sglang "
-            "(each colocated engine lives on consecutive GPUs of one trainer TP group)")
-    require(0 < r.sglang_mem_fraction < 1, f"rollout.sglang_mem_fraction={r.sglang_mem_fraction} must be in (0, 1)")
-    require(r.sglang_max_total_tokens is None or r.sglang_max_total_tokens >= 1,
-            f"rollout.sglang_max_total_tokens={r.sglang_max_total_tokens} must be >= 1 (or null)")
-    require(r.engine != "sglang_http" or len(r.sglang_urls) > 0, "rollout.engine=sglang_http needs rollout.sglang_urls")
+    out += engine_problems(cfg)
     require(d.max_prompt_tokens >= 1, f"data.max_prompt_tokens={d.max_prompt_tokens} must be >= 1")
     require(cfg.eval.every >= 0, f"eval.every={cfg.eval.every} must be >= 0 (0: no periodic evaluation)")
     for key, value in [("eval.max_prompts", cfg.eval.max_prompts), ("eval.n_samples", cfg.eval.n_samples)]:

@@ -27,6 +27,10 @@ from vapo_megatron.config.schema import Config, ConfigError, problems_error
 # value is read under the new key (parse_recorded), so the run still resumes. Same meaning, new place.
 MOVED_KEYS = {
     "trainer.eval_every": "eval.every", "data.eval_max_prompts": "eval.max_prompts",
+    # an engine's settings are its own section (config/engines.py)
+    "rollout.sglang_tp": "rollout.sglang.tp", "rollout.sglang_mem_fraction": "rollout.sglang.mem_fraction",
+    "rollout.sglang_max_total_tokens": "rollout.sglang.max_total_tokens",
+    "rollout.sglang_urls": "rollout.sglang_http.urls",
 }
 
 

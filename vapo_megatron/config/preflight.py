@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 
 from vapo_megatron.config.checks import config_problems
+from vapo_megatron.config.engines import ENGINES, KEY as ENGINE_KEY, engine_key, engine_of, engine_tp
 from vapo_megatron.config.layout import layout_problems
 from vapo_megatron.config.schema import Config
 
@@ -187,19 +188,24 @@ def hardware_problems(cfg: Config, *, cuda: bool | None = None, engine_flag: str
     command's flags for rollout.engine and trainer.deterministic (vapo-eval's --engine and
     --deterministic), named in their place."""
     out = []
-    # SGLang's CPU engine (SGLANG_USE_CPU_ENGINE=1, with sgl-kernel's CPU build) runs without GPUs
-    # (rollout/sglang_engine.py cpu_engine).
-    sglang_cpu = cfg.rollout.engine == "sglang" and os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
-    sglang_gpu = cfg.rollout.engine == "sglang" and not sglang_cpu
-    engine = f"{engine_flag} embedded" if engine_flag else "rollout.engine=embedded"
-    if sglang_gpu and engine_flag:
-        out.append(f"{engine_flag} sglang needs CUDA GPUs and none is visible; allowed here: {engine_flag} embedded "
-                   "(or SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1, with sgl-kernel's CPU build)")
-    elif sglang_gpu:
-        out.append("rollout.engine=sglang needs CUDA GPUs and none is visible; allowed here: embedded (or "
-                   "sglang_http with rollout.sglang_urls, or SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1, with "
-                   "sgl-kernel's CPU build)")
-    if sglang_cpu and cfg.trainer.deterministic:
+    e = engine_of(cfg)
+    # An engine with a CPU switch (SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1, with sgl-kernel's CPU
+    # build) runs without GPUs (rollout/sglang_engine.py cpu_engine).
+    on_cpu = e.cpu_env is not None and os.environ.get(e.cpu_env) == "1"
+    on_gpu = e.needs_gpu and not on_cpu
+    setting = f"{engine_flag} {e.name}" if engine_flag else f"{ENGINE_KEY}={e.name}"
+    local = [n for n, x in ENGINES.items() if not x.needs_gpu and not x.remote]  # embedded
+    fallback = f"{engine_flag} {local[0]}" if engine_flag else f"{ENGINE_KEY}={local[0]}"
+    if on_gpu:
+        # vapo-eval's --engine offers the engines of its own processes; the trainer's also servers
+        allowed = ([f"{engine_flag} {n}" for n in local] if engine_flag else
+                   local + [f"{n} with rollout.{x.section}.urls" for n, x in ENGINES.items() if x.remote])
+        if e.cpu_env:
+            allowed.append(f"{e.label}'s CPU engine: {e.cpu_env}=1"
+                           + (", with sgl-kernel's CPU build" if e.runtime == "sglang" else ""))
+        out.append(f"{setting} needs CUDA GPUs and none is visible; allowed here: {allowed[0]}"
+                   + (f" (or {', or '.join(allowed[1:])})" if allowed[1:] else ""))
+    if on_cpu and cfg.trainer.deterministic and e.runtime == "sglang":
         # engine_kwargs passes it on as enable_deterministic_inference, which sglang 0.5.23 refuses with
         # its CPU attention backends (arg_groups/overrides.py _deterministic_attention_backend: only
         # the GPU/NPU/XPU ones of arg_groups/choices.py), and whose batch-invariant kernels need an
@@ -208,7 +214,7 @@ def hardware_problems(cfg: Config, *, cuda: bool | None = None, engine_flag: str
         out.append(f"{flag} with SGLang's CPU engine (SGLANG_USE_CPU_ENGINE=1): SGLang refuses deterministic "
                    "inference with its CPU attention backend (torch_native); allowed here: "
                    f"{'without ' + deterministic_flag if deterministic_flag else 'trainer.deterministic=false'} "
-                   f"(SGLang then ignores the per-sample seeds) or {engine}")
+                   f"(SGLang then ignores the per-sample seeds) or {fallback}")
     for key, o in (("actor_optim", cfg.actor_optim), ("critic_optim", cfg.critic_optim)):
         if o.distributed_optimizer:
             out.append(f"{key}.distributed_optimizer=true needs CUDA GPUs (NCCL) and none is visible; allowed here: false")
@@ -216,9 +222,10 @@ def hardware_problems(cfg: Config, *, cuda: bool | None = None, engine_flag: str
         import torch
 
         cuda = torch.cuda.is_available()
-    # Without CUDA, SGLang's GPU engine is refused above already; its kernels are the next thing it needs.
-    kernel = (sgl_kernel_problem(f"{engine_flag} sglang" if engine_flag else "rollout.engine=sglang", engine)
-              if sglang_cpu or (sglang_gpu and cuda) else None)
+    # Without CUDA, SGLang's GPU engine is refused above already; its kernels are the next thing it
+    # needs, where it runs in this process (not a server's).
+    in_process_sglang = e.runtime == "sglang" and not e.remote
+    kernel = sgl_kernel_problem(setting, fallback) if in_process_sglang and (on_cpu or (on_gpu and cuda)) else None
     return ([] if cuda else out) + ([kernel] if kernel else [])
 
 
@@ -282,7 +289,7 @@ def moe_problems(cfg: Config, models: list[tuple[str, dict | None]]) -> list[str
                        f"{key} ({hf_cfg['_source']}) is a mixture-of-experts model, whose routes the engine records "
                        "per generate call, not for a response continued over rounds: set rollout.routing_replay=false "
                        "or rollout.partial.enabled=false")
-        if moe and cfg.rollout.engine in ("sglang", "sglang_http"):
+        if moe and engine_of(cfg).runtime == "sglang":  # SGLang's model code, in this process or a server
             out += _sglang_moe_problems(key, hf_cfg, cfg.rollout.engine)
         # megatron's MoELayer.forward raises in training when TP > 1 without sequence parallelism.
         if moe and cfg.parallel.tp > 1 and not cfg.parallel.sequence_parallel:
@@ -299,7 +306,7 @@ def launch_problems(cfg: Config, world_size: int, actor_hf: dict, critic_hf: dic
     the MoE settings, the batch sizes against DP, and the colocated engine's TP against the node
     and the heads. One message per problem (vapo-plan for one config, and every layout
     vapo-plan --search considers)."""
-    p, r = cfg.parallel, cfg.rollout
+    p = cfg.parallel
     out = []
     layout = layout_problems(world_size, p.tp, p.pp, p.vpp, model=actor_hf, ep=p.ep)
     if critic_hf is not actor_hf:  # a critic of its own: its heads and experts split too
@@ -310,13 +317,15 @@ def launch_problems(cfg: Config, world_size: int, actor_hf: dict, critic_hf: dic
                                                               if critic_hf is not actor_hf else []))
     if not layout:
         out += batch_problems(cfg, world_size // (p.tp * p.pp))
-    if r.engine != "sglang" or r.sglang_tp < 1:  # < 1: config_problems says so
+    tp = engine_tp(cfg)
+    if tp is None or tp < 1:  # not colocated; < 1: config_problems says so
         return out
-    if world_size % r.sglang_tp or r.sglang_tp > gpus_per_node:
-        out.append(f"rollout.sglang_tp={r.sglang_tp} must divide the {world_size} GPUs and fit in one node of "
+    key = engine_key(cfg, "tp")
+    if world_size % tp or tp > gpus_per_node:
+        out.append(f"{key}={tp} must divide the {world_size} GPUs and fit in one node of "
                    f"{gpus_per_node} GPUs (a colocated engine uses its node's GPUs)")
-    if actor_hf["num_attention_heads"] % r.sglang_tp:
-        out.append(f"rollout.sglang_tp={r.sglang_tp} does not divide num_attention_heads="
+    if actor_hf["num_attention_heads"] % tp:
+        out.append(f"{key}={tp} does not divide num_attention_heads="
                    f"{actor_hf['num_attention_heads']} ({actor_hf['_source']})")
     return out
 

@@ -50,7 +50,7 @@ MAY_CHANGE_ON_RESUME: dict[str, tuple[tuple[str, ...], str]] = {
     "memory and transport": (
         ("trainer.micro_batch_tokens", "trainer.logprob_chunk_tokens", "model.recompute_activations",
          "rollout.weight_sync_bucket_mb",
-         "rollout.sglang_mem_fraction", "rollout.sglang_max_total_tokens", "rollout.sglang_urls", "rollout.wait_timeout_s",
+         "rollout.sglang.mem_fraction", "rollout.sglang.max_total_tokens", "rollout.sglang_http.urls", "rollout.wait_timeout_s",
          "trainer.offload_during_rollout"),
         "losses are sums over micro-batches and recomputation is exact, and the offload copies "
         "bytes, so these change memory and speed, not results; server addresses change between allocations",

@@ -156,7 +156,32 @@ class PartialRolloutConfig:
 
 
 @dataclass(frozen=True)
+class SGLangConfig:
+    """rollout.engine=sglang: SGLang engines colocated on the trainer's GPUs, one per `tp` ranks of
+    every trainer TP group, fed the actor's weights after every update (rollout/engines.py)."""
+
+    tp: int = 8  # tensor parallel size of one SGLang engine (GPUs per engine)
+    mem_fraction: float = 0.7  # share of GPU memory SGLang's KV cache may take
+    # SGLang's max_total_tokens (colocated engines): at most this many tokens of KV cache, however
+    # large the share above (null: what the share gives). SGLang's CPU engine takes its share of the
+    # host's memory and refuses to start when free memory fell by more than the share while it
+    # loaded (other processes decide that): a large share with a cap starts reliably there
+    # (docs/what_ran_where.md).
+    max_total_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class SGLangHttpConfig:
+    """rollout.engine=sglang_http: SGLang servers started elsewhere, reached over HTTP. A section of
+    its own, not rollout.sglang's: each engine reads its own section only, and a server's TP, memory
+    share and cache cap are set where it was started (its TP is asked of it at start-up)."""
+
+    urls: tuple[str, ...] = ()  # servers of engine sglang_http, one per engine
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
+    # config/engines.py ENGINES: what each engine is; its settings are its own section below.
     engine: Literal["embedded", "sglang", "sglang_http"] = "embedded"  # embedded (transformers, CPU), sglang (colocated engines) or sglang_http (running servers)
     # Component 7, group sampling: prompts per step x samples per prompt.
     prompts_per_step: int = 512  # prompts sampled per step
@@ -166,15 +191,10 @@ class RolloutConfig:
     top_k: int = -1  # top-k sampling (-1: off)
     max_new_tokens: int = 16384  # longest response, tokens
     weight_sync_bucket_mb: int = 1024  # size of one weight-sync bucket into the engines, MiB
-    sglang_tp: int = 8  # tensor parallel size of one SGLang engine (GPUs per engine)
-    sglang_mem_fraction: float = 0.7  # share of GPU memory SGLang's KV cache may take
-    # SGLang's max_total_tokens (colocated engines): at most this many tokens of KV cache, however
-    # large the share above (null: what the share gives). SGLang's CPU engine takes its share of the
-    # host's memory and refuses to start when free memory fell by more than the share while it
-    # loaded (other processes decide that): a large share with a cap starts reliably there
-    # (docs/what_ran_where.md).
-    sglang_max_total_tokens: int | None = None
-    sglang_urls: tuple[str, ...] = ()  # servers of engine sglang_http, one per engine
+    # Colocated SGLang engines (rollout.engine=sglang).
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)
+    # SGLang servers over HTTP (rollout.engine=sglang_http).
+    sglang_http: SGLangHttpConfig = field(default_factory=SGLangHttpConfig)
     # Dynamic sampling (DAPO sec. 3.2): groups whose samples are all correct or all wrong (equal
     # rewards: zero advantage under GRPO, little signal under PPO) are dropped, and further
     # prompts_per_step batches are generated until the step has prompts_per_step informative

@@ -90,16 +90,16 @@ def build_config(a: argparse.Namespace, model: ModelSource):
     import torch
 
     from vapo_megatron.config import (Config, DataConfig, ModelConfig, ParallelConfig, RewardConfig, RolloutConfig,
-                                      TrainerConfig)
+                                      SGLangConfig, TrainerConfig)
 
     dtype = a.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
     return Config(
         model=ModelConfig(hf_path=str(model.hf_dir), dtype=dtype),
         parallel=ParallelConfig(tp=a.tp, pp=a.pp),
         rollout=RolloutConfig(engine=a.engine, n_samples=a.n_samples, temperature=a.temperature, top_p=a.top_p,
-                              top_k=a.top_k, max_new_tokens=a.max_new_tokens, sglang_tp=a.sglang_tp,
-                              sglang_mem_fraction=a.sglang_mem_fraction,
-                              sglang_max_total_tokens=a.sglang_max_total_tokens),
+                              top_k=a.top_k, max_new_tokens=a.max_new_tokens,
+                              sglang=SGLangConfig(tp=a.sglang_tp, mem_fraction=a.sglang_mem_fraction,
+                                                  max_total_tokens=a.sglang_max_total_tokens)),
         data=DataConfig(eval_files=tuple(a.data), schema=a.schema, apply_chat_template=not a.no_chat_template,
                         max_prompt_tokens=a.max_prompt_tokens),
         reward=RewardConfig(fn=a.reward, correct_score=a.correct_score, incorrect_score=a.incorrect_score,

@@ -319,7 +319,7 @@ def host_memory_problem(per_rank: list[tuple]) -> str | None:
             f"{ranks} rank(s), pinned), but the node has {have[worst] / GIB:.1f} GiB available ({bound[worst]}, "
             f"{have[worst]:,} bytes; {HOST_HEADROOM_FRACTION:.0%} of it is kept for the rest of the job)"
             + (f"; {len(short)} node(s) short" if len(short) > 1 else "")
-            + ". Set trainer.offload_during_rollout=false (and lower rollout.sglang_mem_fraction: vapo-plan) "
+            + ". Set trainer.offload_during_rollout=false (and lower rollout.sglang.mem_fraction: vapo-plan) "
               "or use nodes with more memory")
 
 

@@ -283,7 +283,7 @@ def init_engine_groups(size: int):
     and put those waits on the device."""
     global _ENGINE_GROUP
     if tp_size() % size:
-        raise ValueError(f"rollout.sglang_tp={size} must divide parallel.tp={tp_size()} (engines live inside TP groups)")
+        raise ValueError(f"rollout.sglang.tp={size} must divide parallel.tp={tp_size()} (engines live inside TP groups)")
     tp_groups = [None] * dist.get_world_size()
     all_gather_object(tp_groups, dist.get_process_group_ranks(tp_group()), group=wait_group())
     blocks = sorted({tuple(g[i : i + size]) for g in tp_groups for i in range(0, len(g), size)})

@@ -4,6 +4,7 @@
     dynamic_sampling.py  a step's prompts and rollouts: one round, or DAPO's dynamic sampling
     partial.py        partial rollout: bounded generation per step, groups carried over (data/carry_over.py)
     base.py           the one interface every engine implements (RolloutEngine, SamplingParams)
+    engines.py        each engine's record: how it is built, what GPU memory it takes (config/engines.py: its facts)
     embedded.py       transformers in this process (the CPU engine; also a single GPU)
     sglang_engine.py  colocated sglang.Engine per block of a TP group (GPU); sglang_http.py: a server;
                       sglang_requests.py: the requests they send and the answers they read

@@ -6,10 +6,11 @@
     gen.sync_weights(actor_model, version=...)      step 8: the new actor weights into the engines
     gen.extend(requests, params); gen.end_rounds()  partial rollout's rounds (rollout/partial.py)
 
-Engine placement. The embedded engine and an SGLang HTTP server: one engine per model replica
-(DP rank), held by the replica's first rank (TP rank 0, PP stage 0). Colocated SGLang: one
-engine per block of rollout.sglang_tp ranks of every TP group, so a replica (TP x PP ranks)
-has TP*PP/sglang_tp engines (mcore/parallel.py, init_engine_groups). Either way the replica's
+Engine placement (rollout/engines.py builds each engine). The embedded engine and an SGLang HTTP
+server: one engine per model replica (DP rank), held by the replica's first rank (TP rank 0, PP
+stage 0). A colocated engine (SGLang): one per block of its section's tp ranks (rollout.sglang.tp)
+of every TP group, so a replica (TP x PP ranks) has TP*PP/tp engines (mcore/parallel.py,
+init_engine_groups). Either way the replica's
 prompts are split evenly over its generating ranks, and the token ids are then shared with every
 rank of the replica (the model-parallel group), which all need the batch. Sampling seeds are a
 pure function of (trainer seed, iteration, DP rank, prompt and sample index), whatever the
@@ -25,7 +26,6 @@ import torch.distributed as dist
 from vapo_megatron.config import Config, RolloutConfig
 from vapo_megatron.data.prompts import PromptRecord
 from vapo_megatron.mcore import parallel
-from vapo_megatron.mcore.dtypes import torch_dtype
 from vapo_megatron.mcore.memory import free_cached_memory
 from vapo_megatron.rollout.base import Continuation, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.runtime import fault_points
@@ -53,35 +53,13 @@ def build_engine(cfg: Config, *, with_weights: bool = True, routes: bool = False
     routed experts; the embedded engine always can, for a MoE model."""
     from model_providers import read_hf_config
     from vapo_megatron.data.routes import route_shape
+    from vapo_megatron.rollout.engines import record_of
 
-    r = cfg.rollout
-    routes = route_shape(read_hf_config(cfg.model.hf_path)) if routes and r.engine != "embedded" else None
-    if r.engine == "sglang":
-        from vapo_megatron.rollout.sglang_engine import SGLangEngine
-
-        return SGLangEngine.colocated(model_path=cfg.model.hf_path, tp_size=r.sglang_tp, mem_fraction=r.sglang_mem_fraction,
-                                      dtype=cfg.model.dtype, seed=cfg.trainer.seed,
-                                      deterministic=cfg.trainer.deterministic, routes=routes,
-                                      max_total_tokens=r.sglang_max_total_tokens,
-                                      load_format="dummy" if synced else "auto")
-    if not (parallel.tp_rank() == 0 and parallel.pp_rank() == 0):
-        return None
-    if r.engine == "embedded":
-        from transformers import AutoConfig
-
-        from vapo_megatron.rollout.embedded import EmbeddedEngine
-
-        dtype = torch_dtype(cfg.model.dtype)
-        if not with_weights:
-            return EmbeddedEngine.from_hf_config(AutoConfig.from_pretrained(cfg.model.hf_path), dtype=dtype, device=str(parallel.device()))
-        return EmbeddedEngine.from_pretrained(cfg.model.hf_path, dtype=dtype, device=str(parallel.device()))
-    from vapo_megatron.rollout.sglang_engine import SGLangEngine
-    from vapo_megatron.rollout.sglang_http import HttpEngine
-
-    i = parallel.dp_rank() % len(r.sglang_urls)
-    http = HttpEngine(r.sglang_urls[i])
-    tp = http.server_tp_size(f"rollout.sglang_urls[{i}]", routes=routes is not None)  # refuses a bad server
-    return SGLangEngine(http, engine_tp=tp, routes=routes)
+    record = record_of(cfg)  # rollout/engines.py: how this engine is built
+    shape = route_shape(read_hf_config(cfg.model.hf_path)) if routes else None
+    if not record.engine.colocated and not (parallel.tp_rank() == 0 and parallel.pp_rank() == 0):
+        return None  # one engine per replica, on its first rank
+    return record.build(cfg, with_weights=with_weights, routes=shape, synced=synced)
 
 
 def generating_ranks(engine: RolloutEngine | None) -> list[int]:

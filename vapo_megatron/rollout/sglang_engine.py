@@ -99,7 +99,7 @@ class SGLangEngineConfig:
     sigquit_handler: Any = None  # ServerArgs.custom_sigquit_handler (engine_signals.EngineDeath)
     return_routes: bool = False  # routing replay: the engine records the experts of every token
     device: str = "cuda"  # "cpu": SGLang's CPU engine (cpu_engine())
-    max_total_tokens: int | None = None  # SGLang's cap on the KV cache's tokens (rollout.sglang_max_total_tokens)
+    max_total_tokens: int | None = None  # SGLang's cap on the KV cache's tokens (rollout.sglang.max_total_tokens)
 
 
 def cpu_engine() -> bool:

@@ -61,7 +61,7 @@ class Shapes:
 
     def kv_bytes_per_token(self, engine_tp: int) -> int:
         """SGLang's bf16 K and V of every layer, per GPU (KV heads replicated past their number),
-        as sizing/memory.py kv_bytes_per_token."""
+        as rollout/engines.py sglang_kv_bytes_per_token."""
         return 2 * self.layers * max(1, self.kv_heads // engine_tp) * self.head_dim * 2
 
 

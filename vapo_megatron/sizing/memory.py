@@ -16,6 +16,7 @@ import math
 
 from model_providers.table import head_dim, query_groups
 from vapo_megatron.config import Config
+from vapo_megatron.config.engines import engine_of, engine_tp
 
 GIB = float(1 << 30)
 
@@ -88,10 +89,10 @@ def reserve_parts(cfg: Config, *, world_size: int, dp: int, activations: int, ph
     replay's device item (route_parts), while training. With EP > 1 the MoE layers
     add the EP group (the dispatcher's all-to-all), the TP x EP group (its token counts, TP > 1)
     and the expert-DP group (DDP's expert gradients, DP / EP > 1)."""
-    tp, pp, ep, colocated = cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.ep, cfg.rollout.engine == "sglang"
+    tp, pp, ep, colocated = cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.ep, engine_of(cfg).colocated
     expert_groups = (ep, tp * ep if tp > 1 else 1, dp // ep) if ep > 1 else ()
     groups = (sum(size > 1 for size in (world_size, tp, pp, dp, *expert_groups))
-              + (colocated and cfg.rollout.sglang_tp > 1))
+              + (colocated and engine_tp(cfg) > 1))
     parts = {"CUDA context, trainer": CUDA_CONTEXT_BYTES}
     if colocated:
         parts["CUDA context, engine"] = CUDA_CONTEXT_BYTES
@@ -294,14 +295,7 @@ def route_parts(cfg: Config, hf_cfg: dict, *, dp: int, inflight_microbatches: in
             ROUTES_DEVICE_ITEM: stage * width + queued * stage * 8 + local * k * 4}
 
 
-def kv_bytes_per_token(hf_cfg: dict, *, sglang_tp: int, dtype_bytes: int = 2) -> int:
-    """SGLang's KV cache per token on one GPU: K and V of every layer, the rank's share of the KV
-    heads (replicated when sglang_tp exceeds their number), bf16."""
-    g, d = query_groups(hf_cfg), head_dim(hf_cfg)
-    return 2 * hf_cfg["num_hidden_layers"] * max(1, g // sglang_tp) * d * dtype_bytes
-
-
 __all__ = ["GIB", "LOAD_GPU", "LOAD_HOST", "MOE_COMBINE", "MOE_DISPATCH", "MOE_EXPERT_MLP", "MOE_ITEMS", "MOE_ROUTER", "ROLLOUT_CACHE_ITEM", "ROUTES_DEVICE_ITEM",
-           "SAVE_GPU", "SAVE_HOST", "SGLANG_RUNTIME_ITEM", "activation_bytes", "activation_parts", "checkpoint_bytes", "checkpoint_parts", "kv_bytes_per_token",
+           "SAVE_GPU", "SAVE_HOST", "SGLANG_RUNTIME_ITEM", "activation_bytes", "activation_parts", "checkpoint_bytes", "checkpoint_parts",
            "layer_activation_bytes", "logprob_buffer_bytes", "moe_architecture", "moe_layer_parts", "reserve_parts", "route_parts",
            "state_bytes"]

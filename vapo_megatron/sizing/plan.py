@@ -1,10 +1,12 @@
 """The plan: each rank's memory in the two phases of a colocated run, and what does not fit.
 
   training  actor + critic parameters, gradients and optimizer state + the activations of the
-            one model being trained; the SGLang engine has released its weights, KV cache and
-            CUDA graphs (rollout/generator.py: the engine releases its memory after each generation).
-  rollout   the engine's static share, sglang_mem_fraction x GPU memory (SGLang sizes its KV cache
-            as that share minus its weights: actor parameters in bf16 / rollout.sglang_tp per GPU),
+            one model being trained; the colocated engine (SGLang) has released its weights, KV
+            cache and CUDA graphs (rollout/generator.py: the engine releases its memory after each
+            generation).
+  rollout   the engine's static share and what it holds, as its record says (rollout/engines.py
+            gpu_memory; SGLang: rollout.sglang.mem_fraction x GPU memory, its KV cache that share
+            minus its weights: actor parameters in bf16 / rollout.sglang.tp per GPU),
             + the trainer's state unless trainer.offload_during_rollout moves it to host memory
             first (mcore/offload.py; RankMemory.offloaded names it). Assumes one engine TP rank on
             every GPU. RankMemory.kv_resume names what is left on the GPU when the owner resumes
@@ -25,11 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from vapo_megatron.config import Config
+from vapo_megatron.config.engines import engine_key, engine_of, engine_settings, engine_tp
 from vapo_megatron.config.estimators import estimator_of
 from vapo_megatron.mcore.dtypes import torch_dtype
+from vapo_megatron.rollout.engines import record_of
 from vapo_megatron.sizing.memory import (GIB, ROUTES_DEVICE_ITEM, SGLANG_RUNTIME_ITEM, activation_parts, checkpoint_bytes,
-                                         checkpoint_parts, kv_bytes_per_token, reserve_parts, route_parts, sglang_stash_bytes,
-                                         state_bytes)
+                                         checkpoint_parts, reserve_parts, route_parts, sglang_stash_bytes, state_bytes)
 from vapo_megatron.sizing.shards import ShardSize, shard_sizes
 
 
@@ -63,7 +66,7 @@ class Plan:
     shards: list[ShardSize]
     ranks: list[RankMemory]
     engine_weights: int  # per GPU
-    engine_share: int  # per GPU: sglang_mem_fraction x GPU memory
+    engine_share: int  # per GPU: the engine's static share (SGLang: rollout.sglang.mem_fraction x GPU memory)
     kv_cache: int  # per GPU
     kv_tokens: int  # per engine (= per GPU: every engine rank holds its share of every token)
     sequence_tokens: int
@@ -121,14 +124,11 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     names = tuple(name for name, _, _ in models)
     gpu = int(gpu_memory_gib * GIB)
     flat = None if reserve_gib is None else int(reserve_gib * GIB)
-    r = cfg.rollout
-    colocated = r.engine == "sglang"  # embedded: a CPU/test engine; sglang_http: servers elsewhere
-    engine_share = int(r.sglang_mem_fraction * gpu) if colocated else 0
-    engine_weights = sum(s.actor_unique for s in shards) * 2 // r.sglang_tp if colocated else 0  # bf16 / engine TP
-    kv_cache = engine_share - engine_weights
-    kv_tokens = max(0, kv_cache) // kv_bytes_per_token(actor_hf, sglang_tp=r.sglang_tp)
-    if r.sglang_max_total_tokens is not None:  # SGLang's cap on the cache, whatever the share leaves room for
-        kv_tokens = min(kv_tokens, r.sglang_max_total_tokens)
+    r, engine = cfg.rollout, engine_of(cfg)
+    colocated = engine.colocated  # embedded: a CPU/test engine; sglang_http: servers elsewhere (none sized)
+    mem = record_of(cfg).gpu_memory(cfg, gpu_bytes=gpu, actor_params=sum(s.actor_unique for s in shards),
+                                    actor_hf=actor_hf)
+    engine_share, engine_weights, kv_cache, kv_tokens = mem.share, mem.weights, mem.kv_cache, mem.kv_tokens
     sequence = cfg.data.max_prompt_tokens + r.max_new_tokens
     T = cfg.trainer.micro_batch_tokens
     recompute = cfg.model.recompute_activations
@@ -184,16 +184,19 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
         need = getattr(worst, phase)
         if need > gpu:
             problems.append(_overflow_message(phase, worst, need, gpu, sum(worst.reserve[phase].values()), engine_share,
-                                              recompute, names))
-    if colocated and kv_cache <= 0:
-        problems.append(f"rollout: the SGLang engine's share rollout.sglang_mem_fraction={r.sglang_mem_fraction} x "
-                        f"{gpu / GIB:.1f} GiB = {engine_share / GIB:.1f} GiB does not hold its weights "
-                        f"({engine_weights / GIB:.1f} GiB per GPU at rollout.sglang_tp={r.sglang_tp}): no room for a KV "
-                        f"cache (short by {-kv_cache / GIB:.1f} GiB); raise sglang_mem_fraction or sglang_tp")
-    elif colocated and kv_tokens < sequence:
-        problems.append(f"rollout: the SGLang KV cache holds {kv_tokens} tokens per engine, less than one full "
-                        f"sequence of data.max_prompt_tokens + rollout.max_new_tokens = {sequence}; raise "
-                        f"rollout.sglang_mem_fraction or rollout.sglang_tp")
+                                              recompute, names, cfg))
+    if colocated:
+        share_key, tp_key = engine_key(cfg, "mem_fraction"), engine_key(cfg, "tp")
+        fraction = engine_settings(cfg).mem_fraction
+        if kv_cache <= 0:
+            problems.append(f"rollout: the {engine.label} engine's share {share_key}={fraction} x "
+                            f"{gpu / GIB:.1f} GiB = {engine_share / GIB:.1f} GiB does not hold its weights "
+                            f"({engine_weights / GIB:.1f} GiB per GPU at {tp_key}={engine_tp(cfg)}): no room for a KV "
+                            f"cache (short by {-kv_cache / GIB:.1f} GiB); raise {share_key} or {tp_key}")
+        elif kv_tokens < sequence:
+            problems.append(f"rollout: the {engine.label} KV cache holds {kv_tokens} tokens per engine, less than one "
+                            f"full sequence of data.max_prompt_tokens + rollout.max_new_tokens = {sequence}; raise "
+                            f"{share_key} or {tp_key}")
     ckpt = checkpoint_bytes(sum(getattr(s, f"{m}_unique") for s in shards for m in names), dtype_bytes=dtype_bytes)
     # The weight sync's bound (rollout/weight_sync.py, SyncStats.bound): the bucket, and the largest
     # full tensor gathered from its TP shards, the embedding or output layer [padded vocab, h].
@@ -204,7 +207,7 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     state = [sum(m.parts[f"{a} {k}"] for a in names for k in STATE) for m in ranks]
     host = max(sum(m.parts[f"{a} {k}"] for a in names for k in HOST_STATE) for m in ranks)
     compare = _kv_compare(ranks, state, offload=offload, engine_share=engine_share, engine_weights=engine_weights, gpu=gpu,
-                          per_token=kv_bytes_per_token(actor_hf, sglang_tp=r.sglang_tp), sequence=sequence,
+                          per_token=mem.per_token, sequence=sequence,
                           peak=peak) if colocated else {}
     if colocated and not offload and any(p.startswith("rollout") for p in problems):
         problems.append(f"rollout: trainer.offload_during_rollout=true would move the trainer's {max(state) / GIB:.1f} GiB "
@@ -239,13 +242,13 @@ def _kv_compare(ranks: list[RankMemory], state: list[int], *, offload: bool, eng
 
 
 def _overflow_message(phase: str, m: RankMemory, need: int, gpu: int, reserve: int, engine_share: int,
-                      recompute: bool, names: tuple[str, ...]) -> str:
+                      recompute: bool, names: tuple[str, ...], cfg: Config) -> str:
     items = {f"{a} {k}": m.parts[f"{a} {k}"] for a in names for k in STATE if not (phase == "rollout" and m.offloaded)}
     if phase == "training":
         model = max(names, key=lambda a: m.parts[f"{a} activations"])  # the actor on a tie
         items[f"{model} activations" + (" (full recompute)" if recompute else " (no recompute)")] = m.parts[f"{model} activations"]
-    else:
-        items["SGLang engine (rollout.sglang_mem_fraction x GPU)"] = engine_share
+    elif engine_of(cfg).colocated:
+        items[f"{engine_of(cfg).label} engine ({engine_key(cfg, 'mem_fraction')} x GPU)"] = engine_share
     items["reserve"] = reserve
     top = sorted(items.items(), key=lambda kv: -kv[1])[:3]
     hint = ""
@@ -260,20 +263,20 @@ def resident_rollout_problem(cfg: Config, *, state_bytes: int, gpu_bytes: int, w
     """vapo-train's start-up form of the plan's rollout phase without the offload (make_plan needs the
     model's shapes; here the trainer's state is measured: mcore/offload.py host_bytes of the worst
     rank): with a colocated engine and trainer.offload_during_rollout=false, the trainer's state stays
-    on the GPU while the engine resumes its share (rollout.sglang_mem_fraction x GPU memory) and
-    needs the reserve besides (memory.reserve_parts). A message naming both keys, or None."""
-    r, t = cfg.rollout, cfg.trainer
-    if r.engine != "sglang" or t.offload_during_rollout:
+    on the GPU while the engine resumes its share (its record's: rollout.sglang.mem_fraction x GPU
+    memory) and needs the reserve besides (memory.reserve_parts). A message naming both keys, or None."""
+    if not engine_of(cfg).colocated or cfg.trainer.offload_during_rollout:
         return None
     dp = max(1, world_size // (cfg.parallel.tp * cfg.parallel.pp))
     reserve = sum(reserve_parts(cfg, world_size=world_size, dp=dp, activations=0, phase="rollout").values())
-    share = int(r.sglang_mem_fraction * gpu_bytes)
+    share = record_of(cfg).share(cfg, gpu_bytes)
+    key = engine_key(cfg, "mem_fraction")
     need = state_bytes + share + reserve
     if need <= gpu_bytes:
         return None
     fits = (gpu_bytes - state_bytes - reserve) * 100 // gpu_bytes / 100  # rounded down
-    lower = f"lower rollout.sglang_mem_fraction to at most {fits:.2f}" if fits > 0 else "use more GPUs"
-    return (f"rollout.sglang_mem_fraction={r.sglang_mem_fraction} with trainer.offload_during_rollout=false does not fit "
+    lower = f"lower {key} to at most {fits:.2f}" if fits > 0 else "use more GPUs"
+    return (f"{key}={engine_settings(cfg).mem_fraction} with trainer.offload_during_rollout=false does not fit "
             f"the GPU at the KV cache's resume: the engine's share {share / GIB:.1f} GiB + the trainer's state "
             f"{state_bytes / GIB:.1f} GiB (the worst rank's, resident) + {reserve / GIB:.1f} GiB reserve = "
             f"{need / GIB:.1f} GiB > {gpu_bytes / GIB:.1f} GiB; set trainer.offload_during_rollout=true or {lower} "
@@ -281,7 +284,7 @@ def resident_rollout_problem(cfg: Config, *, state_bytes: int, gpu_bytes: int, w
 
 
 def check_engine_share(cfg, models) -> None:
-    """Collective over the world: with a colocated SGLang engine and trainer.offload_during_rollout
+    """Collective over the world: with a colocated engine and trainer.offload_during_rollout
     off, raises the same ConfigError on every rank when the worst rank's resident state, the
     engine's share and the reserve exceed the GPU (resident_rollout_problem of the worst rank's state
     as mcore/offload.py host_bytes measures it). Only on CUDA: without it no colocated engine runs
@@ -291,7 +294,7 @@ def check_engine_share(cfg, models) -> None:
     from vapo_megatron.config import ConfigError
     from vapo_megatron.mcore import offload, parallel
 
-    if not torch.cuda.is_available() or cfg.rollout.engine != "sglang" or cfg.trainer.offload_during_rollout:
+    if not torch.cuda.is_available() or not engine_of(cfg).colocated or cfg.trainer.offload_during_rollout:
         return
     mine = (offload.host_bytes(models), torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
     group = parallel.wait_group()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vapo_megatron.config import Config
+from vapo_megatron.config.engines import engine_key, engine_of, engine_settings, engine_tp
 from vapo_megatron.sizing.memory import GIB, LOAD_GPU, LOAD_HOST, MOE_ITEMS, SAVE_GPU, SAVE_HOST
 from vapo_megatron.sizing.plan import Plan
 
@@ -29,9 +30,10 @@ def _kv_resume_lines(plan: Plan, cfg: Config) -> list[str]:
         lines.append("  off the GPU before the resume (trainer.offload_during_rollout; to pinned host memory, but the "
                      "gradient buffers: freed, zeroed on return), not counted:")
         lines += [f"    {k + (', freed' if 'gradient' in k else ', to host'):<48}{_g(v):>8}" for k, v in m.offloaded.items()]
-    if cfg.rollout.engine == "sglang":
-        lines.append(f"  {'+ SGLang static share (weights + KV cache)':<50}{_g(plan.engine_share):>8}")
-        lines.append(f"  {'+ SGLang buffers outside its static share':<50}{_g(runtime):>8}")
+    if engine_of(cfg).colocated:
+        label = engine_of(cfg).label
+        lines.append(f"  {'+ ' + label + ' static share (weights + KV cache)':<50}{_g(plan.engine_share):>8}")
+        lines.append(f"  {'+ ' + label + ' buffers outside its static share':<50}{_g(runtime):>8}")
     lines.append(f"  {'= rollout':<50}{_g(m.rollout):>8}")
     lines.append("  freed on every rank before the resume, not counted:")
     lines += [f"    {k:<68}{'(by the data)' if v is None else _g(v)}" for k, v in plan.freed_before_resume.items()]
@@ -48,18 +50,19 @@ def _routes_lines(plan: Plan) -> list[str]:
 
 
 def _offload_lines(plan: Plan, cfg: Config, gpus_per_node: int) -> list[str]:
-    """SGLang's KV cache with and without trainer.offload_during_rollout, at this config's rollout peak."""
+    """The colocated engine's KV cache with and without trainer.offload_during_rollout, at this config's rollout peak."""
     peak, fits = plan.kv_compare["peak"], not any(p.startswith("rollout") for p in plan.problems)
     on, off = plan.kv_compare["offloaded"], plan.kv_compare["resident"]
-    lines = [f"SGLang KV cache per GPU with and without trainer.offload_during_rollout (this config: "
+    key = engine_key(cfg, "mem_fraction")
+    lines = [f"{engine_of(cfg).label} KV cache per GPU with and without trainer.offload_during_rollout (this config: "
              f"{_yes(plan.offload)}), computed from shapes and the estimates above, not measured, at "
              + (f"this config's rollout peak of {peak / GIB:.1f} GiB:" if fits else
                 f"a rollout peak of the GPU's {peak / GIB:.1f} GiB (this config's does not fit):")]
     for label, c, this in (("offloaded", on, plan.offload), ("resident", off, not plan.offload)):
-        lines.append(f"  trainer state {label + ':':<10} sglang_mem_fraction {c['fraction']:.2f} = {c['share'] / GIB:5.1f} GiB, "
+        lines.append(f"  trainer state {label + ':':<10} {key} {c['fraction']:.2f} = {c['share'] / GIB:5.1f} GiB, "
                      f"KV cache {max(c['kv_cache'], 0) / GIB:5.1f} GiB = {c['kv_tokens']:,} tokens per engine, "
                      f"{c['sequences']} full sequences of {plan.sequence_tokens:,} tokens at once"
-                     + ("  <- rollout.sglang_mem_fraction" if this and c["configured"] else ""))
+                     + (f"  <- {key}" if this and c["configured"] else ""))
     ratio = on["kv_cache"] / off["kv_cache"] if off["kv_cache"] > 0 else float("inf")
     lines.append(f"  offload: {ratio:.2f}x the KV cache; frees {plan.state_per_gpu / GIB:.1f} GiB per GPU (worst rank), of "
                  f"which {plan.host_per_gpu / GIB:.1f} GiB in pinned host memory (the gradient buffers are dropped, not "
@@ -83,7 +86,7 @@ def _checkpoint_io_lines(plan: Plan) -> list[str]:
 NO_CRITIC = "none (algo.estimator=grpo)"
 
 
-def _no_critic_lines(plan: Plan) -> list[str]:
+def _no_critic_lines(plan: Plan, cfg: Config) -> list[str]:
     """algo.estimator=grpo: what having no critic frees, against the same config with a critic
     (Plan.with_critic), the KV cache at this plan's rollout peak with the trainer's state offloaded
     and resident."""
@@ -96,7 +99,7 @@ def _no_critic_lines(plan: Plan) -> list[str]:
              f"checkpoints {(other.checkpoint - plan.checkpoint) / 1e9:,.1f} GB smaller"]
     if not plan.kv_compare:
         return lines
-    lines.append(f"  SGLang KV cache per GPU at this config's rollout peak of {plan.kv_compare['peak'] / GIB:.1f} GiB, "
+    lines.append(f"  {engine_of(cfg).label} KV cache per GPU at this config's rollout peak of {plan.kv_compare['peak'] / GIB:.1f} GiB, "
                  "without / with a critic:")
     for way, this in (("offloaded", plan.offload), ("resident", not plan.offload)):
         a, b = plan.kv_compare[way], other.kv_compare[way]
@@ -179,15 +182,17 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
         same = len({(m.training, m.rollout) for m in stage}) == 1
         label = f"pp={pr} (tp ranks 0-{tp - 1}{' identical' if same else ' differ'})"
         lines.append(f"  {label:<50}{_g(tr):>8}  {_g(ro):>8}")
-    if r.engine == "sglang":
+    engine, engine_tp_ = engine_of(cfg), engine_tp(cfg)
+    if engine.colocated:
         engine_line = (
-            f"SGLang: {plan.world_size // r.sglang_tp} engine(s) of TP={r.sglang_tp}; share {r.sglang_mem_fraction} x GPU = "
+            f"{engine.label}: {plan.world_size // engine_tp_} engine(s) of TP={engine_tp_}; share "
+            f"{engine_settings(cfg).mem_fraction} x GPU = "
             f"{plan.engine_share / GIB:.1f} GiB per GPU: weights {plan.engine_weights / GIB:.1f} GiB (bf16 actor / "
-            f"{r.sglang_tp}), KV cache {max(plan.kv_cache, 0) / GIB:.1f} GiB = {plan.kv_tokens:,} tokens per engine "
+            f"{engine_tp_}), KV cache {max(plan.kv_cache, 0) / GIB:.1f} GiB = {plan.kv_tokens:,} tokens per engine "
             f"({plan.kv_tokens // plan.sequence_tokens} full sequences of {plan.sequence_tokens:,} tokens at once)")
     else:
-        engine_line = f"rollout.engine={r.engine}: no SGLang engine on these GPUs, none sized (rollout = resident state)"
-    offload_lines = _offload_lines(plan, cfg, gpus_per_node) if r.engine == "sglang" else []
+        engine_line = f"rollout.engine={r.engine}: no colocated engine on these GPUs, none sized (rollout = resident state)"
+    offload_lines = _offload_lines(plan, cfg, gpus_per_node) if engine.colocated else []
     from vapo_megatron.checkpoint.manager import KEEP_CHECKPOINTS
 
     lines.append(f"  (each includes the reserve below; limit {plan.gpu_bytes / GIB:.1f} GiB)")
@@ -209,7 +214,7 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
         engine_line,
         *_routes_lines(plan),
         *offload_lines,
-        *(_no_critic_lines(plan) if plan.with_critic is not None else []),
+        *(_no_critic_lines(plan, cfg) if plan.with_critic is not None else []),
         (f"assumptions: {' and '.join(models)} parameters, gradients and optimizer state stay on every GPU during training "
          "and leave it during rollout, parameters and optimizer state to host memory, the gradient buffers freed "
          "(trainer.offload_during_rollout)" if plan.offload else

@@ -11,14 +11,14 @@ these settings replaced:
   parallel.pp, parallel.vpp        each PP dividing world / TP; VPP null or >= 2 dividing the layers per stage
   parallel.ep                      a mixture-of-experts model's: each divisor of DP whose EP groups stay
                                    in one node (report.ep_group_nodes); 1 for a dense model
-  rollout.sglang_tp                with a colocated engine, each divisor of TP
+  the engine's TP                  with a colocated engine (rollout.sglang.tp), each divisor of TP
   model.recompute_activations      off and on
   trainer.offload_during_rollout   off and on, with a colocated engine
   trainer.micro_batch_tokens       the config's, and one full sequence (the least the checks allow)
   parallel.sequence_parallel       on wherever TP > 1: the step-time model gives it no cost and it
                                    only lowers memory (megatron needs it for MoE at TP > 1)
 
-Everything else is the config's, rollout.sglang_mem_fraction included (the engine's share: a
+Everything else is the config's, rollout.sglang.mem_fraction included (the engine's share: a
 layout that does not fit at it is not listed; search again with another share as an override).
 A candidate is kept when the checks vapo-plan applies to one config find nothing
 (config/checks.py config_problems and config/preflight.py launch_problems: the trainer's layout,
@@ -34,6 +34,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from vapo_megatron.config import Config
+from vapo_megatron.config.engines import engine_key, engine_of, engine_tp, with_engine_tp
 from vapo_megatron.config.estimators import estimator_of
 from vapo_megatron.sizing.hardware import GPU, on_nvlink
 
@@ -52,15 +53,18 @@ class Assumptions:
     eval_prompts: int | None = None
 
 
-# A candidate's settings, in the order the records and overrides list them.
-KEYS = ("parallel.tp", "parallel.pp", "parallel.vpp", "parallel.ep", "parallel.sequence_parallel", "rollout.sglang_tp",
+# A candidate's settings, in the order the records and overrides list them; ENGINE_TP stands for the
+# colocated engine's tp (its section's key: rollout.sglang.tp), none for another engine.
+ENGINE_TP = "engine_tp"
+KEYS = ("parallel.tp", "parallel.pp", "parallel.vpp", "parallel.ep", "parallel.sequence_parallel", ENGINE_TP,
         "model.recompute_activations", "trainer.offload_during_rollout", "trainer.micro_batch_tokens")
 
 
 def settings(cfg: Config) -> tuple:
-    """A config's values of KEYS (sequence parallelism as it runs: off at TP=1)."""
+    """A config's values of KEYS (sequence parallelism as it runs: off at TP=1; no engine TP but a
+    colocated engine's)."""
     p = cfg.parallel
-    return (p.tp, p.pp, p.vpp, p.ep, p.sequence_parallel and p.tp > 1, cfg.rollout.sglang_tp,
+    return (p.tp, p.pp, p.vpp, p.ep, p.sequence_parallel and p.tp > 1, engine_tp(cfg),
             cfg.model.recompute_activations, cfg.trainer.offload_during_rollout, cfg.trainer.micro_batch_tokens)
 
 
@@ -68,15 +72,19 @@ def overrides(cfg: Config) -> tuple[str, ...]:
     """The candidate as vapo-plan's (and vapo-train's) key=value overrides."""
     def text(v) -> str:
         return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
-    return tuple(f"{k}={text(v)}" for k, v in zip(KEYS, settings(cfg)))
+    colocated = engine_of(cfg).colocated
+    return tuple(f"{engine_key(cfg, 'tp') if k == ENGINE_TP else k}={text(v)}" for k, v in zip(KEYS, settings(cfg))
+                 if k != ENGINE_TP or colocated)
 
 
-def with_settings(cfg: Config, tp: int, pp: int, vpp: int | None, ep: int, sp: bool, engine_tp: int, recompute: bool,
-                  offload: bool, micro_batch_tokens: int) -> Config:
-    return replace(cfg, parallel=replace(cfg.parallel, tp=tp, pp=pp, vpp=vpp, ep=ep, sequence_parallel=sp),
-                   rollout=replace(cfg.rollout, sglang_tp=engine_tp),
-                   model=replace(cfg.model, recompute_activations=recompute),
-                   trainer=replace(cfg.trainer, offload_during_rollout=offload, micro_batch_tokens=micro_batch_tokens))
+def with_settings(cfg: Config, tp: int, pp: int, vpp: int | None, ep: int, sp: bool, etp: int | None,
+                  recompute: bool, offload: bool, micro_batch_tokens: int) -> Config:
+    """`cfg` with these settings; etp: the colocated engine's TP (None, or an engine not colocated:
+    left as it is)."""
+    cfg = replace(cfg, parallel=replace(cfg.parallel, tp=tp, pp=pp, vpp=vpp, ep=ep, sequence_parallel=sp),
+                  model=replace(cfg.model, recompute_activations=recompute),
+                  trainer=replace(cfg.trainer, offload_during_rollout=offload, micro_batch_tokens=micro_batch_tokens))
+    return with_engine_tp(cfg, etp) if etp is not None and engine_of(cfg).colocated else cfg
 
 
 def _divisors(n: int) -> list[int]:
@@ -89,7 +97,7 @@ def candidates(cfg: Config, actor_hf: dict, *, world: int, a: Assumptions) -> li
     from vapo_megatron.sizing.report import ep_group_nodes
 
     layers, moe = actor_hf["num_hidden_layers"], moe_architecture(actor_hf) is not None
-    colocated = cfg.rollout.engine == "sglang"
+    colocated = engine_of(cfg).colocated
     sequence = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
     micro = sorted({cfg.trainer.micro_batch_tokens, sequence})
     out = []
@@ -101,11 +109,11 @@ def candidates(cfg: Config, actor_hf: dict, *, world: int, a: Assumptions) -> li
                    ] if moe else [1]
             for vpp in vpps:
                 for ep in eps:
-                    for engine_tp in _divisors(tp) if colocated else [cfg.rollout.sglang_tp]:
+                    for etp in _divisors(tp) if colocated else [None]:
                         for recompute in (False, True):
                             for offload in (False, True) if colocated else [cfg.trainer.offload_during_rollout]:
                                 for mbt in micro:
-                                    out.append(with_settings(cfg, tp, pp, vpp, ep, tp > 1, engine_tp, recompute, offload, mbt))
+                                    out.append(with_settings(cfg, tp, pp, vpp, ep, tp > 1, etp, recompute, offload, mbt))
     return out
 
 
@@ -301,7 +309,7 @@ def gib(n: int) -> float:
 def record(row: Row, rank: int | None, reference: Row | None) -> dict:
     """One layout as --json prints it (GiB and seconds; the phases in the trainer's order). dp is
     None where the layout is refused; vs_config_s: seconds against `reference` (the config's own)."""
-    keys = dict(zip(("tp", "pp", "vpp", "ep", "sequence_parallel", "sglang_tp", "recompute", "offload",
+    keys = dict(zip(("tp", "pp", "vpp", "ep", "sequence_parallel", "engine_tp", "recompute", "offload",
                      "micro_batch_tokens"), settings(row.cfg)))
     out = {"rank": rank, "config": row.own, **keys, "dp": row.plan.layout[2] if row.plan is not None else None,
            "overrides": list(overrides(row.cfg)), "fits": row.fits}
@@ -332,6 +340,6 @@ def records(result: Search, top: int) -> list[dict]:
     return out
 
 
-__all__ = ["Assumptions", "Cause", "KEYS", "Row", "Search", "candidates", "closest_refused", "evaluate", "overrides",
+__all__ = ["ENGINE_TP", "Assumptions", "Cause", "KEYS", "Row", "Search", "candidates", "closest_refused", "evaluate", "overrides",
            "phase_deltas", "record", "records", "refusal_causes", "search", "setting_problems", "settings",
            "with_settings"]

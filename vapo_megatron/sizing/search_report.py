@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vapo_megatron.config import Config
+from vapo_megatron.config.engines import engine_key, engine_of, engine_settings, engine_tp
 from vapo_megatron.config.estimators import estimator_of
 from vapo_megatron.sizing.search import Row, Search, closest_refused, gib, overrides, phase_deltas, refusal_causes
 
@@ -15,9 +16,9 @@ def _on(flag: bool) -> str:
 
 
 def _layout(row: Row) -> str:
-    p, r = row.cfg.parallel, row.cfg.rollout
+    p = row.cfg.parallel
     ep = f" EP={p.ep}" if p.ep > 1 else ""
-    return (f"TP={p.tp} PP={p.pp} VPP={p.vpp or '-'}{ep} engine TP={r.sglang_tp}, recompute "
+    return (f"TP={p.tp} PP={p.pp} VPP={p.vpp or '-'}{ep} engine TP={engine_tp(row.cfg)}, recompute "
             f"{_on(row.cfg.model.recompute_activations)}, offload {_on(row.cfg.trainer.offload_during_rollout)}, "
             f"micro_batch_tokens={row.cfg.trainer.micro_batch_tokens}")
 
@@ -34,7 +35,7 @@ def _main_phase(row: Row, reference: Row) -> str:
 def _row_line(row: Row, rank: int | None, reference: Row | None) -> str:
     p, e = row.cfg.parallel, row.estimate
     cells = [f"{rank if rank is not None else '-':>4}", f"{p.tp:>3}", f"{p.pp:>3}", f"{p.vpp or '-':>4}", f"{p.ep:>3}",
-             f"{row.plan.layout[2]:>4}", f"{row.cfg.rollout.sglang_tp:>4}",
+             f"{row.plan.layout[2]:>4}", f"{engine_tp(row.cfg) or '-':>4}",
              f"{_on(row.cfg.model.recompute_activations):>4}", f"{_on(row.cfg.trainer.offload_during_rollout):>4}",
              f"{row.cfg.trainer.micro_batch_tokens:>7}",
              f"{gib(row.training_peak):6.1f}", f"{gib(row.rollout_peak):6.1f}", f"{gib(row.headroom):5.1f}"]
@@ -86,15 +87,15 @@ def format_search(result: Search, cfg: Config, *, top: int, model_source: str, n
         "(their optimizers stay as configured)" if estimator_of(cfg).needs_critic else
         f"one layout for the actor (algo.estimator={cfg.algo.estimator}: no critic)",
         "searched: TP within one NVLink domain, PP, VPP, " + ("EP with its groups in one node, " if result.moe else "")
-        + "the engine's TP (rollout.sglang_tp, dividing TP), full recompute off and on, "
-        + ("offload off and on, " if cfg.rollout.engine == "sglang" else "")
+        + f"the engine's TP ({engine_key(cfg, 'tp')}, dividing TP), full recompute off and on, "
+        + ("offload off and on, " if engine_of(cfg).colocated else "")
         + f"micro_batch_tokens {' and '.join(map(str, micro))}; sequence parallelism on wherever TP > 1; every other "
-        f"setting as configured (rollout.sglang_mem_fraction={cfg.rollout.sglang_mem_fraction})",
+        f"setting as configured ({engine_key(cfg, 'mem_fraction')}={engine_settings(cfg).mem_fraction})",
         f"layouts: {result.tried:,} tried, {result.refused:,} refused by the checks vapo-plan applies (the trainer's), "
         f"{result.too_big:,} do not fit (its memory check), {len(result.rows):,} fit",
         "ranked by modelled step time: computed from shapes and datasheet rates at assumed efficiencies, nothing "
         "measured; a model until a GPU run checks it (docs/slurm.md, \"Choosing a layout\")",
-        "  eTP: rollout.sglang_tp; rc: full recompute; off: offload during rollout; mbt: micro_batch_tokens; GiB per GPU "
+        f"  eTP: {engine_key(cfg, 'tp')}; rc: full recompute; off: offload during rollout; mbt: micro_batch_tokens; GiB per GPU "
         "at the worst rank: train(ing) and roll(out) peaks, free = headroom; seconds per step: each phase, other = "
         "offload + onload + sync + checkpoint; tok/s per GPU; GPU-h of the whole run",
         "",
@@ -139,7 +140,7 @@ def no_layout_lines(result: Search) -> list[str]:
                      "settings and this number of GPUs do not go together)")
     else:
         lines.append("no layout fits; the closest (more GPUs, a GPU with more memory or another "
-                     "rollout.sglang_mem_fraction, as an override, may make one fit):")
+                     f"{engine_key(result.own.cfg, 'mem_fraction')}, as an override, may make one fit):")
         lines += [f"  {_layout(r)}: {r.problems[0]}" for r in result.closest]
     if result.refusals:
         lines.append(f"refused by the checks: {result.refused:,} layout(s), by rule (numbers in braces: the values "

@@ -7,7 +7,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from vapo_megatron.config.engines import engine_of, engine_tp
 from vapo_megatron.config.estimators import estimator_of
+from vapo_megatron.rollout.engines import record_of
 from vapo_megatron.sizing.flops import shapes_from_hf
 from vapo_megatron.sizing.hardware import GPU, GPUS, gpu_from_device_name
 from vapo_megatron.sizing.step_time import Setup, checkpoint_save_s, estimate
@@ -40,9 +42,9 @@ def setup_from_config(cfg, actor_hf: dict, critic_hf: dict | None, *, world: int
     critic = shapes_from_hf(critic_hf or actor_hf) if estimator_of(cfg).needs_critic else None
     dp = world // (p.tp * p.pp)
     dtype_bytes = 2 if cfg.model.dtype == "bfloat16" else 4
-    if kv_tokens is None:
-        share = r.sglang_mem_fraction * (gpu_memory_gib or gpu.memory_gib) * GIB
-        kv_tokens = max(0, int((share - 2 * actor.params() / r.sglang_tp) // actor.kv_bytes_per_token(r.sglang_tp)))
+    if kv_tokens is None:  # the engine's record: its KV cache on a GPU of this size (rollout/engines.py)
+        kv_tokens = record_of(cfg).gpu_memory(cfg, gpu_bytes=int((gpu_memory_gib or gpu.memory_gib) * GIB),
+                                              actor_params=actor.params(), actor_hf=actor_hf).kv_tokens
     models = [(actor.params(), cfg.actor_optim)] + ([(critic.params(critic=True), cfg.critic_optim)] if critic else [])
     if offload_bytes_per_gpu is None:  # parameters + optimizer state; the gradient buffers are freed, not copied
         offload_bytes_per_gpu = 0
@@ -58,7 +60,7 @@ def setup_from_config(cfg, actor_hf: dict, critic_hf: dict | None, *, world: int
     eval_n = min(e.max_prompts, eval_prompts) if eval_prompts is not None else e.max_prompts
     return Setup(
         actor=actor, critic=critic, world=world, gpus_per_node=gpus_per_node, tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep,
-        engine_tp=r.sglang_tp, kv_tokens=kv_tokens, prompts=r.prompts_per_step,
+        engine_tp=engine_tp(cfg) or 1, kv_tokens=kv_tokens, prompts=r.prompts_per_step,
         samples=r.prompts_per_step * r.n_samples,
         prompt_tokens=prompt_tokens if prompt_tokens is not None else default_prompt_tokens(cfg.data.max_prompt_tokens),
         response_tokens=response_tokens if response_tokens is not None else default_response_tokens(r.max_new_tokens),
@@ -89,9 +91,9 @@ def predicted_step_and_save(cfg, actor_hf: dict, critic_hf: dict | None, *, worl
     """(one RL iteration, one checkpoint save) in seconds for vapo-train's deadline before it has
     measured either (trainer/deadline.py StepClock): this config at its defaults for what a
     config does not say (mean response rollout.max_new_tokens / 4, 1 GB/s to the file system).
-    (0, 0) where the model has no rates: an unknown GPU, or an engine other than colocated SGLang."""
+    (0, 0) where the model has no rates: an unknown GPU, or an engine that is not colocated."""
     gpu = gpu_from_device_name(device_name)
-    if gpu is None or cfg.rollout.engine != "sglang":
+    if gpu is None or not engine_of(cfg).colocated:
         return 0.0, 0.0
     setup = setup_from_config(cfg, actor_hf, critic_hf, world=world, gpus_per_node=gpus_per_node, gpu=gpu,
                               gpu_memory_gib=gpu_memory_gib)

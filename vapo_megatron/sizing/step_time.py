@@ -79,7 +79,7 @@ class Setup:
     pp: int
     vpp: int | None
     ep: int  # parallel.ep
-    engine_tp: int  # rollout.sglang_tp
+    engine_tp: int  # GPUs per engine: rollout.sglang.tp
     kv_tokens: int  # KV-cache tokens per engine
     prompts: int  # rollout.prompts_per_step
     samples: int  # prompts x rollout.n_samples

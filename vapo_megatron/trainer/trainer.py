@@ -109,7 +109,7 @@ class Trainer:
         if t.offload_during_rollout:
             check_host_memory(list(self.models.values()))  # every node, before any step
             self.offloader = Offloader(list(self.models.values()))
-        else:  # the state stays on the GPU beside the engine's share (rollout.sglang_mem_fraction)
+        else:  # the state stays on the GPU beside the engine's share (rollout.sglang.mem_fraction)
             self.planner.check_engine_share(cfg, list(self.models.values()))
         self.state = RunState(sampler=PromptSampler(self.data.train, cfg.rollout.prompts_per_step, cfg.data.seed))
         self.checkpoints = CheckpointManager(t.run_dir, self.models, config=run_record(cfg))

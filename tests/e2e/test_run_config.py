@@ -91,3 +91,31 @@ def test_a_changed_configuration_on_resume_is_refused_or_logged(demo, tmp_path):
     assert (f"[vapo] resuming {run_dir} with a changed configuration: trainer.allow_config_change: True in the run, "
             "False now; trainer.save_every: 20 in the run, 5 now; trainer.total_steps: 2 in the run, 3 now\n") in proc.stdout
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_0000003"
+
+
+def test_a_run_directory_written_before_the_engine_sections_resumes(demo, tmp_path):
+    """Issue 64: the engine settings moved into their own sections (rollout.sglang.tp, ...). A run
+    directory whose config.yaml still has the flat keys (rollout.sglang_tp, ...) resumes: its record
+    is read in the new form, the resume sees the same configuration and rewrites the record anew."""
+    import yaml
+
+    run_dir = tmp_path / "run"
+    base = _base(demo, run_dir)
+    first = _cli(*base, "rollout.sglang.tp=2", "rollout.sglang.max_total_tokens=4096")
+    assert first.returncode == 0, first.stderr[-4000:]
+    saved = run_dir / "config.yaml"
+    tree = yaml.safe_load(saved.read_text())
+    r = tree["rollout"]
+    s, http = r.pop("sglang"), r.pop("sglang_http")
+    r.update(sglang_tp=s["tp"], sglang_mem_fraction=s["mem_fraction"], sglang_max_total_tokens=s["max_total_tokens"],
+             sglang_urls=http["urls"])
+    saved.write_text(yaml.safe_dump(tree, sort_keys=False))  # as the trainer wrote it before the move
+
+    proc = _cli(*base, "rollout.sglang.tp=2", "rollout.sglang.max_total_tokens=4096", "trainer.total_steps=2")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "resumed from" in proc.stdout
+    assert (f"[vapo] resuming {run_dir} with a changed configuration: trainer.total_steps: 1 in the run, "
+            "2 now\n") in proc.stdout, proc.stdout[-3000:]  # nothing else differs: the old keys were read
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_0000002"
+    assert yaml.safe_load(saved.read_text())["rollout"]["sglang"] == {"tp": 2, "mem_fraction": 0.7,
+                                                                      "max_total_tokens": 4096}

@@ -58,7 +58,7 @@ what_ran_where.md). One rank per GPU of one node, the actor at trainer TP = N (s
 per `--model-preset` (default the four families' tiny presets, their heads multiplied until N
 divides them, head_dim 128, experts in every layer: ranks_mode.ranks_model; random bf16 weights). The
 colocated SGLang engines start through SGLangEngine.colocated at engine TP `--engine-tp` (default N,
-what the shipped configs' rollout.sglang_tp = parallel.tp means), one per block of K ranks; one weight
+what the shipped configs' rollout.sglang.tp = parallel.tp means), one per block of K ranks; one weight
 sync (rollout/weight_sync.py in 1 MiB buckets: each rank's bucket a CUDA IPC handle, gathered per
 engine group and opened by the SGLang TP rank on that rank's GPU); each engine samples its share of 8
 prompts (2 answers each, 16 tokens, temperature 1). Every rank makes the same collectives whatever the
@@ -106,7 +106,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="the multi-rank checks, under torchrun --nproc-per-node N (N >= 2, one node): SGLang at "
                          "engine TP > 1 fed by every trainer rank, SGLang's routed experts against routing replay")
     ap.add_argument("--engine-tp", type=int, default=None,
-                    help="with --ranks: SGLang's engine TP, dividing N (default N, as rollout.sglang_tp = parallel.tp)")
+                    help="with --ranks: SGLang's engine TP, dividing N (default N, as rollout.sglang.tp = parallel.tp)")
     args = ap.parse_args(argv)
     args.steps_given = args.steps is not None
     args.steps = 2 if args.steps is None else args.steps
@@ -135,7 +135,7 @@ def ranks_problems(args: argparse.Namespace, env) -> list[str]:
                         "(torchrun --nnodes 1)")
     if args.engine_tp is not None and (args.engine_tp < 1 or int(world) % args.engine_tp):
         problems.append(f"--engine-tp={args.engine_tp} must be >= 1 and divide the {world} ranks (each engine serves "
-                        "a block of the trainer's TP group, as rollout.sglang_tp divides parallel.tp)")
+                        "a block of the trainer's TP group, as rollout.sglang.tp divides parallel.tp)")
     return problems
 
 

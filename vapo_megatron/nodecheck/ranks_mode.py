@@ -5,7 +5,7 @@ colocated with it (vapo_megatron/check.py parses the flags and says what each ch
 
 Per preset: ranks_model gives the preset's shapes that N trainer ranks and SGLang's GPU kernels take;
 rank 0 writes it with random weights (write_model); every rank starts the colocated engines through
-SGLangEngine.colocated (engine TP K, default N: what the shipped configs' rollout.sglang_tp =
+SGLangEngine.colocated (engine TP K, default N: what the shipped configs' rollout.sglang.tp =
 parallel.tp means; a MoE preset with SGLang's return_routed_experts) and runs multi_rank.py's
 check_on_engine; the engines are shut down before the next preset. Rank 0 prints the lines.
 An exception ends the run where it is raised: that rank prints FAIL and its traceback and exits

@@ -38,7 +38,7 @@ import os
 import sys
 
 from vapo_megatron.config import ConfigError, parse_config, problems_error
-from vapo_megatron.config.engines import colocated_engines, engine_of
+from vapo_megatron.config.engines import colocated_engines, engine_of, known_engine
 
 
 def resolve_model_config(hf_path: str, preset: str | None, *, key: str) -> tuple[dict, str]:
@@ -159,7 +159,7 @@ def search_option_problems(args: argparse.Namespace, cfg) -> list[str]:
     if args.gpu is None:
         problems.append("--search ranks layouts by modelled step time: give the GPU with --gpu (h100, h200, a100, "
                         "b200, gb200)")
-    if not engine_of(cfg).colocated:
+    if known_engine(cfg) is not None and not engine_of(cfg).colocated:  # an unknown one: config_problems says
         problems.append(f"--search ranks by the step-time model, which times colocated engines only; this "
                         f"config's rollout.engine={cfg.rollout.engine} (set rollout.engine={' or '.join(colocated_engines())})")
     if args.top is not None and args.top < 1:

@@ -86,6 +86,11 @@ CASES = [
 ]
 
 
+def test_an_unknown_engine_is_one_line_naming_the_key(demo, tmp_path):
+    assert startup_report(demo, tmp_path, "rollout.engine=vllm") == [
+        "rollout.engine='vllm' is not an engine; one of: embedded, sglang, sglang_http (config/engines.py)"]
+
+
 def test_moved_keys_name_their_new_place(demo, tmp_path):
     for old, new in (("trainer.eval_every", "eval.every"), ("data.eval_max_prompts", "eval.max_prompts"),
                      ("rollout.sglang_tp", "rollout.sglang.tp")):

@@ -6,7 +6,6 @@ in the new form."""
 from __future__ import annotations
 
 import dataclasses
-import typing
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,8 @@ from vapo_megatron.config import (Config, ConfigError, RolloutConfig, SGLangConf
                                   parse_config, resume)
 from vapo_megatron.config.engines import (ENGINES, colocated_engines, engine_key, engine_named, engine_of,
                                           engine_problems, engine_settings, engine_tp, with_engine_tp)
+from vapo_megatron.config.checks import config_problems
 from vapo_megatron.config.load import MOVED_KEYS, parse_recorded, translate_record
-from vapo_megatron.config.schema import RolloutConfig as Schema
 from vapo_megatron.rollout.engines import NO_MEMORY, RECORDS, record_of, sglang_kv_bytes_per_token
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,8 +32,8 @@ def _cfg(engine: str, **rollout) -> Config:
 
 
 def test_every_engine_has_a_record_a_builder_and_a_section():
-    literal = typing.get_args(typing.get_type_hints(Schema)["engine"])
-    assert set(ENGINES) == set(RECORDS) == set(literal)
+    assert list(ENGINES) == list(RECORDS) == ["embedded", "sglang", "sglang_http"]
+    assert RolloutConfig().engine in ENGINES
     sections = {f.name for f in dataclasses.fields(RolloutConfig)
                 if dataclasses.is_dataclass(getattr(RolloutConfig(), f.name))} - {"partial"}
     assert {e.section for e in ENGINES.values() if e.section} == sections == {"sglang", "sglang_http"}
@@ -78,13 +77,28 @@ def test_sglang_memory_per_gpu_is_its_share_less_its_weights():
     assert sglang_kv_bytes_per_token(HF, tp=16) == sglang_kv_bytes_per_token(HF, tp=8)  # KV heads replicated past 8
 
 
-def test_an_unknown_engine_is_refused_naming_the_key(tmp_path):
-    cfg, problems = parse_config(DEMO, ["rollout.engine=vllm"])
-    assert problems == ["rollout.engine='vllm' is not allowed (choose one of: embedded, sglang, sglang_http)"]
-    assert cfg.rollout.engine == "embedded"  # the field keeps its default
-    with pytest.raises(ConfigError, match=r"^rollout.engine='vllm' is not an engine \(choose one of: embedded, "
-                                          r"sglang, sglang_http\)$"):
-        engine_of(_cfg("vllm"))
+UNKNOWN = "rollout.engine='vllm' is not an engine; one of: embedded, sglang, sglang_http (config/engines.py)"
+
+
+def test_an_unknown_engine_is_refused_naming_the_key():
+    """One line, from the config checks (before torch); the checks after them do not trip over it."""
+    from vapo_megatron.config.preflight import hardware_problems, launch_problems, moe_problems
+    from vapo_megatron.sizing.search import setting_problems
+
+    cfg, problems = parse_config(QWEN, ["rollout.engine=vllm"])
+    assert problems == [] and cfg.rollout.engine == "vllm"
+    assert [p for p in config_problems(cfg, check_paths=False) if "engine" in p] == [UNKNOWN]
+    with pytest.raises(ConfigError) as e:
+        load_config(QWEN, ["rollout.engine=vllm"], check_paths=False)
+    assert str(e.value) == UNKNOWN
+    assert UNKNOWN in setting_problems(cfg)  # vapo-plan --search's
+    hf = HF | {"_source": "test", "vocab_size": 1000, "intermediate_size": 64}
+    assert not [p for p in hardware_problems(cfg, cuda=False) if "engine" in p]  # (its optimizer's need GPUs)
+    assert moe_problems(cfg, [("model.hf_path", hf)]) == []
+    assert not [p for p in launch_problems(cfg, 64, hf, hf, gpus_per_node=8) if "engine" in p]
+    with pytest.raises(ConfigError, match=r"^rollout.engine='vllm' is not an engine; one of: embedded, sglang, "
+                                          r"sglang_http \(config/engines.py\)$"):
+        engine_of(cfg)
     with pytest.raises(ConfigError, match=r"^--engine='x' is not an engine"):
         engine_named("x", key="--engine")
 

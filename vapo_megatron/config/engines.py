@@ -4,16 +4,15 @@ Every question about the engine -- does it share the trainer's GPUs (vapo-plan s
 trainer releases it around training and checks its share at start-up), does it need CUDA GPUs,
 where are its settings -- is asked of its record, never of the engine's name. How an engine is
 built and what GPU memory it takes are rollout/engines.py's (RECORDS, keyed by the same names; the
-suite checks that the two tables and the schema's rollout.engine agree). Pure Python: the config
-checks run before torch is imported.
+suite checks that the two tables agree). rollout.engine is any record's name (an unknown one: one
+line naming the key, before torch). Pure Python: the config checks run before torch is imported.
 
 Each engine's settings are a section of their own, rollout.<section> (config/schema.py), which
 only that engine reads. A colocated engine's section has `tp` (GPUs per engine, dividing
 parallel.tp) and `mem_fraction` (its static share of each GPU); a remote engine's has `urls`.
 
-Adding an engine: its row here (and its section's value checks), its section in config/schema.py
-(and its name in rollout.engine's Literal), its builder and memory in rollout/engines.py, its
-module in rollout/.
+Adding an engine: its row here (and its section's value checks), its section in config/schema.py,
+its builder and memory in rollout/engines.py, its module in rollout/.
 """
 
 from __future__ import annotations
@@ -70,17 +69,30 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
 )}
 
 
+def unknown_engine(name: str, key: str = KEY) -> str | None:
+    """The config problem of an engine name no record has (naming `key`), else None."""
+    if name in ENGINES:
+        return None
+    return f"{key}={name!r} is not an engine; one of: {', '.join(ENGINES)} (config/engines.py)"
+
+
 def engine_named(name: str, key: str = KEY) -> Engine:
-    """The record of engine `name`; a ConfigError naming `key` for a name that is none (the schema's
-    Literal refuses one in a file or an override; this is for configs built in code)."""
-    if name not in ENGINES:
-        raise ConfigError(f"{key}={name!r} is not an engine (choose one of: {', '.join(ENGINES)})")
+    """The record of engine `name`; a ConfigError naming `key` for a name no record has."""
+    problem = unknown_engine(name, key)
+    if problem:
+        raise ConfigError(problem)
     return ENGINES[name]
 
 
 def engine_of(cfg: Config) -> Engine:
-    """The record of cfg.rollout.engine."""
+    """The record of cfg.rollout.engine (config_problems says first when it has none: the checks
+    that follow it ask known_engine)."""
     return engine_named(cfg.rollout.engine)
+
+
+def known_engine(cfg: Config) -> Engine | None:
+    """The record of cfg.rollout.engine, None for an unknown name (engine_problems reports it)."""
+    return ENGINES.get(cfg.rollout.engine)
 
 
 def engine_settings(cfg: Config):
@@ -112,6 +124,8 @@ def colocated_engines() -> list[str]:
 def engine_problems(cfg: Config) -> list[str]:
     """Every engine section's own values, then what the chosen engine needs of the rest of the config."""
     out = [p for e in ENGINES.values() for p in e.section_problems(cfg)]
+    if unknown := unknown_engine(cfg.rollout.engine):
+        return out + [unknown]
     e, tp = engine_of(cfg), engine_tp(cfg)
     if e.colocated and tp >= 1 and cfg.parallel.tp % tp:
         out.append(f"{engine_key(cfg, 'tp')}={tp} must divide parallel.tp={cfg.parallel.tp} with {KEY}={e.name} "
@@ -122,4 +136,4 @@ def engine_problems(cfg: Config) -> list[str]:
 
 
 __all__ = ["ENGINES", "Engine", "colocated_engines", "engine_key", "engine_named", "engine_of", "engine_problems",
-           "engine_settings", "engine_tp", "with_engine_tp"]
+           "engine_settings", "engine_tp", "known_engine", "unknown_engine", "with_engine_tp"]

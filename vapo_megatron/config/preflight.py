@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 
 from vapo_megatron.config.checks import config_problems
-from vapo_megatron.config.engines import ENGINES, KEY as ENGINE_KEY, engine_key, engine_of, engine_tp
+from vapo_megatron.config.engines import ENGINES, KEY as ENGINE_KEY, engine_key, engine_tp, known_engine
 from vapo_megatron.config.layout import layout_problems
 from vapo_megatron.config.schema import Config
 
@@ -188,12 +188,12 @@ def hardware_problems(cfg: Config, *, cuda: bool | None = None, engine_flag: str
     command's flags for rollout.engine and trainer.deterministic (vapo-eval's --engine and
     --deterministic), named in their place."""
     out = []
-    e = engine_of(cfg)
+    e = known_engine(cfg)  # None: an unknown engine, which config_problems reports
     # An engine with a CPU switch (SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1, with sgl-kernel's CPU
     # build) runs without GPUs (rollout/sglang_engine.py cpu_engine).
-    on_cpu = e.cpu_env is not None and os.environ.get(e.cpu_env) == "1"
-    on_gpu = e.needs_gpu and not on_cpu
-    setting = f"{engine_flag} {e.name}" if engine_flag else f"{ENGINE_KEY}={e.name}"
+    on_cpu = e is not None and e.cpu_env is not None and os.environ.get(e.cpu_env) == "1"
+    on_gpu = e is not None and e.needs_gpu and not on_cpu
+    setting = f"{engine_flag} {cfg.rollout.engine}" if engine_flag else f"{ENGINE_KEY}={cfg.rollout.engine}"
     local = [n for n, x in ENGINES.items() if not x.needs_gpu and not x.remote]  # embedded
     fallback = f"{engine_flag} {local[0]}" if engine_flag else f"{ENGINE_KEY}={local[0]}"
     if on_gpu:
@@ -224,7 +224,7 @@ def hardware_problems(cfg: Config, *, cuda: bool | None = None, engine_flag: str
         cuda = torch.cuda.is_available()
     # Without CUDA, SGLang's GPU engine is refused above already; its kernels are the next thing it
     # needs, where it runs in this process (not a server's).
-    in_process_sglang = e.runtime == "sglang" and not e.remote
+    in_process_sglang = e is not None and e.runtime == "sglang" and not e.remote
     kernel = sgl_kernel_problem(setting, fallback) if in_process_sglang and (on_cpu or (on_gpu and cuda)) else None
     return ([] if cuda else out) + ([kernel] if kernel else [])
 
@@ -289,7 +289,8 @@ def moe_problems(cfg: Config, models: list[tuple[str, dict | None]]) -> list[str
                        f"{key} ({hf_cfg['_source']}) is a mixture-of-experts model, whose routes the engine records "
                        "per generate call, not for a response continued over rounds: set rollout.routing_replay=false "
                        "or rollout.partial.enabled=false")
-        if moe and engine_of(cfg).runtime == "sglang":  # SGLang's model code, in this process or a server
+        engine = known_engine(cfg)
+        if moe and engine is not None and engine.runtime == "sglang":  # SGLang's model code, here or a server's
             out += _sglang_moe_problems(key, hf_cfg, cfg.rollout.engine)
         # megatron's MoELayer.forward raises in training when TP > 1 without sequence parallelism.
         if moe and cfg.parallel.tp > 1 and not cfg.parallel.sequence_parallel:
@@ -317,8 +318,8 @@ def launch_problems(cfg: Config, world_size: int, actor_hf: dict, critic_hf: dic
                                                               if critic_hf is not actor_hf else []))
     if not layout:
         out += batch_problems(cfg, world_size // (p.tp * p.pp))
-    tp = engine_tp(cfg)
-    if tp is None or tp < 1:  # not colocated; < 1: config_problems says so
+    tp = engine_tp(cfg) if known_engine(cfg) else None
+    if tp is None or tp < 1:  # not colocated; an unknown engine or tp < 1: config_problems says so
         return out
     key = engine_key(cfg, "tp")
     if world_size % tp or tp > gpus_per_node:

@@ -181,8 +181,9 @@ class SGLangHttpConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    # config/engines.py ENGINES: what each engine is; its settings are its own section below.
-    engine: Literal["embedded", "sglang", "sglang_http"] = "embedded"  # embedded (transformers, CPU), sglang (colocated engines) or sglang_http (running servers)
+    # The rollout engine, a name of config/engines.py's records: embedded (transformers, CPU), sglang
+    # (colocated engines) or sglang_http (running servers). Its settings are its own section below.
+    engine: str = "embedded"
     # Component 7, group sampling: prompts per step x samples per prompt.
     prompts_per_step: int = 512  # prompts sampled per step
     n_samples: int = 16  # responses per prompt (the group)

@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from vapo_megatron.config import Config
-from vapo_megatron.config.engines import engine_key, engine_of, engine_tp, with_engine_tp
+from vapo_megatron.config.engines import engine_key, engine_of, engine_tp, known_engine, with_engine_tp
 from vapo_megatron.config.estimators import estimator_of
 from vapo_megatron.sizing.hardware import GPU, on_nvlink
 
@@ -84,7 +84,8 @@ def with_settings(cfg: Config, tp: int, pp: int, vpp: int | None, ep: int, sp: b
     cfg = replace(cfg, parallel=replace(cfg.parallel, tp=tp, pp=pp, vpp=vpp, ep=ep, sequence_parallel=sp),
                   model=replace(cfg.model, recompute_activations=recompute),
                   trainer=replace(cfg.trainer, offload_during_rollout=offload, micro_batch_tokens=micro_batch_tokens))
-    return with_engine_tp(cfg, etp) if etp is not None and engine_of(cfg).colocated else cfg
+    engine = known_engine(cfg)  # None: an unknown engine, which setting_problems reports
+    return with_engine_tp(cfg, etp) if etp is not None and engine is not None and engine.colocated else cfg
 
 
 def _divisors(n: int) -> list[int]:

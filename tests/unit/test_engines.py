@@ -167,3 +167,16 @@ def test_a_run_recorded_before_the_move_reads_in_the_new_form_and_resumes(tmp_pa
     moved = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, sglang=SGLangConfig(tp=8)))
     with pytest.raises(ConfigError, match=r"  - rollout.sglang.tp: 4 in the run, 8 now"):  # read, not defaulted
         resume.check_resume(moved, announce=False)
+
+
+def test_a_colocated_engine_never_straddles_two_nodes():
+    """Engine TP=2 on 8 nodes of 7 GPUs: the engine of ranks 6 and 7 would span two nodes, though 2
+    divides the 56 GPUs; on nodes of 8 it is fine."""
+    from vapo_megatron.config.preflight import launch_problems
+
+    hf = HF | {"_source": "test", "vocab_size": 1000, "intermediate_size": 64}
+    cfg, _ = parse_config(QWEN, ["rollout.engine=sglang", "rollout.sglang.tp=2", "parallel.tp=2"])
+    straddle = [p for p in launch_problems(cfg, 56, hf, hf, gpus_per_node=7) if p.startswith("rollout.sglang.tp=2")]
+    assert straddle == ["rollout.sglang.tp=2 must divide the 56 GPUs and the 7 GPUs of each node (a colocated engine "
+                        "uses GPUs of its own node)"], straddle
+    assert not [p for p in launch_problems(cfg, 64, hf, hf, gpus_per_node=8) if p.startswith("rollout.sglang.tp")]

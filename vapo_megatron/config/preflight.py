@@ -322,9 +322,11 @@ def launch_problems(cfg: Config, world_size: int, actor_hf: dict, critic_hf: dic
     if tp is None or tp < 1:  # not colocated; an unknown engine or tp < 1: config_problems says so
         return out
     key = engine_key(cfg, "tp")
-    if world_size % tp or tp > gpus_per_node:
-        out.append(f"{key}={tp} must divide the {world_size} GPUs and fit in one node of "
-                   f"{gpus_per_node} GPUs (a colocated engine uses its node's GPUs)")
+    # An engine takes a block of tp consecutive ranks: it stays within a node only when tp divides
+    # the node's GPUs (7 GPUs a node: a TP=2 engine of ranks 6 and 7 would span two nodes).
+    if world_size % tp or tp > gpus_per_node or (world_size > gpus_per_node and gpus_per_node % tp):
+        out.append(f"{key}={tp} must divide the {world_size} GPUs and the {gpus_per_node} GPUs of each node "
+                   "(a colocated engine uses GPUs of its own node)")
     if actor_hf["num_attention_heads"] % tp:
         out.append(f"{key}={tp} does not divide num_attention_heads="
                    f"{actor_hf['num_attention_heads']} ({actor_hf['_source']})")

@@ -174,7 +174,8 @@ def _update_vs_naive(k: int = 1):
         clipped = old + (values - old).clamp(-CLIP, CLIP)
         per_token = 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
         step_loss = (per_token * mask).sum() / mask.sum()
-        loss = step_loss if step == 0 else loss  # the first pass's: a step's log is the mean over its passes
+        if step == 0:
+            loss = step_loss  # the first pass's: a step's log is the mean over its passes
         grads = torch.autograd.grad(step_loss, list(weights.values()))
         weights = {n: (w - LR * gr).detach().requires_grad_() for (n, w), gr in zip(weights.items(), grads)}
     want = {n: w.detach() for n, w in weights.items()}

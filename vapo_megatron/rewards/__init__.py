@@ -166,7 +166,7 @@ def score_batch(
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Returns scores float32 [B], correct bool [B], and counters for logging:
     reward/mean, reward/accuracy, reward/timeouts, reward/errors (the last two are counts)."""
-    import torch  # here, not at the top: reward workers import this package and need no torch
+    import torch  # noqa: F401  (here, not at the top: reward workers import this package and need no torch)
 
     return summarize(reward_fn(prompts, responses, ground_truths))
 

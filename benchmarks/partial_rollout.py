@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vapo_megatron.config import PartialRolloutConfig, parse_config
+    from vapo_megatron.data.carry_over import CarryOver
     from vapo_megatron.data.datasets import stop_token_ids
     from vapo_megatron.data.prompts import PromptSampler, load_prompts
-    from vapo_megatron.data.carry_over import CarryOver
     from vapo_megatron.rollout.embedded import EmbeddedEngine
     from vapo_megatron.rollout.partial import DataParallel, PartialRollouts
     from vapo_megatron.tasks.chain_task import write_chain_dir

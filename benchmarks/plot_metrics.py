@@ -18,9 +18,8 @@ import os
 import re
 import sys
 
-import yaml
-
 import matplotlib
+import yaml
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

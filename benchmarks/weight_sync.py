@@ -62,13 +62,12 @@ def _rank_main(rank: int, port: int, args, queue) -> None:
 
 
 def _bench_rank(rank: int, args) -> dict:
-    import torch.distributed as dist
     from transformers import AutoConfig
 
     from model_providers import family_for
-    from vapo_megatron.mcore.models import build_chunks
     from model_providers.presets import preset
     from vapo_megatron.mcore import parallel
+    from vapo_megatron.mcore.models import build_chunks
     from vapo_megatron.rollout.embedded import EmbeddedEngine
     from vapo_megatron.rollout.weight_sync import stream_weights
 

@@ -16,8 +16,16 @@ dynamic, yarn, longrope, ...) and any key the llama3 scaling does not have. Pure
 
 from __future__ import annotations
 
-from model_providers.family import (Architecture, Family, HFConfigError, decoder_transformer, rope_scaling, rope_theta,
-                                    source, tied_embeddings)
+from model_providers.family import (
+    Architecture,
+    Family,
+    HFConfigError,
+    decoder_transformer,
+    rope_scaling,
+    rope_theta,
+    source,
+    tied_embeddings,
+)
 from model_providers.table import CRITIC_ROWS, Row
 
 L = "decoder.layers.{layer}."

@@ -7,8 +7,15 @@ head_dim that the config states (it may differ from hidden/heads). Pure Python: 
 
 from __future__ import annotations
 
-from model_providers.family import (Architecture, Family, HFConfigError, decoder_transformer, rope_theta, source,
-                                    tied_embeddings)
+from model_providers.family import (
+    Architecture,
+    Family,
+    HFConfigError,
+    decoder_transformer,
+    rope_theta,
+    source,
+    tied_embeddings,
+)
 from model_providers.table import CRITIC_ROWS, Row
 
 L = "decoder.layers.{layer}."

@@ -24,7 +24,15 @@ expert-parallel rank; Transformer Engine's grouped GEMM names them `mlp.experts.
 
 from __future__ import annotations
 
-from model_providers.family import Architecture, Family, HFConfigError, decoder_transformer, rope_theta, source, tied_embeddings
+from model_providers.family import (
+    Architecture,
+    Family,
+    HFConfigError,
+    decoder_transformer,
+    rope_theta,
+    source,
+    tied_embeddings,
+)
 from model_providers.qwen2 import HEAD_ROWS, MLP_ROWS, attention_rows
 from model_providers.table import CRITIC_ROWS, Row
 

@@ -8,6 +8,7 @@ import pytest  # noqa: E402
 
 from tests.helpers import early_pip  # noqa: E402
 from tests.helpers.slurm_cluster import session_lock  # noqa: E402
+
 # Session fixtures of the two Slurm files: the one-node cluster and its reference job, run once.
 from tests.helpers.slurm_demo import slurm_demo_data, slurm_env, uninterrupted  # noqa: E402,F401
 

@@ -174,10 +174,23 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from vapo_megatron.nodecheck.checkpoint import check_checkpoint
-    from vapo_megatron.nodecheck.models import Env, check_model_logits, check_recompute, check_weight_sync, has, report, results
+    from vapo_megatron.nodecheck.models import (
+        Env,
+        check_model_logits,
+        check_recompute,
+        check_weight_sync,
+        has,
+        report,
+        results,
+    )
     from vapo_megatron.nodecheck.offload import check_offload
     from vapo_megatron.nodecheck.replay import check_routing_replay
-    from vapo_megatron.nodecheck.runtime import check_collectives, check_vocab_parallel, check_wait_groups, check_wgrad_fusion
+    from vapo_megatron.nodecheck.runtime import (
+        check_collectives,
+        check_vocab_parallel,
+        check_wait_groups,
+        check_wgrad_fusion,
+    )
     from vapo_megatron.nodecheck.steps import check_plan_memory, check_vapo_steps
 
     if not args.cpu and not torch.cuda.is_available():

@@ -79,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
 def bad_input_errors() -> tuple[type[BaseException], ...]:
     """What a wrong path, model or flag raises (the rest would be a bug)."""
     from model_providers import HFConfigError
-    from vapo_megatron.runtime.atomic import TargetRefused
     from vapo_megatron.checkpoint.dist_io import CheckpointError
     from vapo_megatron.config import ConfigError
+    from vapo_megatron.runtime.atomic import TargetRefused
     from vapo_megatron.weights.hf_read import HFCheckpointError
 
     return CheckpointError, HFCheckpointError, HFConfigError, ConfigError, TargetRefused

@@ -232,8 +232,8 @@ def time_option_problems(args: argparse.Namespace, cfg) -> list[str]:
 def step_time_report(args: argparse.Namespace, cfg, plan, actor_hf: dict, critic_hf: dict) -> str:
     """The step-time table for --gpu, from the plan's own counts (KV-cache tokens per engine, bytes
     offloaded per GPU, checkpoint bytes)."""
-    from vapo_megatron.sizing.report import format_step_time
     from vapo_megatron.sizing.hardware import GPUS
+    from vapo_megatron.sizing.report import format_step_time
     from vapo_megatron.sizing.step_config import plan_setup, without_critic_delta
     from vapo_megatron.sizing.step_time import estimate
 

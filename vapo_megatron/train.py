@@ -125,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     from vapo_megatron.data.prompts import PromptDataError
     from vapo_megatron.mcore import parallel
     from vapo_megatron.mcore.update import NonFiniteError
-    from vapo_megatron.trainer.signals import StopSignals, leave_together
     from vapo_megatron.sizing.plan import check_engine_share
     from vapo_megatron.sizing.step_config import predict_on_this_gpu
+    from vapo_megatron.trainer.signals import StopSignals, leave_together
     from vapo_megatron.trainer.trainer import NON_FINITE_EXIT_CODE, Planner, Trainer
 
     stop = StopSignals().install()  # before any helper process exists

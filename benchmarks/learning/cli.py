@@ -48,8 +48,16 @@ from pathlib import Path
 
 from benchmarks.learning.harness import Bench
 from benchmarks.learning.report import COLUMNS, STUDY_COLUMNS, figure, seed_figure, study_report, table
-from benchmarks.learning.variants import (ROOT, STUDIES, VARIANTS, BadInput, base_settings, derived_yaml, has_critic,
-                                          resolve)
+from benchmarks.learning.variants import (
+    ROOT,
+    STUDIES,
+    VARIANTS,
+    BadInput,
+    base_settings,
+    derived_yaml,
+    has_critic,
+    resolve,
+)
 
 __all__ = ["VARIANTS", "Bench", "base_settings", "derived_yaml", "main", "resolve"]
 

@@ -15,11 +15,31 @@ import sys
 import threading
 from pathlib import Path
 
-from benchmarks.learning.runs import (curve_figures, eval_figures, finished, machine, metric_records, read_json,
-                                      record_mismatch, spawn)
+import yaml
+
+from benchmarks.learning.runs import (
+    curve_figures,
+    eval_figures,
+    finished,
+    machine,
+    metric_records,
+    read_json,
+    record_mismatch,
+    spawn,
+)
+from benchmarks.learning.variants import (
+    CRITIC_MODELS,
+    ROOT,
+    VARIANTS,
+    BadInput,
+    base_settings,
+    derived_yaml,
+    has_critic,
+    resolve,
+    run_problems,
+)
 from vapo_megatron.config.estimators import ESTIMATORS
-from benchmarks.learning.variants import (CRITIC_MODELS, ROOT, VARIANTS, BadInput, base_settings, derived_yaml,
-                                          has_critic, resolve, run_problems)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -39,6 +59,15 @@ class Bench:
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         self.locks: dict = collections.defaultdict(threading.Lock)
         self.once_done: dict = {}
+
+    def in_base(self, key: str) -> bool:
+        """Whether the base config's YAML sets `key` (dotted): what an "unset" can remove."""
+        node = yaml.safe_load(self.config.read_text()) or {}
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
 
     # ---- where things are ----------------------------------------------------------------------
     def data_seed(self, seed: int) -> int:
@@ -134,13 +163,15 @@ class Bench:
         def check(path: Path, made: Path, want: dict) -> None:
             if path not in seen and made.exists():
                 seen.add(path)
-                if msg := record_mismatch(str(path), read_json(path / "bench_record.json"), want, flag="--out"):
+                if msg := record_mismatch(str(path), read_json(path / "bench_record.json"), want, flag="--out",
+                                           in_base=self.in_base):
                     out.append(msg)
 
         for v, s in plan:
             copy = self.copy_path(v, s)
             if copy and copy.exists() and (msg := record_mismatch(str(copy), (read_json(copy) or {}).get("record"),
-                                                                  self.record(v, s), flag="--summaries")):
+                                                                  self.record(v, s), flag="--summaries",
+                                                                  in_base=self.in_base)):
                 out.append(msg)
             check(self.run_dir(v, s), self.run_dir(v, s) / "checkpoints", self.record(v, s))
             for c in (None, VARIANTS[v].get("critic")) if self.warm else ():
@@ -359,7 +390,8 @@ class Bench:
                 s = json.loads(path.read_text())
                 if s.get("record") is None and self.a.unrecorded:
                     return s
-                if msg := record_mismatch(str(path), s.get("record"), self.record(variant, seed), flag=flag):
+                if msg := record_mismatch(str(path), s.get("record"), self.record(variant, seed), flag=flag,
+                                          in_base=self.in_base):
                     raise BadInput(msg + ("; or add --unrecorded to table it in that harness's columns, its settings "
                                           "unchecked" if s.get("record") is None and self.a.report else ""))
                 return s

@@ -82,13 +82,18 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def record_mismatch(where: str, old: dict | None, new: dict, *, flag: str) -> str | None:
+def record_mismatch(where: str, old: dict | None, new: dict, *, flag: str, in_base=None) -> str | None:
     """None when `old` (what a run was made with) is `new` (what this command would make);
     else one line naming the first difference. `flag`: the option that named `where` (--out for a
-    run directory, --summaries for a summary copy), the one the line tells to change."""
+    run directory, --summaries for a summary copy), the one the line tells to change. `in_base(key)`:
+    whether the base config sets a key; then the "unset" lists compare by what they remove from it
+    (dropping a key the base never set changes nothing, so a longer list of critic-only keys,
+    such as one that grew with the schema, is the same run)."""
     if old is None:
         return (f"{where} has no record of its settings (made by the harness before issue 45, which wrote none): "
                 f"use another {flag} or remove it")
+    if in_base is not None:
+        old, new = ({**r, "unset": sorted(k for k in r.get("unset", []) if in_base(k))} for r in (old, new))
     a, b = _flat(old), _flat(new)
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):

@@ -66,7 +66,7 @@ def load_definitions(path: Path) -> tuple[dict[str, dict], dict[str, list[str]],
     for name, study in data["studies"].items():
         if not isinstance(study, dict) or set(study) - STUDY_KEYS or {"seeds", "primary", "mechanism", "eval_k",
                                                                            "summaries"} - set(study):
-            bad(f"studies.{name}", f"needs seeds, primary, mechanism, eval_k, summaries; may have pairs, "
+            bad(f"studies.{name}", "needs seeds, primary, mechanism, eval_k, summaries; may have pairs, "
                                    "secondary_pairs, holm, share, rules")
         arms = strings(f"studies.{name}.primary", study["primary"]) + strings(f"studies.{name}.mechanism", study["mechanism"])
         if unknown := [a for a in arms if a not in variants]:

@@ -104,11 +104,11 @@ def _vpp_run(dirs: dict, work: Path):
     from megatron.core import parallel_state as ps
 
     from model_providers import QWEN2, read_hf_config
-    from vapo_megatron.mcore.models import build_chunks
     from vapo_megatron.checkpoint import dist_io
     from vapo_megatron.mcore import parallel
-    from vapo_megatron.weights.params import iter_hf_tensors
+    from vapo_megatron.mcore.models import build_chunks
     from vapo_megatron.weights.hf_read import load_hf_weights
+    from vapo_megatron.weights.params import iter_hf_tensors
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()

@@ -91,8 +91,8 @@ def _bad_inputs(src: Path, work: Path) -> dict:
 def _streaming(src: Path, work: Path) -> dict:
     """Counts of bytes held, from weak references to the storages of every tensor made."""
     from model_providers import QWEN2, read_hf_config
-    from vapo_megatron.mcore.models import build_chunks
     from vapo_megatron.mcore import parallel
+    from vapo_megatron.mcore.models import build_chunks
     from vapo_megatron.weights import convert
     from vapo_megatron.weights.from_checkpoint import iter_checkpoint_hf_groups
     from vapo_megatron.weights.hf_read import HFImporter

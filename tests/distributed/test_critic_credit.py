@@ -43,8 +43,8 @@ def _rows(g: torch.Generator, n: int):
 def _train_and_probe():
     from model_providers import family_for
     from model_providers.presets import preset
-    from vapo_megatron.config.estimators import ESTIMATORS
     from vapo_megatron.config import OptimConfig
+    from vapo_megatron.config.estimators import ESTIMATORS
     from vapo_megatron.config.schema import AlgoConfig
     from vapo_megatron.data.batch import to_response
     from vapo_megatron.mcore import parallel

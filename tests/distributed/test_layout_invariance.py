@@ -87,8 +87,8 @@ def _global_batch(grpo: bool = False):
 
 
 def _grpo_advantages(batch):
-    from vapo_megatron.config.estimators import ESTIMATORS
     from vapo_megatron.config import AlgoConfig
+    from vapo_megatron.config.estimators import ESTIMATORS
 
     return ESTIMATORS["grpo"].function()(batch, AlgoConfig(estimator="grpo"), value_pretrain=False, dp_sum=lambda t: t)[0]
 

@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from tests.helpers.dist_utils import run_ranks
 from model_providers import QWEN2, family_for, read_hf_config
-from vapo_megatron.mcore.models import padded_vocab_size
 from model_providers.layouts import hf_to_mcore, mcore_to_hf, shard, unshard
-from model_providers.table import Row
 from model_providers.presets import preset
+from model_providers.table import Row
+from tests.helpers.dist_utils import run_ranks
+from vapo_megatron.mcore.models import padded_vocab_size
 
 CFG = {"hidden_size": 16, "num_attention_heads": 6, "num_key_value_heads": 2, "vocab_size": 10}
 
@@ -92,8 +92,8 @@ def _count_32b_shards():
     from megatron.core import parallel_state
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from vapo_megatron.mcore.models import build_actor, build_critic
     from vapo_megatron.mcore import cpu_compat
+    from vapo_megatron.mcore.models import build_actor, build_critic
 
     cpu_compat.activate()
     cfg = preset("qwen2.5-32b")

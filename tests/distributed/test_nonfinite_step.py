@@ -9,8 +9,8 @@ import math
 
 import torch
 
-from tests.helpers.dist_utils import run_ranks
 from model_providers.presets import preset
+from tests.helpers.dist_utils import run_ranks
 
 
 def _backward(chunk, hf_cfg: dict, scale: float) -> None:

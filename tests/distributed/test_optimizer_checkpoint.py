@@ -201,8 +201,8 @@ def test_a_mixture_of_experts_chained_optimizer_round_trips(tmp_path):
 
 
 def _run_state(iteration: int):
-    from vapo_megatron.data.prompts import PromptRecord, PromptSampler
     from vapo_megatron.checkpoint.run_state import RunState
+    from vapo_megatron.data.prompts import PromptRecord, PromptSampler
 
     return RunState(PromptSampler([PromptRecord([1, 2], "1", "x:1", "p")], batch_size=1, seed=0), iteration=iteration)
 

@@ -199,9 +199,9 @@ def test_vapo_plan_32b(tmp_path):
 # ---- the meta-device shards against a real TP=2 model -----------------------------------------------
 
 def _real_tp2_counts():
-    from vapo_megatron.mcore.models import build_chunks
     from model_providers.presets import preset
     from vapo_megatron.mcore import parallel
+    from vapo_megatron.mcore.models import build_chunks
 
     parallel.init_distributed(tp=2, pp=1)
     hf = preset("tiny-qwen2")

@@ -124,8 +124,14 @@ def test_moe_activation_items_follow_the_routed_tokens():
     """memory.moe_layer_parts written out for Qwen3-30B-A3B at T tokens, TP=4 with sequence
     parallelism: each token goes to its top-8 experts."""
     from model_providers.presets import preset
-    from vapo_megatron.sizing.memory import (MOE_COMBINE, MOE_DISPATCH, MOE_EXPERT_MLP, MOE_ROUTER, layer_activation_bytes,
-                                             moe_layer_parts)
+    from vapo_megatron.sizing.memory import (
+        MOE_COMBINE,
+        MOE_DISPATCH,
+        MOE_EXPERT_MLP,
+        MOE_ROUTER,
+        layer_activation_bytes,
+        moe_layer_parts,
+    )
 
     hf, T, t, b = preset("qwen3-30b-a3b"), 22528, 4, 2
     parts = moe_layer_parts(hf, tokens=T, tp=t, dtype_bytes=b, sequence_parallel=True)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from tests.helpers.dist_utils import run_ranks
 from model_providers.presets import preset
+from tests.helpers.dist_utils import run_ranks
 
 
 def _loss_and_grads_both() -> dict:

@@ -40,9 +40,9 @@ def rollout(tmp_path_factory):
     from tests.helpers.moe_routes import bf16_selection, near_tie
     from tests.helpers.tiny_hf import qwen3_moe_config, randomize
     from vapo_megatron.data.batch import RolloutBatch, pack_sequences, pad_ragged, to_sequence
+    from vapo_megatron.data.routes import pack_routes
     from vapo_megatron.rollout.base import SamplingParams
     from vapo_megatron.rollout.embedded import EmbeddedEngine
-    from vapo_megatron.data.routes import pack_routes
 
     hf_dir = tmp_path_factory.mktemp("replay") / "actor"
     model = AutoModelForCausalLM.from_config(qwen3_moe_config(vocab=VOCAB), dtype=torch.float32)

@@ -60,8 +60,8 @@ def _rank(work: str) -> dict:
     from torch.distributed.checkpoint import FileSystemReader
 
     from vapo_megatron.checkpoint import dist_io
-    from vapo_megatron.runtime.atomic import CONVERT_HF_TO_MCORE
     from vapo_megatron.mcore import parallel
+    from vapo_megatron.runtime.atomic import CONVERT_HF_TO_MCORE
 
     parallel.init_distributed(1, 1)
     work_p = Path(work)

@@ -29,15 +29,15 @@ def _colocated_run(hf_dir: Path):
     import torch.distributed as dist
 
     from model_providers import family_for, read_hf_config
-    from vapo_megatron.mcore.models import build_chunks
-    from vapo_megatron.mcore import parallel
+    from vapo_megatron.config import RolloutConfig, SGLangConfig
     from vapo_megatron.data.prompts import PromptRecord
-    from vapo_megatron.weights.hf_read import load_hf_weights
+    from vapo_megatron.mcore import parallel
+    from vapo_megatron.mcore.models import build_chunks
     from vapo_megatron.rollout.base import SamplingParams
+    from vapo_megatron.rollout.generator import Generator
     from vapo_megatron.rollout.sglang_engine import SGLangEngine
     from vapo_megatron.rollout.weight_sync import stream_weights
-    from vapo_megatron.config import RolloutConfig, SGLangConfig
-    from vapo_megatron.rollout.generator import Generator
+    from vapo_megatron.weights.hf_read import load_hf_weights
 
     parallel.init_distributed(2, 1)
     hf_cfg = read_hf_config(hf_dir)

@@ -20,10 +20,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers.dist_utils import run_ranks
-from tests.helpers.megatron_ref import megatron_forward, random_update
 from model_providers.layouts import hf_shapes, mcore_to_hf, place_shard, shard, unshard
 from model_providers.table import Row
+from tests.helpers.dist_utils import run_ranks
+from tests.helpers.megatron_ref import megatron_forward, random_update
 from tests.helpers.tiny_hf import input_ids, save_tiny
 
 BUCKET = 16_000  # bytes: many buckets; the 300x32 embedding (38 KB) is larger than one
@@ -36,14 +36,14 @@ def _sync_run(tp: int, pp: int, hf_dir: Path, work: Path, ids, with_export: bool
     from transformers import AutoConfig
 
     from model_providers import family_for, read_hf_config
-    from vapo_megatron.mcore.models import build_chunks
     from vapo_megatron.checkpoint import dist_io
     from vapo_megatron.mcore import parallel
-    from vapo_megatron.weights import convert
-    from vapo_megatron.weights.hf_write import META
-    from vapo_megatron.weights.hf_read import load_hf_weights
+    from vapo_megatron.mcore.models import build_chunks
     from vapo_megatron.rollout.embedded import EmbeddedEngine
     from vapo_megatron.rollout.weight_sync import stream_weights
+    from vapo_megatron.weights import convert
+    from vapo_megatron.weights.hf_read import load_hf_weights
+    from vapo_megatron.weights.hf_write import META
 
     parallel.init_distributed(tp, pp)
     hf_cfg = read_hf_config(hf_dir)

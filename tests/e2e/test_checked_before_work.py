@@ -127,7 +127,8 @@ def test_a_truncated_shard_is_named_before_eval_or_export(made, tmp_path, capsys
     """Half of a .distcp: vapo-eval and mcore-to-hf read only what they need and passed when the cut
     part was optimizer state, which a resume refuses (issue 44 item 8). Every storage file is now
     checked against the checkpoint's own metadata first (checkpoint/dist_io.py check_storage)."""
-    from vapo_megatron import convert, eval as vapo_eval
+    from vapo_megatron import convert
+    from vapo_megatron import eval as vapo_eval
 
     root = made[0]
     ckpt = copy(root / "mc", tmp_path / "mc")
@@ -193,7 +194,8 @@ def test_a_file_that_parses_but_does_not_load_is_one_line_in_every_command(
         made, tmp_path, capsys, no_eval_work, no_trainer, name, text, says):
     """Before: a traceback from vapo-train (which left an empty run directory), "internal error"
     from vapo-eval, and vapo-convert copied the file into its output and exited 0 (issue 44 item 3)."""
-    from vapo_megatron import convert, eval as vapo_eval, train
+    from vapo_megatron import convert, train
+    from vapo_megatron import eval as vapo_eval
 
     root = made[0]
     hf = copy(root / "hf", tmp_path / "hf")

@@ -32,8 +32,18 @@ import torch
 
 from tests.helpers.quiet_check import library_noise
 from tests.helpers.tiny_hf import save_demo_sized
-from tests.helpers.train_runs import (ROOT, checkpoint_tensors, command_in_forks, exported, hf_weights, launch_in_forks,
-                                      make_demo_data, records, small_run_overrides, train_in_forks)
+from tests.helpers.train_runs import (
+    ROOT,
+    checkpoint_tensors,
+    command_in_forks,
+    exported,
+    hf_weights,
+    launch_in_forks,
+    make_demo_data,
+    records,
+    small_run_overrides,
+    train_in_forks,
+)
 
 EP2 = ["parallel.tp=1", "parallel.ep=2"]
 # name: (family, config, overrides). DAPO is configs/dapo.yaml (GRPO advantages, no critic, dynamic

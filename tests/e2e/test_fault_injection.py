@@ -36,8 +36,15 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from tests.helpers import faults
-from tests.helpers.train_runs import (Launch, checkpoint_tensors, launch, launch_in_forks, make_demo_data, records,
-                                      train_in_forks)
+from tests.helpers.train_runs import (
+    Launch,
+    checkpoint_tensors,
+    launch,
+    launch_in_forks,
+    make_demo_data,
+    records,
+    train_in_forks,
+)
 from vapo_megatron.data import carry_over
 
 CONFIG = "demo_cpu.yaml"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from vapo_megatron.trainer.timing import PHASES
 from tests.helpers import faults
 from tests.helpers.train_runs import checkpoint_tensors, launch_in_forks, make_demo_data, records, train_in_forks
+from vapo_megatron.trainer.timing import PHASES
 
 CONFIG = "demo_cpu.yaml"
 VAPO_STEPS = 3

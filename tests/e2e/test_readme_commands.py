@@ -31,12 +31,10 @@ import io
 import os
 import shlex
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = ("vapo-train", "vapo-convert", "vapo-plan", "vapo-eval", "torchrun")

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from tests.helpers.train_runs import Launch, launch_in_forks
-from vapo_megatron.config import resume
-from vapo_megatron.config import Config, parse_config, to_dict
+from vapo_megatron.config import Config, parse_config, resume, to_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "demo_cpu.yaml"

@@ -25,8 +25,17 @@ from pathlib import Path
 import torch
 
 from tests.helpers.slurm_cluster import wait_for
-from tests.helpers.slurm_demo import (DEMO_CONFIG, FINAL_ITER, REPO, VAPO_STEPS, job_fields, sbatch, short_demo,
-                                      submit_train, wait_done)
+from tests.helpers.slurm_demo import (
+    DEMO_CONFIG,
+    FINAL_ITER,
+    REPO,
+    VAPO_STEPS,
+    job_fields,
+    sbatch,
+    short_demo,
+    submit_train,
+    wait_done,
+)
 from tests.helpers.train_runs import checkpoint_tensors, hf_weights, records
 
 CONVERT_SBATCH = REPO / "slurm" / "convert.sbatch"

@@ -15,8 +15,15 @@ import pytest
 import torch
 
 from tests.helpers.quiet_check import ACCELERATORS, library_noise
-from tests.helpers.train_runs import (ROOT, checkpoint_tensors, hf_weights, make_demo_data, records, train,
-                                      train_in_forks)
+from tests.helpers.train_runs import (
+    ROOT,
+    checkpoint_tensors,
+    hf_weights,
+    make_demo_data,
+    records,
+    train,
+    train_in_forks,
+)
 
 REQUIRED_METRICS = [
     "step", "phase", "reward/mean", "reward/accuracy", "response_length/mean", "response_length/max",

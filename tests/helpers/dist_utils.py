@@ -21,7 +21,6 @@ import torch.multiprocessing as mp
 
 from tests.helpers.ports import free_port
 
-
 # Imported once by the forkserver; every rank forked from it starts with them loaded.
 # tests.helpers.preload first: megatron-core imported as the commands import it (import_megatron).
 PRELOAD = ["tests.helpers.preload", "torch", "torch.distributed", "megatron.core", "megatron.core.models.gpt", "transformers",

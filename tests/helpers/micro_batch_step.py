@@ -74,8 +74,15 @@ def step(actor_dir, critic_dir, tp, pp, vpp, ep, moe, sp=False):
     from megatron.core import dist_checkpointing  # noqa: F401  (import order: megatron first)
 
     from vapo_megatron.algorithms.advantages import compute_advantages
-    from vapo_megatron.config import AlgoConfig, Config, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig
-    from vapo_megatron.config import TrainerConfig
+    from vapo_megatron.config import (
+        AlgoConfig,
+        Config,
+        ModelConfig,
+        OptimConfig,
+        ParallelConfig,
+        RolloutConfig,
+        TrainerConfig,
+    )
     from vapo_megatron.mcore import parallel
     from vapo_megatron.mcore.actor import Actor, PolicyLossSettings
     from vapo_megatron.mcore.critic import build_critic

@@ -13,11 +13,12 @@ import_megatron()
 # the 2-core machine when each forked rank imported them itself): the commands' own modules, and
 # transformers' model classes and generation (the embedded engine's HF model, AutoTokenizer), which
 # pull torch._dynamo, torch.onnx and torchvision in through transformers' masking and image utils.
-import vapo_megatron.train  # noqa: E402,F401
-import vapo_megatron.trainer.trainer  # noqa: E402,F401
-import vapo_megatron.checkpoint.manager  # noqa: E402,F401
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerFast  # noqa: E402,F401
 from transformers.models.llama import modeling_llama  # noqa: E402,F401
 from transformers.models.qwen2 import modeling_qwen2  # noqa: E402,F401
 from transformers.models.qwen3 import modeling_qwen3  # noqa: E402,F401
 from transformers.models.qwen3_moe import modeling_qwen3_moe  # noqa: E402,F401
+
+import vapo_megatron.checkpoint.manager  # noqa: E402,F401
+import vapo_megatron.train  # noqa: E402,F401
+import vapo_megatron.trainer.trainer  # noqa: E402,F401

@@ -53,9 +53,7 @@ def sglang_rank_view(payloads, tp_rank):
     through SGLang's classes."""
     from sglang.srt.utils import MultiprocessingSerializer
     from sglang.srt.utils.common import normalize_serialized_named_tensor_payloads
-    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
-
-    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket, FlattenedTensorMetadata
 
     raw = normalize_serialized_named_tensor_payloads(payloads)  # Engine._serialize_tensors_per_rank
     data = MultiprocessingSerializer.deserialize(raw[tp_rank])  # TpModelWorker.deserialize_own_rank

@@ -24,8 +24,12 @@ def check_multi_tensor():
     """optimizers/multi_tensor_apply.py (empty slots dropped, None when nothing is left, aligned
     lists); csrc/extensions/multi_tensor/l2norm.cpp ((norm [1], per-tensor or empty) in float32);
     common/multi_tensor/scale.cu (in float32, a non-finite input sets the flag)."""
-    from transformer_engine.pytorch.optimizers import (multi_tensor_applier, multi_tensor_l2norm, multi_tensor_scale,
-                                                       multi_tensor_scale_tensor)
+    from transformer_engine.pytorch.optimizers import (
+        multi_tensor_applier,
+        multi_tensor_l2norm,
+        multi_tensor_scale,
+        multi_tensor_scale_tensor,
+    )
 
     seen = []
     a, b = rand(3, seed=1), rand(2, 2, seed=2)

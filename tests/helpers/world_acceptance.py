@@ -30,8 +30,7 @@ from pathlib import Path
 import torch
 
 from tests.helpers.dist_utils import run_ranks
-from tests.helpers.train_runs import (checkpoint_tensors, make_demo_data, records, small_run_overrides,
-                                      train_in_forks)
+from tests.helpers.train_runs import checkpoint_tensors, make_demo_data, records, small_run_overrides, train_in_forks
 
 # The trainer runs: one rank each, so the MoE at EP=1 (the worlds differ in their libraries, not in
 # collectives; expert parallelism runs in the local world and in the TE world at EP=2).

@@ -48,13 +48,11 @@ def megatron_takes_its_apex_branches():
     import sys
 
     import amp_C
+    import apex
     from megatron.core.fusions import fused_layer_norm as mfln
-    from megatron.core.optimizer import clip_grads, distrib_optimizer, optimizer
-    from megatron.core.optimizer import Adam, SGD
+    from megatron.core.optimizer import SGD, Adam, clip_grads, distrib_optimizer, optimizer
     from megatron.core.tensor_parallel import layers
     from megatron.core.transformer import transformer_block
-
-    import apex
 
     assert Adam is apex.optimizers.FusedAdam and SGD is apex.optimizers.FusedSGD
     assert distrib_optimizer.USING_APEX_OPTIMIZER and distrib_optimizer.HAVE_APEX_OR_TE
@@ -171,8 +169,8 @@ def fused_layer_norm_affine_function_is_torch_layer_norm():
     and the gradients of LayerNorm (here against torch's, float64), also with memory_efficient (the
     output saved instead of the input); output in the input's dtype, statistics float32 for bf16
     (lines 99-105); the checks (lines 30-54, 94-96, the kernel's dtype dispatch at line 833)."""
-    from apex.normalization.fused_layer_norm import FusedLayerNormAffineFunction as F
     import fused_layer_norm_cuda
+    from apex.normalization.fused_layer_norm import FusedLayerNormAffineFunction as F
 
     x, w, b = rand(3, 4, 8, seed=10), 1 + rand(8, seed=11), rand(8, seed=12)
     y_ref, dy, grads_ref = _ln_reference(x, w, b, 1e-5)

@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers.hostile import DAPO_BAD_ROWS, MAX_TOKENS, SIMPLE_BAD_ROWS, j as _j
+from tests.helpers.hostile import DAPO_BAD_ROWS, MAX_TOKENS, SIMPLE_BAD_ROWS
+from tests.helpers.hostile import j as _j
 from vapo_megatron.data.prompts import PromptDataError, load_prompts
 from vapo_megatron.tasks.demo_task import build_tokenizer, save_tokenizer
 

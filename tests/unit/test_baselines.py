@@ -7,9 +7,9 @@ import statistics
 import pytest
 import torch
 
-from vapo_megatron.config.estimators import ESTIMATORS
 from vapo_megatron.algorithms.advantages import group_relative_advantages, informative_groups
 from vapo_megatron.config import AlgoConfig
+from vapo_megatron.config.estimators import ESTIMATORS
 from vapo_megatron.data.batch import RolloutBatch, pack_sequences
 from vapo_megatron.rewards.shaping import OverlongShaping
 from vapo_megatron.rollout.dynamic_sampling import deal, fill

@@ -274,3 +274,16 @@ def test_outputs_that_would_fail_at_the_end_are_refused_at_the_start(capsys, tmp
     (tmp_path / "file").write_text("")
     rc, _, err = call(["--out", str(tmp_path / "out"), "--summaries", str(tmp_path / "file" / "sums")], capsys)
     assert rc == 2 and err.count("\n") == 1 and "--summaries" in err and "not a writable directory" in err, err
+
+
+def test_unset_lists_compare_by_what_they_remove_from_the_base():
+    """A run made when the critic-only keys were fewer is the same run when the added key is one the
+    base config never set; a key the base does set still makes it another run."""
+    from benchmarks.learning.runs import record_mismatch
+
+    old = {"unset": ["algo.gamma", "critic_optim"], "steps": 3}
+    grown = {"unset": ["algo.gamma", "critic", "critic_optim"], "steps": 3}
+    in_base = {"algo.gamma", "critic_optim"}.__contains__
+    assert record_mismatch("x", old, grown, flag="--out", in_base=in_base) is None
+    assert "was made with unset=" in record_mismatch("x", old, grown, flag="--out")
+    assert "was made with unset=" in record_mismatch("x", old, grown, flag="--out", in_base=lambda k: True)

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from vapo_megatron.rewards import build_reward_fn
 from vapo_megatron.tasks.chain_task import (
-    LONG_TERMS, SHORT_TERMS, chain_answer, chain_prompt, final_result, make_chain_splits, num_terms,
+    LONG_TERMS,
+    SHORT_TERMS,
+    chain_answer,
+    chain_prompt,
+    final_result,
+    make_chain_splits,
+    num_terms,
 )
 from vapo_megatron.tasks.demo_task import build_tokenizer
 

@@ -2,7 +2,6 @@
 
 import json
 import logging
-import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq

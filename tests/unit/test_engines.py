@@ -11,11 +11,28 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vapo_megatron.config import (Config, ConfigError, RolloutConfig, SGLangConfig, SGLangHttpConfig, load_config,
-                                  parse_config, resume)
-from vapo_megatron.config.engines import (ENGINES, colocated_engines, engine_key, engine_named, engine_of,
-                                          engine_problems, engine_settings, engine_tp, with_engine_tp)
+from vapo_megatron.config import (
+    Config,
+    ConfigError,
+    RolloutConfig,
+    SGLangConfig,
+    SGLangHttpConfig,
+    load_config,
+    parse_config,
+    resume,
+)
 from vapo_megatron.config.checks import config_problems
+from vapo_megatron.config.engines import (
+    ENGINES,
+    colocated_engines,
+    engine_key,
+    engine_named,
+    engine_of,
+    engine_problems,
+    engine_settings,
+    engine_tp,
+    with_engine_tp,
+)
 from vapo_megatron.config.load import MOVED_KEYS, parse_recorded, translate_record
 from vapo_megatron.rollout.engines import NO_MEMORY, RECORDS, record_of, sglang_kv_bytes_per_token
 

@@ -204,8 +204,8 @@ def test_sample_level_m_skips_empty_responses():
     """M (algorithms/normalization.py) counts only responses with a token, and the actor's
     sample-level scaling over two micro-batches, divided by N as finalize_model_grads does,
     equals the naive mean over non-empty responses of their token means."""
-    from vapo_megatron.data.batch import RolloutBatch
     from vapo_megatron.algorithms.normalization import GlobalCounts, count_sums
+    from vapo_megatron.data.batch import RolloutBatch
 
     logp, old, adv, mask = batch()
     B = len(LENGTHS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from model_providers import HFConfigError, QWEN3_MOE, check_supported
+from model_providers import QWEN3_MOE, HFConfigError, check_supported
 from model_providers.presets import preset
 from model_providers.qwen3_moe import moe_layer_pattern
 from vapo_megatron.weights.params import expert_key

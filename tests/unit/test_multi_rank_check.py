@@ -9,8 +9,16 @@ import pytest
 import torch
 
 from tests.helpers.sglang_doubles import encode_routes
-from vapo_megatron.nodecheck.multi_rank import (LOGP_TOL, MISMATCH_TOL, Sampled, answers_batch, logprob_verdict,
-                                                route_problems, routes_verdict, unusable)
+from vapo_megatron.nodecheck.multi_rank import (
+    LOGP_TOL,
+    MISMATCH_TOL,
+    Sampled,
+    answers_batch,
+    logprob_verdict,
+    route_problems,
+    routes_verdict,
+    unusable,
+)
 from vapo_megatron.nodecheck.ranks_mode import HEAD_DIM, ranks_model
 from vapo_megatron.rollout.sglang_requests import parse_output
 

@@ -8,10 +8,9 @@ import math
 import pytest
 import torch
 
-from vapo_megatron.algorithms import off_policy
+from vapo_megatron.algorithms import off_policy, step_stats
 from vapo_megatron.algorithms.losses import policy_loss_sum
 from vapo_megatron.data.batch import RolloutBatch, pack_sequences
-from vapo_megatron.algorithms import step_stats
 
 LENGTHS = [5, 1, 8, 3, 6, 7]
 T = 8

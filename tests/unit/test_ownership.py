@@ -13,9 +13,19 @@ import os
 
 import pytest
 
-from vapo_megatron.runtime.atomic import (CONVERT_HF_TO_MCORE, CONVERT_MCORE_TO_HF, EVAL_OUTPUT, MARKER, TRAINER_CHECKPOINT,
-                                          TRAINER_EXPORT, TargetRefused, check_replaceable, commit_dir,
-                                          staging_dir, writer_of)
+from vapo_megatron.runtime.atomic import (
+    CONVERT_HF_TO_MCORE,
+    CONVERT_MCORE_TO_HF,
+    EVAL_OUTPUT,
+    MARKER,
+    TRAINER_CHECKPOINT,
+    TRAINER_EXPORT,
+    TargetRefused,
+    check_replaceable,
+    commit_dir,
+    staging_dir,
+    writer_of,
+)
 
 
 def user_dir(path):

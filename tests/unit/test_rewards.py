@@ -193,7 +193,7 @@ def test_every_kind_of_user_function_failure_is_survived(caplog):
                 assert counters["reward/errors"] == len(kinds) + 1 and counters["reward/timeouts"] == 0
         msgs = [r.getMessage() for r in caplog.records]
         for kind in kinds.values():
-            assert sum(f"raised {kind} " in m or f"returned inf" in m and kind == "BadReturn" for m in msgs) == 1, (kind, msgs)
+            assert sum(f"raised {kind} " in m or "returned inf" in m and kind == "BadReturn" for m in msgs) == 1, (kind, msgs)
         assert "cannot be formatted" in caplog.text  # the exception whose __str__ raises
         assert max(len(m) for m in msgs) < 20_000  # a 5 MB message is cut, not logged whole
     finally:

@@ -17,7 +17,9 @@ from tests.helpers.sglang_source import check_request_body
 from vapo_megatron.rollout.base import SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket, group_into_buckets
 from vapo_megatron.rollout.sglang_engine import (
-    SGLangEngine, serialize_flattened_bucket, to_flattened_bucket,
+    SGLangEngine,
+    serialize_flattened_bucket,
+    to_flattened_bucket,
 )
 from vapo_megatron.rollout.sglang_http import HttpEngine
 
@@ -217,11 +219,11 @@ def serve():
 
 def _http_engine(monkeypatch, url: str, model: str = "", replay: bool | None = None):
     """The trainer's engine for rollout.engine=sglang_http, built where the trainer builds it."""
-    from vapo_megatron.config import Config, ModelConfig, RolloutConfig, SGLangHttpConfig
-    from vapo_megatron.mcore import parallel
     from model_providers import read_hf_config
-    from vapo_megatron.rollout.generator import build_engine
+    from vapo_megatron.config import Config, ModelConfig, RolloutConfig, SGLangHttpConfig
     from vapo_megatron.data.routes import replays
+    from vapo_megatron.mcore import parallel
+    from vapo_megatron.rollout.generator import build_engine
 
     for name in ("tp_rank", "pp_rank", "dp_rank"):  # the replica's first rank holds the engine
         monkeypatch.setattr(parallel, name, lambda: 0)
@@ -331,10 +333,9 @@ def test_deterministic_sampling_is_refused_on_sglangs_cpu_engine(monkeypatch, en
     (tests/unit/test_sglang_api.py reads why); trainer.deterministic (vapo-eval's --deterministic)
     asks for it. Before: vapo-train started, built its models and died in sglang.Engine's argument
     resolution with SGLang's traceback; now the start is refused naming the setting."""
+    from tests.helpers.sglang_world import SGLANG_DOUBLES
     from vapo_megatron.config import Config, RolloutConfig, TrainerConfig
     from vapo_megatron.config.preflight import hardware_problems
-
-    from tests.helpers.sglang_world import SGLANG_DOUBLES
 
     def cfg(deterministic):
         return Config(rollout=RolloutConfig(engine="sglang"), trainer=TrainerConfig(deterministic=deterministic))

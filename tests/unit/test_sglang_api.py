@@ -1,7 +1,6 @@
-"""Every call vapo_megatron/rollout makes into SGLang, checked against the installed SGLang's own source (sglang_source
-reads engine.py, io_struct.py and the Qwen2/Qwen3/Qwen3-MoE/Llama model files with ast; ServerArgs and SamplingParams
-import here and are used directly). A new SGLang that renames an argument, a field or a weight mapping fails these
-tests. docs/weight_sync.md lists the calls; test_sglang_shutdown.py checks the engine's shutdown."""
+"""Every call vapo_megatron/rollout makes into SGLang, against the installed SGLang's own source (engine.py, io_struct.py,
+the Qwen2/Qwen3/Qwen3-MoE/Llama model files read with ast; ServerArgs and SamplingParams used directly): a renamed argument,
+field or weight mapping fails here. docs/weight_sync.md lists the calls; test_sglang_shutdown.py checks the shutdown."""
 
 from __future__ import annotations
 
@@ -16,17 +15,25 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 from model_providers import QWEN3_MOE
 from model_providers.qwen2 import MLP_ROWS
 from model_providers.qwen3_moe import EXPERT_ROWS, moe_layer_pattern, num_experts
+from tests.helpers.sglang_doubles import FakeColocatedSGLangEngineForTests, FakeSGLangEngineForTests, hf_state
 from tests.helpers.sglang_source import (
-    engine_method, engine_signature, engine_start_nccl_env, fused_moe_local_expert, legacy_load_target,
-    qwen3_moe_expert_mapping, qwen3_moe_layer_is_sparse, qwen3_moe_load_target, qwen3_moe_params, sglang_param_names,
+    engine_method,
+    engine_signature,
+    engine_start_nccl_env,
+    fused_moe_local_expert,
+    legacy_load_target,
+    qwen3_moe_expert_mapping,
+    qwen3_moe_layer_is_sparse,
+    qwen3_moe_load_target,
+    qwen3_moe_params,
+    sglang_param_names,
     stacked_params_mapping,
 )
-from tests.helpers.sglang_doubles import FakeColocatedSGLangEngineForTests, FakeSGLangEngineForTests, hf_state
 from tests.helpers.tiny_hf import qwen3_moe_config
 from vapo_megatron.rollout.base import SamplingParams
 from vapo_megatron.rollout.sglang_engine import SGLangEngineConfig, engine_kwargs
 from vapo_megatron.rollout.sglang_payloads import order_by_engine_rank
-from vapo_megatron.rollout.sglang_requests import continuation_requests, expand_requests, parse_output
+from vapo_megatron.rollout.sglang_requests import expand_requests, parse_output
 
 ENGINE_CALLS = ("generate", "begin_weight_update", "end_weight_update", "update_weights_from_tensor",
                 "release_memory_occupation", "resume_memory_occupation", "flush_cache")

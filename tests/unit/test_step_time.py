@@ -26,8 +26,12 @@ from model_providers.presets import preset
 from vapo_megatron.config import parse_config
 from vapo_megatron.sizing.flops import Shapes, forward_flops_per_token, shapes_from_hf
 from vapo_megatron.sizing.hardware import GPUS, gpu_from_device_name, link_bytes_s, on_nvlink
-from vapo_megatron.sizing.step_config import (option_problems, predicted_step_and_save, setup_from_config,
-                                              without_critic_delta)
+from vapo_megatron.sizing.step_config import (
+    option_problems,
+    predicted_step_and_save,
+    setup_from_config,
+    without_critic_delta,
+)
 from vapo_megatron.sizing.step_time import decode_step_s, estimate, partial_rollout, rollout
 
 H100 = GPUS["h100"]

@@ -18,9 +18,9 @@ Reward is 0 on every token but the last, gamma = 1 (sec. 2, token-level MDP).
 
 from __future__ import annotations
 
-import torch
-
 from typing import Callable
+
+import torch
 
 from vapo_megatron.algorithms.gae import compute_gae, length_adaptive_lambda
 from vapo_megatron.config import AlgoConfig

@@ -17,7 +17,12 @@ import torch
 from torch import Tensor
 
 from vapo_megatron.algorithms import off_policy as op
-from vapo_megatron.algorithms.losses import explained_variance_from_sums, explained_variance_sums, masked_moment_sums, whiten
+from vapo_megatron.algorithms.losses import (
+    explained_variance_from_sums,
+    explained_variance_sums,
+    masked_moment_sums,
+    whiten,
+)
 from vapo_megatron.data.batch import RolloutBatch, pad_ragged, to_sequence
 
 Reduce = Callable[[Tensor], Tensor]

@@ -32,8 +32,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from vapo_megatron.checkpoint import dist_io  # also installs safe_unpickle: no checkpoint pickle runs code
 from vapo_megatron.checkpoint.complete import CheckpointCorrupt, candidates, check_complete
-from vapo_megatron.checkpoint.model_state import (has_distributed_optimizer, load_model_state, resume_layout_problem,
-                                                  save_model_state, saved_optimizer_format)
+from vapo_megatron.checkpoint.model_state import (
+    has_distributed_optimizer,
+    load_model_state,
+    resume_layout_problem,
+    save_model_state,
+    saved_optimizer_format,
+)
 from vapo_megatron.checkpoint.run_state import RunState
 from vapo_megatron.config.resume import ep_change
 from vapo_megatron.data import carry_over

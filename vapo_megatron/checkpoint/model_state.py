@@ -18,12 +18,13 @@ from pathlib import Path
 
 import torch
 
-from vapo_megatron.checkpoint import dist_io  # also installs safe_unpickle: no checkpoint pickle runs code
-from vapo_megatron.checkpoint import optimizer_state
+from vapo_megatron.checkpoint import (
+    dist_io,  # also installs safe_unpickle: no checkpoint pickle runs code
+    optimizer_state,
+)
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.model import TrainModel
 from vapo_megatron.weights.hf_write import write_source_files
-
 
 # megatron's distributed optimizer writes its sharded Adam state in one of several formats
 # (distrib_optimizer.py sharded_state_dict). Every save here writes "fully_reshardable"'s tensors,

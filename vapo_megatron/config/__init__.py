@@ -17,10 +17,25 @@ Pure Python: vapo-train checks a command completely before it imports torch or m
 """
 
 from vapo_megatron.config.load import load_config, parse_config, run_record, to_dict
-from vapo_megatron.config.schema import (AlgoConfig, Config, ConfigError, DataConfig, EvalConfig, ModelConfig,
-                                         OptimConfig, ParallelConfig, PartialRolloutConfig, RewardConfig,
-                                         RolloutConfig, SFTConfig, SGLangConfig, SGLangHttpConfig, TrainerConfig,
-                                         WandbConfig, problems_error)
+from vapo_megatron.config.schema import (
+                                         AlgoConfig,
+                                         Config,
+                                         ConfigError,
+                                         DataConfig,
+                                         EvalConfig,
+                                         ModelConfig,
+                                         OptimConfig,
+                                         ParallelConfig,
+                                         PartialRolloutConfig,
+                                         RewardConfig,
+                                         RolloutConfig,
+                                         SFTConfig,
+                                         SGLangConfig,
+                                         SGLangHttpConfig,
+                                         TrainerConfig,
+                                         WandbConfig,
+                                         problems_error,
+)
 
 __all__ = ["AlgoConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig",
            "ParallelConfig", "PartialRolloutConfig", "RewardConfig", "RolloutConfig", "SFTConfig", "SGLangConfig",

@@ -22,6 +22,7 @@ import csv
 import importlib.metadata
 import inspect
 
+
 def _top_level(dist: importlib.metadata.Distribution) -> list[str]:
     declared = (dist.read_text("top_level.txt") or "").split()
     if declared:

@@ -23,7 +23,8 @@ import os
 from pathlib import Path
 
 from vapo_megatron.config.checks import config_problems
-from vapo_megatron.config.engines import ENGINES, KEY as ENGINE_KEY, engine_key, engine_tp, known_engine
+from vapo_megatron.config.engines import ENGINES, engine_key, engine_tp, known_engine
+from vapo_megatron.config.engines import KEY as ENGINE_KEY
 from vapo_megatron.config.layout import layout_problems
 from vapo_megatron.config.schema import Config
 

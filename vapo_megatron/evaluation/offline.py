@@ -89,8 +89,16 @@ def build_config(a: argparse.Namespace, model: ModelSource):
     """The trainer's Config for the pieces it shares with vapo-eval (engine, sampling, reward)."""
     import torch
 
-    from vapo_megatron.config import (Config, DataConfig, ModelConfig, ParallelConfig, RewardConfig, RolloutConfig,
-                                      SGLangConfig, TrainerConfig)
+    from vapo_megatron.config import (
+        Config,
+        DataConfig,
+        ModelConfig,
+        ParallelConfig,
+        RewardConfig,
+        RolloutConfig,
+        SGLangConfig,
+        TrainerConfig,
+    )
 
     dtype = a.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
     return Config(

@@ -2,16 +2,16 @@
 
 Reads the launcher's environment (torchrun's RANK/WORLD_SIZE/LOCAL_RANK first, then Slurm's
 SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID), starts torch.distributed (NCCL on GPU, gloo on the
-CPU), and initializes Megatron's model parallelism. Data parallelism is derived:
-DP = world_size / (TP * PP). Other modules ask this module for groups, ranks and sizes and
-never reach into megatron's parallel_state themselves; every collective of the project goes
-through the helpers at the end of this file.
+CPU), and initializes Megatron's model parallelism. Data parallelism is derived: DP = world_size / (TP * PP).
+Other modules ask this module for groups, ranks and sizes and never reach into megatron's parallel_state
+themselves; every collective of the project goes through the helpers at the end of this file.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+
 import torch
 import torch.distributed as dist
 

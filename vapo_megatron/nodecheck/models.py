@@ -94,8 +94,8 @@ def check_model_logits(env: Env) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     import model_providers
-    from vapo_megatron.mcore.models import build_chunks
     from model_providers.presets import preset
+    from vapo_megatron.mcore.models import build_chunks
     from vapo_megatron.weights.hf_read import load_hf_weights
 
     if why := too_big(env):

@@ -22,9 +22,9 @@ def check_routing_replay(env: Env) -> None:
 
     import model_providers
     from vapo_megatron.data.batch import RolloutBatch, pack_sequences, pad_ragged, to_sequence
+    from vapo_megatron.data.routes import pack_routes
     from vapo_megatron.rollout.base import SamplingParams
     from vapo_megatron.rollout.embedded import EmbeddedEngine
-    from vapo_megatron.data.routes import pack_routes
     from vapo_megatron.rollout.weight_sync import stream_weights
 
     name = f"routing_replay:{env.preset}"

@@ -18,6 +18,7 @@ from vapo_megatron.data.routes import RouteRecorder
 from vapo_megatron.rollout.base import MEMORY_TAGS, Continuation, RolloutEngine, RolloutOutput, SamplingParams
 from vapo_megatron.rollout.buckets import FlatBucket
 
+
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Set logits outside top-k / the top-p nucleus to -inf. logits: [B, V] (already / T)."""
     if top_k > 0 and top_k < logits.shape[-1]:

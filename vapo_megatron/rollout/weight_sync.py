@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from model_providers.layouts import mcore_to_hf, hf_shapes, place_shard
+from model_providers.layouts import hf_shapes, mcore_to_hf, place_shard
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.memory import free_cached_memory
 from vapo_megatron.rollout.base import RolloutEngine

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+
 @dataclass(frozen=True)
 class Shapes:
     """What the FLOPs and bytes need of an HF config (sizes as in config.json)."""

@@ -31,8 +31,18 @@ from vapo_megatron.config.engines import engine_key, engine_of, engine_settings,
 from vapo_megatron.config.estimators import estimator_of
 from vapo_megatron.mcore.dtypes import torch_dtype
 from vapo_megatron.rollout.engines import record_of
-from vapo_megatron.sizing.memory import (GIB, ROUTES_DEVICE_ITEM, SGLANG_RUNTIME_ITEM, activation_parts, checkpoint_bytes,
-                                         checkpoint_parts, reserve_parts, route_parts, sglang_stash_bytes, state_bytes)
+from vapo_megatron.sizing.memory import (
+    GIB,
+    ROUTES_DEVICE_ITEM,
+    SGLANG_RUNTIME_ITEM,
+    activation_parts,
+    checkpoint_bytes,
+    checkpoint_parts,
+    reserve_parts,
+    route_parts,
+    sglang_stash_bytes,
+    state_bytes,
+)
 from vapo_megatron.sizing.shards import ShardSize, shard_sizes
 
 

@@ -35,7 +35,8 @@ def setup_from_config(cfg, actor_hf: dict, critic_hf: dict | None, *, world: int
     """A Setup from a run config (vapo_megatron/config Config) and the models' HF configs. vapo-plan
     passes its own kv_tokens, offload and checkpoint bytes (megatron's exact parameter counts);
     left None they are counted here from the shapes, by the same formulas (sizing/memory.py)."""
-    from vapo_megatron.sizing.memory import GIB, checkpoint_bytes as ckpt_bytes, state_bytes
+    from vapo_megatron.sizing.memory import GIB, state_bytes
+    from vapo_megatron.sizing.memory import checkpoint_bytes as ckpt_bytes
 
     p, r, t, a = cfg.parallel, cfg.rollout, cfg.trainer, cfg.algo
     actor = shapes_from_hf(actor_hf)

@@ -31,7 +31,9 @@ import os
 import random
 
 from vapo_megatron.tasks.demo_task import (
-    Example, TinyModelSpec, write_task_files,
+    Example,
+    TinyModelSpec,
+    write_task_files,
 )
 
 MIN_TERMS, MAX_TERMS = 2, 10

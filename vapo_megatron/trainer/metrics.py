@@ -14,7 +14,6 @@ from tqdm import tqdm
 from vapo_megatron.runtime.atomic import write_atomic
 from vapo_megatron.trainer import timing
 
-
 # The progress bar's figures: metric -> its label there (every label says what it is).
 SFT_SHOWN = {"sft/nll_loss": "nll", "sft/train_accuracy": "train_accuracy"}
 RL_SHOWN = {"reward/mean": "reward", "critic/explained_variance": "explained_variance", "eval/accuracy": "eval_accuracy"}

@@ -43,7 +43,6 @@ import torch.distributed as dist
 from vapo_megatron.mcore import parallel
 from vapo_megatron.trainer.deadline import Deadline, StepClock
 
-
 STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # stop even during the final step, and ask no requeue
 
 

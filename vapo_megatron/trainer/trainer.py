@@ -49,8 +49,8 @@ from vapo_megatron.trainer.deadline import Deadline, StepClock
 from vapo_megatron.trainer.metrics import MetricsLogger
 from vapo_megatron.trainer.run_guard import RunDirLock
 from vapo_megatron.trainer.signals import StopSignals, request_requeue, stop_reason
-from vapo_megatron.trainer.warm_start import load_critic_start
 from vapo_megatron.trainer.timing import PhaseTimer
+from vapo_megatron.trainer.warm_start import load_critic_start
 
 PREEMPTED_EXIT_CODE = 3  # checkpoint written after SIGUSR1/SIGTERM or at the deadline; the launcher may requeue
 NON_FINITE_EXIT_CODE = 4  # trainer.max_consecutive_skips optimizer steps in a row had NaN/Inf

@@ -39,11 +39,9 @@ from vapo_megatron.config.layout import CLI_KEYS, check_layout
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.dtypes import dtype_name, torch_dtype
 from vapo_megatron.mcore.models import build_chunks, unwrap
-from vapo_megatron.runtime.atomic import (CONVERT_HF_TO_MCORE, CONVERT_MCORE_TO_HF, TRAINER_EXPORT,
-                                          check_replaceable)
+from vapo_megatron.runtime.atomic import CONVERT_HF_TO_MCORE, CONVERT_MCORE_TO_HF, TRAINER_EXPORT, check_replaceable
 from vapo_megatron.weights.hf_read import HFCheckpointError
-from vapo_megatron.weights.hf_write import (DEFAULT_SHARD_BYTES, META, bounded_groups, write_hf_dir,
-                                             write_source_files)
+from vapo_megatron.weights.hf_write import DEFAULT_SHARD_BYTES, META, bounded_groups, write_hf_dir, write_source_files
 from vapo_megatron.weights.params import iter_hf_tensors
 
 

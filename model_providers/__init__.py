@@ -19,4 +19,5 @@ from model_providers.qwen2 import QWEN2, QWEN3
 from model_providers.qwen3_moe import QWEN3_MOE
 from model_providers.registry import FAMILIES, check_supported, family_for, read_hf_config
 
-__all__ = ["FAMILIES", "Family", "HFConfigError", "LLAMA", "QWEN2", "QWEN3", "QWEN3_MOE", "check_supported", "family_for", "read_hf_config"]
+__all__ = ["FAMILIES", "Family", "HFConfigError", "LLAMA", "QWEN2", "QWEN3", "QWEN3_MOE", "check_supported",
+           "family_for", "read_hf_config"]

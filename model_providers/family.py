@@ -132,7 +132,8 @@ def rope_theta(hf_cfg: dict, *, scaled: tuple[str, ...] = ()) -> float:
     found = rope_scaling(hf_cfg)
     if found and rope_type(found[1]) not in scaled:
         key, spec = found
-        only = f"only {', '.join(repr(t) for t in scaled)} or the default RoPE" if scaled else "only the default RoPE, without scaling"
+        only = (f"only {', '.join(repr(t) for t in scaled)} or the default RoPE" if scaled
+                else "only the default RoPE, without scaling")
         raise HFConfigError(f"{source(hf_cfg)}: {key}={spec} is not supported ({only})")
     params = hf_cfg["rope_parameters"] if "rope_parameters" in hf_cfg else None
     if params and "rope_theta" in params:
@@ -142,4 +143,5 @@ def rope_theta(hf_cfg: dict, *, scaled: tuple[str, ...] = ()) -> float:
     raise HFConfigError(f"{source(hf_cfg)}: has neither rope_theta nor rope_parameters.rope_theta")
 
 
-__all__ = ["Architecture", "Family", "HFConfigError", "decoder_transformer", "rope_scaling", "rope_theta", "rope_type", "source", "tied_embeddings"]
+__all__ = ["Architecture", "Family", "HFConfigError", "decoder_transformer", "rope_scaling", "rope_theta", "rope_type",
+           "source", "tied_embeddings"]

@@ -30,7 +30,8 @@ def safetensors_problem(path: Path) -> str | None:
                 return f"{path} is truncated: {size} bytes, shorter than a safetensors header"
             (n,) = struct.unpack("<Q", head)
             if n > MAX_HEADER_BYTES or 8 + n > size:
-                return f"{path} is not a safetensors file or is truncated: its header claims {n} bytes, the file has {size}"
+                return (f"{path} is not a safetensors file or is truncated: its header claims {n} bytes, "
+                        f"the file has {size}")
             header = json.loads(f.read(n))
     except OSError as e:
         return f"{path} cannot be read ({e.strerror or e})"
@@ -105,7 +106,8 @@ def weights_problems(hf_dir: Path) -> list[str]:
     if single.is_file():
         problem = safetensors_problem(single)
         return [problem] if problem else []
-    return [f"{hf_dir} has no model.safetensors or model.safetensors.index.json (weights are read from safetensors only)"]
+    return [f"{hf_dir} has no model.safetensors or model.safetensors.index.json "
+            "(weights are read from safetensors only)"]
 
 
 def json_problems(hf_dir: Path) -> list[str]:

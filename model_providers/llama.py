@@ -66,7 +66,8 @@ def llama3_factor(hf_cfg: dict) -> float | None:
     extra = sorted(set(spec) - LLAMA3_KEYS)
     if extra:
         raise HFConfigError(f"{src}: {key}.{extra[0]}={spec[extra[0]]!r} is not supported "
-                            f"(megatron-core's llama3 RoPE scaling takes only {', '.join(sorted(LLAMA3_KEYS - {'type'}))})")
+                            "(megatron-core's llama3 RoPE scaling takes only "
+                            f"{', '.join(sorted(LLAMA3_KEYS - {'type'}))})")
     for name, fixed in MCORE_LLAMA3_FIXED.items():
         if name not in spec or not _number(spec[name]) or spec[name] != fixed:
             got = spec[name] if name in spec else "(absent)"

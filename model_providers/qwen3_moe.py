@@ -42,8 +42,8 @@ X = "mlp.experts.{expert}."
 
 EXPERT_ROWS = (
     Row(L + "mlp.router.weight", (H + "mlp.gate.weight",), "copy"),
-    Row(L + "mlp.experts.local_experts.{expert}.linear_fc1.weight", (H + X + "gate_proj.weight", H + X + "up_proj.weight"),
-        "gate_up"),
+    Row(L + "mlp.experts.local_experts.{expert}.linear_fc1.weight",
+        (H + X + "gate_proj.weight", H + X + "up_proj.weight"), "gate_up"),
     Row(L + "mlp.experts.local_experts.{expert}.linear_fc2.weight", (H + X + "down_proj.weight",), "copy"),
 )
 

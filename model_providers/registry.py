@@ -59,8 +59,10 @@ def family_for(hf_cfg: dict) -> Family:
         if not archs and "model_type" in hf_cfg and hf_cfg["model_type"] in fam.model_types:
             return fam
     supported = sorted(a for fam in FAMILIES for a in fam.architectures)
-    what = f"architectures={archs}" if archs else f"model_type={hf_cfg['model_type'] if 'model_type' in hf_cfg else None!r}"
-    raise HFConfigError(f"{source(hf_cfg)}: unsupported architecture ({what}); supported architectures: {', '.join(supported)}")
+    what = (f"architectures={archs}" if archs
+            else f"model_type={hf_cfg['model_type'] if 'model_type' in hf_cfg else None!r}")
+    raise HFConfigError(f"{source(hf_cfg)}: unsupported architecture ({what}); "
+                        f"supported architectures: {', '.join(supported)}")
 
 
 def check_supported(hf_cfg: dict) -> Family:

@@ -13,7 +13,8 @@ of the other mode).
 Single process (world size 1): the NCCL process group of one GPU still takes CUDA tensors only,
 so every collective of the checks below runs through mcore/parallel.py's device-placing helpers.
 
-Checks (vapo_megatron/nodecheck/; each calls the project's own code; a check is skipped only when its package is absent):
+Checks (vapo_megatron/nodecheck/; each calls the project's own code; a check is skipped only when its
+package is absent):
   model_logits    per `--model-preset` (default one tiny model of each family: Qwen2, Qwen3, Llama 3.1
                   with its RoPE scaling, Qwen3-MoE at EP=1): megatron-core (TE layer spec when TE
                   imports, else the local spec), bf16 on the GPU, against transformers' own class
@@ -127,7 +128,8 @@ def ranks_problems(args: argparse.Namespace, env) -> list[str]:
                                if flag == "--cpu" else ""))
     world, local = env.get("WORLD_SIZE"), env.get("LOCAL_WORLD_SIZE")
     if world is None or int(world) < 2:
-        problems.append(f"--ranks runs one rank per GPU of the node ({'no launcher' if world is None else 'WORLD_SIZE=' + world}):"
+        problems.append("--ranks runs one rank per GPU of the node "
+                        f"({'no launcher' if world is None else 'WORLD_SIZE=' + world}):"
                         " torchrun --nproc-per-node N -m vapo_megatron.check --ranks, N >= 2")
         return problems
     if local is not None and local != world:
@@ -227,12 +229,14 @@ def main(argv: list[str] | None = None) -> int:
                             ("wgrad_fusion", lambda: check_wgrad_fusion(env)),
                             *per_preset,
                             ("vocab_parallel", lambda: check_vocab_parallel(env)),
-                            ("offload", lambda: [report(*r) for r in check_offload(env.cpu, env.dtype, offload_preset)]),
+                            ("offload", lambda: [report(*r) for r in check_offload(env.cpu, env.dtype,
+                                                                                   offload_preset)]),
                             ("checkpoint", lambda: [report(*r) for r in check_checkpoint(env.dtype, env.first_preset,
                                                                                          Path(work) / "checkpoint")]),
                             ("vapo_steps", lambda: check_vapo_steps(env, args.steps)),
                             ("plan_memory", lambda: check_plan_memory(env, run))):
-            if not has("transformers") and name in ("model_logits", "recompute", "weight_sync", "routing_replay", "vapo_steps"):
+            if not has("transformers") and name in ("model_logits", "recompute", "weight_sync", "routing_replay",
+                                                    "vapo_steps"):
                 report(name, "SKIP", "transformers is not installed")
                 continue
             try:
@@ -259,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         f"check them now: {command}" if gpus > 1 else f"they need a node of 2+ GPUs, where: {command} "
         "(docs/gpu_node.md)"))
     failed = [n for n, s, _ in results if s == "FAIL"]
-    print(f"vapo-check: {len(results) - len(failed)} of {len(results)} without FAIL" + (f"; FAIL: {', '.join(failed)}" if failed else ""))
+    print(f"vapo-check: {len(results) - len(failed)} of {len(results)} without FAIL"
+          + (f"; FAIL: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 
 

@@ -23,7 +23,8 @@ DEFAULT_SHARD_MB = 512  # weights/hf_write.py's DEFAULT_SHARD_BYTES
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="vapo-convert", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="vapo-convert", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("hf-to-mcore", help="HF model directory -> Megatron dist checkpoint")
     a.add_argument("--hf", type=Path, required=True, help="HF model directory (config.json + safetensors)")
@@ -32,7 +33,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "or freshly initialized when the HF model has none)")
     a.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="parameter dtype (default: the config's dtype)")
-    b = sub.add_parser("mcore-to-hf", help="Megatron checkpoint written by hf-to-mcore (or the trainer) -> HF directory")
+    b = sub.add_parser("mcore-to-hf",
+                       help="Megatron checkpoint written by hf-to-mcore (or the trainer) -> HF directory")
     b.add_argument("--ckpt", type=Path, required=True)
     b.add_argument("--out", type=Path, required=True)
     b.add_argument("--max-shard-mb", type=int, default=DEFAULT_SHARD_MB,

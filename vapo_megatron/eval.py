@@ -22,13 +22,15 @@ from vapo_megatron.evaluation.offline import EvalInputError, resolve_model
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="vapo-eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="vapo-eval", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="HF model directory, or trainer checkpoint (iter_N or iter_N/actor)")
     p.add_argument("--data", required=True, nargs="+", help="eval files (.jsonl/.parquet; simple or dapo schema)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--n-samples", type=int, default=32, help="K samples per prompt (default 32, the paper's avg@32)")
     p.add_argument("--pass-k", type=int, nargs="+", default=None, help="k for pass@k (default 1, 2, 4, ..., K)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0, the training temperature)")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature (default 1.0, the training temperature)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--max-new-tokens", type=int, default=20480)
@@ -53,7 +55,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "honour the per-sample seeds (slower); the embedded engine always does")
     p.add_argument("--tp", type=int, default=1, help="Megatron TP for loading a checkpoint (ranks = tp * pp * dp)")
     p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="default: bfloat16 on GPU, float32 on CPU")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                   help="default: bfloat16 on GPU, float32 on CPU")
     return p.parse_args(argv)
 
 
@@ -71,7 +74,8 @@ def check_args(a: argparse.Namespace) -> list[int]:
         if not 1 <= k <= a.n_samples:
             raise EvalInputError(f"--pass-k {k}: pass@k needs 1 <= k <= --n-samples ({a.n_samples})")
     if not (math.isfinite(a.temperature) and a.temperature > 0):
-        raise EvalInputError(f"--temperature {a.temperature}: must be a finite number > 0 (use --greedy for greedy accuracy)")
+        raise EvalInputError(f"--temperature {a.temperature}: must be a finite number > 0 "
+                             "(use --greedy for greedy accuracy)")
     if not 0 < a.top_p <= 1:
         raise EvalInputError(f"--top-p {a.top_p}: must be in (0, 1]")
     if not (a.top_k == -1 or a.top_k >= 1):
@@ -102,8 +106,8 @@ def check_args(a: argparse.Namespace) -> list[int]:
 
 
 def format_summary(s: dict) -> str:
-    lines = [f"vapo-eval: {s['prompts']} prompts x {s['samples_per_prompt']} samples, temperature {s['temperature']:g}, "
-             f"seed {s['seed']}, model {s['model']}"]
+    lines = [f"vapo-eval: {s['prompts']} prompts x {s['samples_per_prompt']} samples, "
+             f"temperature {s['temperature']:g}, seed {s['seed']}, model {s['model']}"]
     for k, v in s.items():
         if "@" in k or k == "greedy_accuracy":
             lines.append(f"{k:<16} {v:.4f}")

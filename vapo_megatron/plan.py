@@ -28,7 +28,8 @@ check as one config, and ranks those that fit by modelled step time, the config'
 (sizing/search.py; --top N, --json for a list of records; exit 0 when one fits, 1 when none does, 2 when the
 checks refuse every layout: the refusals counted by rule and the three closest, each with its problems).
 Exit status: 0 fits, 1 does not fit (each failing phase, rank and the amount over are printed),
-2 invalid configuration or layout (one message, never a traceback: config/cli.py). The figures are computed, not measured (docs/slurm.md).
+2 invalid configuration or layout (one message, never a traceback: config/cli.py). The figures are computed, not
+measured (docs/slurm.md).
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def plan(args: argparse.Namespace) -> int:
             actor_hf, source = resolve_model_config(cfg.model.hf_path, args.preset, key="model.hf_path")
             critic_hf = actor_hf
             if cfg.model.critic_hf_path and args.preset is None:
-                critic_hf, critic_source = resolve_model_config(cfg.model.critic_hf_path, None, key="model.critic_hf_path")
+                critic_hf, critic_source = resolve_model_config(cfg.model.critic_hf_path, None,
+                                                                key="model.critic_hf_path")
                 source += f"; critic: {critic_source}"
         except (ConfigError, ValueError) as e:  # with the file's own problems (a missing --config says so first)
             raise problems_error(problems + [str(e)]) from None
@@ -161,7 +163,8 @@ def search_option_problems(args: argparse.Namespace, cfg) -> list[str]:
                         "b200, gb200)")
     if known_engine(cfg) is not None and not engine_of(cfg).colocated:  # an unknown one: config_problems says
         problems.append(f"--search ranks by the step-time model, which times colocated engines only; this "
-                        f"config's rollout.engine={cfg.rollout.engine} (set rollout.engine={' or '.join(colocated_engines())})")
+                        f"config's rollout.engine={cfg.rollout.engine} "
+                        f"(set rollout.engine={' or '.join(colocated_engines())})")
     if args.top is not None and args.top < 1:
         problems.append(f"--top={args.top} must be >= 1")
     return problems
@@ -191,14 +194,17 @@ def search_layouts(args: argparse.Namespace, cfg, actor_hf: dict, critic_hf: dic
         if not result.rows:  # the records hold no reason for that: it goes to stderr, stdout stays JSON
             print("\n".join(f"vapo-plan: {line}" for line in no_layout_lines(result)), file=sys.stderr)
         return code
-    options = [("--preset", args.preset), ("--gpu-memory-gib", args.gpu_memory_gib), ("--reserve-gib", args.reserve_gib),
-               ("--mean-response-tokens", args.mean_response_tokens), ("--mean-prompt-tokens", args.mean_prompt_tokens),
+    options = [("--preset", args.preset), ("--gpu-memory-gib", args.gpu_memory_gib),
+               ("--reserve-gib", args.reserve_gib), ("--mean-response-tokens", args.mean_response_tokens),
+               ("--mean-prompt-tokens", args.mean_prompt_tokens),
                ("--storage-gb-per-s", None if args.storage_gb_per_s == 1.0 else args.storage_gb_per_s),
                ("--eval-prompts", args.eval_prompts)]
-    given = [x for option, v in options if v is not None for x in (option, f"{v:g}" if isinstance(v, float) else str(v))]
+    given = [x for option, v in options if v is not None
+             for x in (option, f"{v:g}" if isinstance(v, float) else str(v))]
     rerun = shlex.join(["vapo-plan", "--config", args.config, "--nodes", str(args.nodes), "--gpus-per-node",
                         str(args.gpus_per_node), "--gpu", args.gpu, *given, *args.overrides])
-    print(format_search(result, cfg, top=top, model_source=source, nodes=args.nodes, config_path=args.config, rerun=rerun))
+    print(format_search(result, cfg, top=top, model_source=source, nodes=args.nodes, config_path=args.config,
+                        rerun=rerun))
     return code
 
 

@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     fresh = not os.path.lexists(cfg.trainer.run_dir)  # made by this start: a refused start removes it again
     try:
         trainer = Trainer(cfg, stop, Planner(check_engine_share, predict_on_this_gpu))  # vapo-plan's models, handed in
-    except (PromptDataError, ConfigError, HFConfigError, CheckpointCorrupt, CheckpointMismatch, OSError) as e:  # before any step
+    except (PromptDataError, ConfigError, HFConfigError, CheckpointCorrupt, CheckpointMismatch,
+            OSError) as e:  # before any step
         if verbose():
             traceback.print_exc()
         kind = {PromptDataError: "data", CheckpointCorrupt: "checkpoint", CheckpointMismatch: "checkpoint"}.get(

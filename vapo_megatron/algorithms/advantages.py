@@ -34,7 +34,8 @@ def policy_lambdas(response_lens: torch.Tensor, algo: AlgoConfig) -> torch.Tenso
     return torch.full((len(response_lens),), algo.lambda_policy)
 
 
-def compute_advantages(batch: RolloutBatch, algo: AlgoConfig, *, value_pretrain: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_advantages(batch: RolloutBatch, algo: AlgoConfig, *,
+                       value_pretrain: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns), both [B, S] in the sequence layout, zero off the mask.
 
     During value pretraining (component 1) the targets are Monte-Carlo returns (lambda = 1).
@@ -95,7 +96,8 @@ def batch_relative_advantages(rewards: torch.Tensor, dp_sum: Callable[[torch.Ten
     all-reduce of (n, sum r, sum r^2) in float64. A step of one response has advantage 0, as has a
     step whose rewards are all equal. REINFORCE++'s global normalization (arXiv 2501.03262)."""
     r = rewards.to(torch.float64)
-    n, total, sq = dp_sum(torch.stack([torch.tensor(float(len(r)), dtype=torch.float64), r.sum(), (r * r).sum()])).tolist()
+    n, total, sq = dp_sum(torch.stack([torch.tensor(float(len(r)), dtype=torch.float64),
+                                       r.sum(), (r * r).sum()])).tolist()
     mean = total / max(n, 1.0)
     var = max(sq - n * mean * mean, 0.0) / max(n - 1.0, 1.0)
     return ((r - mean) / (var ** 0.5 + eps)).float(), mean, var ** 0.5
@@ -119,5 +121,6 @@ def batch_estimator(batch: RolloutBatch, algo: AlgoConfig, *, value_pretrain: bo
     """The batch-mean baseline: one value on every token of a response, the step's global reward
     statistics as baseline and scale; no value targets. Exact over DP ranks through dp_sum."""
     per_response, mean, std = batch_relative_advantages(batch.rewards, dp_sum, eps=algo.batch_std_eps)  # [B]
-    return per_response.unsqueeze(1) * batch.mask, None, {"actor/batch_reward_mean": mean, "actor/batch_reward_std": std}
+    return (per_response.unsqueeze(1) * batch.mask, None,
+            {"actor/batch_reward_mean": mean, "actor/batch_reward_std": std})
 

@@ -85,7 +85,8 @@ def off_policy_weights(batch: RolloutBatch, *, version: int, cap: float, max_sta
     logs["partial/stale_fraction"] = n_stale / max(float(counts.sum()), 1.0)
     if n_stale:
         mean = ratio_sum / n_stale
-        logs |= {"partial/is_ratio_mean": mean, "partial/is_ratio_std": math.sqrt(max(ratio_sq / n_stale - mean * mean, 0.0)),
+        logs |= {"partial/is_ratio_mean": mean,
+                 "partial/is_ratio_std": math.sqrt(max(ratio_sq / n_stale - mean * mean, 0.0)),
                  "partial/is_ratio_max": float(extremes[0]), "partial/is_ratio_min": -float(extremes[1]),
                  "partial/is_weight_mean": weight_sum / n_stale, "partial/is_truncated_fraction": truncated / n_stale}
     return torch.where(mask != 0, weights, torch.ones(())), logs

@@ -53,7 +53,8 @@ def check_complete(path: Path, models) -> dict:
         RunState.check_json(meta["state"])
         meta["world_size"], meta["complete"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointCorrupt(f"{path / 'state.json'} is unreadable or incomplete ({type(e).__name__}: {e})") from None
+        raise CheckpointCorrupt(f"{path / 'state.json'} is unreadable or incomplete "
+                                f"({type(e).__name__}: {e})") from None
     if meta["complete"] is not True:
         raise CheckpointCorrupt(f"{path / 'state.json'}: not marked complete")
     iteration = meta["state"]["iteration"]
@@ -61,7 +62,8 @@ def check_complete(path: Path, models) -> dict:
         raise CheckpointCorrupt(f"{path / 'state.json'} records iteration {iteration}, not that of {path.name}")
     for sub in models:
         if not dist_checkpointing.check_is_distributed_checkpoint(str(path / sub)):
-            raise CheckpointCorrupt(f"{path / sub} is not a complete Megatron dist checkpoint (metadata.json missing or unreadable)")
+            raise CheckpointCorrupt(f"{path / sub} is not a complete Megatron dist checkpoint "
+                                    "(metadata.json missing or unreadable)")
         try:
             dist_io.check_storage(path / sub)  # every storage file whole, each damaged one named
         except dist_io.CheckpointError as e:

@@ -229,8 +229,10 @@ def shape_mismatches(ckpt_dir: str | Path, sharded_state: dict, *, vocab_size: i
             continue
         if sh.key not in saved:
             found.append(f"{sh.key} (shape {list(sh.global_shape)} in the model) is not in the checkpoint")
-        elif tuple(saved[sh.key].size) != tuple(sh.global_shape) and not vocab_padding_only(sh, saved[sh.key].size, vocab_size):
-            found.append(f"{sh.key} is {list(saved[sh.key].size)} in the checkpoint, {list(sh.global_shape)} in the model")
+        elif (tuple(saved[sh.key].size) != tuple(sh.global_shape)
+              and not vocab_padding_only(sh, saved[sh.key].size, vocab_size)):
+            found.append(f"{sh.key} is {list(saved[sh.key].size)} in the checkpoint, "
+                         f"{list(sh.global_shape)} in the model")
     return found
 
 
@@ -259,7 +261,8 @@ def describe_failure(e: BaseException) -> str:
     if isinstance(e, CheckpointException) and e.failures:
         e = next(iter(e.failures.values()))[0]
     msg = str(e)
-    refused = re.search(r"\S+: (refused to unpickle [\w.]+|storage entry .*? points outside the checkpoint directory \(.*?\))", msg)
+    refused = re.search(r"\S+: (refused to unpickle [\w.]+|"
+                        r"storage entry .*? points outside the checkpoint directory \(.*?\))", msg)
     if refused:
         return f"refused to load (possibly crafted to run code): {refused.group(0)}"
     found = re.search(r"Unsupported global: GLOBAL (\S+)", msg)

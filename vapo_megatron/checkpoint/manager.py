@@ -254,7 +254,8 @@ class CheckpointManager:
                 "world_size": dist.get_world_size(), "config": self.config, "carried_groups": self.carried,
                 "complete": True}
         (tmp / "state.json").write_text(json.dumps(meta, indent=1))
-        commit_dir(tmp, target, writer="vapo-train checkpoint")  # the same iteration again (after a fallback) replaces it
+        # the same iteration again (after a fallback) replaces it
+        commit_dir(tmp, target, writer="vapo-train checkpoint")
         write_atomic(self.root / "latest", target.name + "\n")
         older = sorted(p for p in self.root.glob("iter_*") if p.name < target.name)
         for old in older[: max(len(older) - (self.keep - 1), 0)]:
@@ -273,7 +274,8 @@ class CheckpointManager:
         saved_state, rollout = meta["state"], (meta["config"] if "config" in meta else {})["rollout"]
         bounds = carry_over.Bounds(
             vocab_size=self.models["actor"].vocab_size, prompts=len(state.sampler.records),
-            admitted=saved_state["carry"]["admitted"], version=saved_state["iteration"] - saved_state["pretrain_steps_done"],
+            admitted=saved_state["carry"]["admitted"],
+            version=saved_state["iteration"] - saved_state["pretrain_steps_done"],
             pretrain_iterations=saved_state["pretrain_steps_done"], n_samples=rollout["n_samples"],
             max_new_tokens=rollout["max_new_tokens"])
         try:
@@ -309,7 +311,8 @@ class CheckpointManager:
             if found:
                 more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
                 raise CheckpointMismatch(
-                    f"{path / sub} holds another model than the one built from {model.hf_dir}: {'; '.join(found[:3])}{more}. "
+                    f"{path / sub} holds another model than the one built from {model.hf_dir}: "
+                    f"{'; '.join(found[:3])}{more}. "
                     f"Resume with the model the run was started with ({path / sub / 'hf' / 'config.json'}), "
                     "or choose a new trainer.run_dir; the checkpoints are intact")
 
@@ -363,7 +366,8 @@ class CheckpointManager:
             elif parallel.is_rank0():
                 n = meta["world_size"]
                 print(f"[vapo] {path} was written by {n} rank{'' if n == 1 else 's'}, not {dist.get_world_size()}: "
-                      "random number generators are not restored (the run continues, not bitwise as before)", flush=True)
+                      "random number generators are not restored (the run continues, not bitwise as before)",
+                      flush=True)
             state.load_json(meta["state"])
             state.carry.groups, state.carry.drain = carried, "carried_groups" in meta and meta["carried_groups"] > 0
             # Checkpoints written before the LR schedule existed have no lr_steps: their runs had

@@ -260,5 +260,5 @@ def load_model_state(model: TrainModel, path: Path) -> None:
 
 
 __all__ = ["DP_RESHARDABLE", "FULLY_RESHARDABLE", "distributed_optimizer_format", "has_distributed_optimizer",
-           "load_model_state", "megatron_optimizers", "optimizer_moments", "per_parameter_steps", "resume_layout_problem",
-           "save_model_state", "saved_optimizer_format"]
+           "load_model_state", "megatron_optimizers", "optimizer_moments", "per_parameter_steps",
+           "resume_layout_problem", "save_model_state", "saved_optimizer_format"]

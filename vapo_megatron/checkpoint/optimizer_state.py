@@ -156,7 +156,8 @@ def _one(opt, model_sd: dict) -> dict:
     state["param_state"] = _own_blocks(opt, model_sd)
     state["param_state_sharding_type"] = FULLY_RESHARDABLE
     state[TARGETS] = LocalNonpersistentObject(
-        {i: {k: [b.data for b in blocks] for k, blocks in per_key.items()} for i, per_key in state["param_state"].items()})
+        {i: {k: [b.data for b in blocks] for k, blocks in per_key.items()}
+         for i, per_key in state["param_state"].items()})
     return state
 
 

@@ -39,4 +39,5 @@ from vapo_megatron.config.schema import (
 
 __all__ = ["AlgoConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig",
            "ParallelConfig", "PartialRolloutConfig", "RewardConfig", "RolloutConfig", "SFTConfig", "SGLangConfig",
-           "SGLangHttpConfig", "TrainerConfig", "WandbConfig", "load_config", "parse_config", "problems_error", "run_record", "to_dict"]
+           "SGLangHttpConfig", "TrainerConfig", "WandbConfig", "load_config", "parse_config", "problems_error",
+           "run_record", "to_dict"]

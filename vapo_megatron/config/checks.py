@@ -54,7 +54,8 @@ def _optim_problems(key: str, o: OptimConfig) -> list[str]:
 
 
 # Settings that only a critic reads: with an estimator that needs no critic (config/estimators.py)
-# each is refused when set away from its default, in one line, rather than silently ignored (docs/algorithm.md, baselines).
+# each is refused when set away from its default, in one line, rather than silently ignored
+# (docs/algorithm.md, baselines).
 _DEFAULTS = Config()
 CRITIC_ONLY: dict[str, str] = {
     "algo.lambda_critic": "the critic's GAE lambda",
@@ -110,8 +111,8 @@ def estimator_problems(cfg: Config) -> list[str]:
     if est.needs_critic:
         return out
     if a.value_pretrain_steps > 0:
-        out.append(f"algo.value_pretrain_steps={a.value_pretrain_steps} needs a critic, which algo.estimator={est.name} "
-                   "does not have: set algo.value_pretrain_steps=0")
+        out.append(f"algo.value_pretrain_steps={a.value_pretrain_steps} needs a critic, which "
+                   f"algo.estimator={est.name} does not have: set algo.value_pretrain_steps=0")
     for key, what in CRITIC_ONLY.items():
         if _get(cfg, key) != _get(_DEFAULTS, key):
             out.append(f"{key} ({what}) is set, but algo.estimator={est.name} has no critic: remove it from the config")
@@ -138,19 +139,19 @@ def partial_problems(cfg: Config) -> list[str]:
     # max_staleness, steps must train more than prompts_per_step groups to keep the bound (issue 55).
     if p.spare_batches > p.max_staleness >= 1:
         out.append(f"rollout.partial.spare_batches={p.spare_batches} must be <= rollout.partial.max_staleness="
-                   f"{p.max_staleness}: a group trains at most max_staleness steps after its first token, so more spare "
-                   "batches in flight than that make steps train more than rollout.prompts_per_step groups (up to "
-                   "(1 + spare_batches) x prompts_per_step at once); raise rollout.partial.max_staleness or lower "
-                   "rollout.partial.spare_batches")
+                   f"{p.max_staleness}: a group trains at most max_staleness steps after its first token, so "
+                   "more spare batches in flight than that make steps train more than rollout.prompts_per_step "
+                   "groups (up to (1 + spare_batches) x prompts_per_step at once); raise "
+                   "rollout.partial.max_staleness or lower rollout.partial.spare_batches")
     # A step of partial rollout makes no extra sampling rounds; it admits prompt batches until
     # (1 + spare_batches) x prompts_per_step groups are in flight, so it takes at most 1 + spare_batches
     # batches: max_sampling_rounds, a step's prompts at most in batches, holds when it is no fewer.
     if p.enabled and r.dynamic_sampling and p.spare_batches >= 0 and r.max_sampling_rounds < 1 + p.spare_batches:
         out.append(f"rollout.max_sampling_rounds={r.max_sampling_rounds} bounds a step's prompts at "
-                   f"{r.max_sampling_rounds} x rollout.prompts_per_step, but with rollout.partial.enabled a step takes up "
-                   f"to 1 + rollout.partial.spare_batches = {1 + p.spare_batches} batches of prompts (to fill the groups "
-                   f"in flight): set rollout.max_sampling_rounds >= {1 + p.spare_batches} or rollout.partial.spare_batches "
-                   f"<= {r.max_sampling_rounds - 1}")
+                   f"{r.max_sampling_rounds} x rollout.prompts_per_step, but with rollout.partial.enabled a step "
+                   f"takes up to 1 + rollout.partial.spare_batches = {1 + p.spare_batches} batches of prompts (to "
+                   f"fill the groups in flight): set rollout.max_sampling_rounds >= {1 + p.spare_batches} or "
+                   f"rollout.partial.spare_batches <= {r.max_sampling_rounds - 1}")
     return out
 
 
@@ -177,7 +178,8 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
         if not cond:
             out.append(msg)
 
-    for key, value in [("algo.gamma", a.gamma), ("algo.lambda_critic", a.lambda_critic), ("algo.lambda_policy", a.lambda_policy)]:
+    for key, value in [("algo.gamma", a.gamma), ("algo.lambda_critic", a.lambda_critic),
+                       ("algo.lambda_policy", a.lambda_policy)]:
         require(0.0 <= value <= 1.0, f"{key}={value} must be in [0, 1]")
     require(a.alpha > 0, f"algo.alpha={a.alpha} must be > 0")
     require(cfg.model.moe_aux_loss_coeff >= 0, f"model.moe_aux_loss_coeff={cfg.model.moe_aux_loss_coeff} must be >= 0")
@@ -196,11 +198,12 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     out += estimator_problems(cfg)
     require(not (r.dynamic_sampling and r.n_samples == 1),
             "rollout.dynamic_sampling=true with rollout.n_samples=1 drops every group (a group of one response is "
-            "never informative) and generates rollout.max_sampling_rounds rounds every step: set rollout.n_samples >= 2, "
-            "or rollout.dynamic_sampling=false")
+            "never informative) and generates rollout.max_sampling_rounds rounds every step: set "
+            "rollout.n_samples >= 2, or rollout.dynamic_sampling=false")
     require(r.max_sampling_rounds >= 1, f"rollout.max_sampling_rounds={r.max_sampling_rounds} must be >= 1")
     out += partial_problems(cfg)
-    require(cfg.reward.overlong_buffer >= 0, f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be >= 0 (0: off)")
+    require(cfg.reward.overlong_buffer >= 0,
+            f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be >= 0 (0: off)")
     require(cfg.reward.overlong_buffer <= r.max_new_tokens,
             f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be <= rollout.max_new_tokens={r.max_new_tokens}")
     require(cfg.reward.overlong_penalty >= 0, f"reward.overlong_penalty={cfg.reward.overlong_penalty} must be >= 0")
@@ -223,7 +226,8 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     require(cfg.eval.every >= 0, f"eval.every={cfg.eval.every} must be >= 0 (0: no periodic evaluation)")
     for key, value in [("eval.max_prompts", cfg.eval.max_prompts), ("eval.n_samples", cfg.eval.n_samples)]:
         require(value >= 1, f"{key}={value} must be >= 1")
-    require(cfg.eval.temperature is None or cfg.eval.temperature > 0, f"eval.temperature={cfg.eval.temperature} must be > 0 (or null)")
+    require(cfg.eval.temperature is None or cfg.eval.temperature > 0,
+            f"eval.temperature={cfg.eval.temperature} must be > 0 (or null)")
     require(t.micro_batch_tokens >= d.max_prompt_tokens + r.max_new_tokens,
             f"trainer.micro_batch_tokens={t.micro_batch_tokens} must hold one full sequence: "
             f"data.max_prompt_tokens + rollout.max_new_tokens = {d.max_prompt_tokens + r.max_new_tokens}")
@@ -233,7 +237,8 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
     require(t.max_consecutive_skips >= 1, f"trainer.max_consecutive_skips={t.max_consecutive_skips} must be >= 1")
     require(bool(t.run_dir), "trainer.run_dir must name a directory")
     require(t.deadline in ("slurm", "none") or _is_iso_time(t.deadline),
-            f"trainer.deadline={t.deadline!r} must be 'slurm', 'none' or an ISO-8601 time such as 2026-11-23T10:00:00+00:00")
+            f"trainer.deadline={t.deadline!r} must be 'slurm', 'none' or an ISO-8601 time such as "
+            "2026-11-23T10:00:00+00:00")
     require(t.deadline_margin_s >= 0, f"trainer.deadline_margin_s={t.deadline_margin_s} must be >= 0")
     # W&B refuses such runs at start-up, far from the config (its limits: a tag 1-64 characters).
     bad_tags = [tag for tag in t.wandb.tags if not 1 <= len(tag) <= 64]
@@ -252,7 +257,8 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
             if demo and not os.path.exists(p) and os.path.dirname(os.path.normpath(p)) == demo[0]:
                 out[-1] += f" ({demo[1]})"  # once, on the first missing file of that directory
                 demo = None
-    require(len(d.train_files) > 0 or t.total_steps == 0, "data.train_files is empty (needed when trainer.total_steps > 0)")
+    require(len(d.train_files) > 0 or t.total_steps == 0,
+            "data.train_files is empty (needed when trainer.total_steps > 0)")
     require(s.steps >= 0, f"sft.steps={s.steps} must be >= 0")
     require(s.steps == 0 or len(s.files) > 0, f"sft.steps={s.steps} needs sft.files")
     require(s.batch_size >= 1, f"sft.batch_size={s.batch_size} must be >= 1")
@@ -265,5 +271,6 @@ def config_problems(cfg: Config, *, check_paths: bool = True) -> list[str]:
             f"reward.fn={cfg.reward.fn!r} must be 'math', 'exact' or 'package.module:function'")
     require(cfg.reward.timeout_s > 0, f"reward.timeout_s={cfg.reward.timeout_s} must be > 0")
     require(cfg.reward.correct_score > cfg.reward.incorrect_score,
-            f"reward.correct_score={cfg.reward.correct_score} must be greater than reward.incorrect_score={cfg.reward.incorrect_score}")
+            f"reward.correct_score={cfg.reward.correct_score} must be greater than "
+            f"reward.incorrect_score={cfg.reward.incorrect_score}")
     return out

@@ -60,7 +60,8 @@ class Engine:
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (
     Engine("embedded", section=None, colocated=False, needs_gpu=False, remote=False, runtime="transformers",
-           label="embedded", summary="transformers in the trainer's process, on each replica's first rank (CPU, tests)"),
+           label="embedded",
+           summary="transformers in the trainer's process, on each replica's first rank (CPU, tests)"),
     Engine("sglang", section="sglang", colocated=True, needs_gpu=True, remote=False, runtime="sglang", label="SGLang",
            summary="SGLang engines colocated on the trainer's GPUs, fed the actor's weights after every update",
            cpu_env="SGLANG_USE_CPU_ENGINE", section_problems=_sglang_section),

@@ -106,7 +106,8 @@ def layout_problems(world_size: int | None, tp: int, pp: int, vpp: int | None = 
                 out.append(f"{keys.ep}={ep} does not divide the {experts} experts of {model_key} ({src}); "
                            f"allowed {keys.ep}: {allowed(_divisors(experts))}")
         elif ep > 1:
-            out.append(f"{keys.ep}={ep} needs a mixture-of-experts model; {model_key} ({src}) is dense (set {keys.ep}=1)")
+            out.append(f"{keys.ep}={ep} needs a mixture-of-experts model; {model_key} ({src}) is dense "
+                       f"(set {keys.ep}=1)")
         for name, n in sizes:
             if n % tp:
                 out.append(f"{keys.tp}={tp} does not divide {name}={n} of {model_key} ({src}); "

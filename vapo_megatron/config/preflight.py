@@ -77,8 +77,9 @@ def _critic_warm_start(path: str, actor_cfg: dict | None, out: list[str]) -> dic
             out.append(f"{key}: {p / MEGATRON_META} is unreadable ({type(e).__name__}: {e})")
             return None
         if not critic:
-            out.append(f"{key}={path} is a policy checkpoint ({MEGATRON_META}: critic false), not a value model: give "
-                       "a run's critic (RUN_DIR/checkpoints/iter_N/critic) or an HF <Family>ForTokenClassification directory")
+            out.append(f"{key}={path} is a policy checkpoint ({MEGATRON_META}: critic false), not a value model: "
+                       "give a run's critic (RUN_DIR/checkpoints/iter_N/critic) or an HF "
+                       "<Family>ForTokenClassification directory")
             return None
         if not (p / "metadata.json").is_file():
             out.append(f"{key}={path} has no metadata.json: not a whole Megatron dist checkpoint")
@@ -124,9 +125,9 @@ def batch_problems(cfg: Config, dp: int) -> list[str]:
     r, a = cfg.rollout, cfg.algo
     out = []
     if a.mini_batches >= 1 and r.prompts_per_step % (dp * a.mini_batches):
-        out.append(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by data-parallel size * algo.mini_batches "
-                   f"= {dp} * {a.mini_batches} = {dp * a.mini_batches}: each DP rank takes whole prompt groups and "
-                   "splits them into equal mini-batches")
+        out.append(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by data-parallel size * "
+                   f"algo.mini_batches = {dp} * {a.mini_batches} = {dp * a.mini_batches}: each DP rank takes whole "
+                   "prompt groups and splits them into equal mini-batches")
     if cfg.sft.steps > 0 and cfg.sft.batch_size % dp:
         out.append(f"sft.batch_size={cfg.sft.batch_size} must be divisible by the data-parallel size {dp}")
     return out
@@ -151,7 +152,8 @@ def _files(cfg: Config, out: list[str]) -> None:
         out.append(f"trainer.run_dir: {run_dir} exists and is not a directory")
         return
     existing = next((p for p in [run_dir, *run_dir.absolute().parents] if p.exists()), None)
-    if existing is not None and not (existing.is_dir() and can_create_in(existing)):  # os.access: yes for root on a read-only mount
+    # os.access: yes for root on a read-only mount
+    if existing is not None and not (existing.is_dir() and can_create_in(existing)):
         why = "is not writable" if existing.is_dir() else "is a file, not a directory"
         out.append(f"trainer.run_dir: {run_dir} cannot be created or written ({existing} {why})")
         return  # the export below could not be written either: one problem, not a second about run_dir/hf
@@ -166,7 +168,8 @@ def export_problems(cfg: Config) -> list[str]:
     try:
         check_replaceable(Path(cfg.trainer.run_dir) / "hf", TRAINER_EXPORT, overwrite=True, flag=None, key="")
     except TargetRefused as e:
-        return [f"trainer.run_dir: {e}: the run ends by writing its HF export there (or choose another trainer.run_dir)"]
+        return [f"trainer.run_dir: {e}: the run ends by writing its HF export there "
+                "(or choose another trainer.run_dir)"]
     return []
 
 
@@ -218,7 +221,8 @@ def hardware_problems(cfg: Config, *, cuda: bool | None = None, engine_flag: str
                    f"(SGLang then ignores the per-sample seeds) or {fallback}")
     for key, o in (("actor_optim", cfg.actor_optim), ("critic_optim", cfg.critic_optim)):
         if o.distributed_optimizer:
-            out.append(f"{key}.distributed_optimizer=true needs CUDA GPUs (NCCL) and none is visible; allowed here: false")
+            out.append(f"{key}.distributed_optimizer=true needs CUDA GPUs (NCCL) and none is visible; "
+                       "allowed here: false")
     if out and cuda is None:
         import torch
 
@@ -312,7 +316,8 @@ def launch_problems(cfg: Config, world_size: int, actor_hf: dict, critic_hf: dic
     out = []
     layout = layout_problems(world_size, p.tp, p.pp, p.vpp, model=actor_hf, ep=p.ep)
     if critic_hf is not actor_hf:  # a critic of its own: its heads and experts split too
-        critic = layout_problems(world_size, p.tp, p.pp, p.vpp, model=critic_hf, model_key="model.critic_hf_path", ep=p.ep)
+        critic = layout_problems(world_size, p.tp, p.pp, p.vpp, model=critic_hf, model_key="model.critic_hf_path",
+                                 ep=p.ep)
         layout += [msg for msg in critic if msg not in layout]  # the world-size ones are said once
     out += layout
     out += moe_problems(cfg, [("model.hf_path", actor_hf)] + ([("model.critic_hf_path", critic_hf)]
@@ -338,7 +343,8 @@ def startup_problems(cfg: Config, world_size: int) -> list[str]:
     """Every problem of `cfg` for a launch of `world_size` ranks (see the module docstring)."""
     out = config_problems(cfg)
     m = cfg.model
-    actor_cfg = _model("model.hf_path", m.hf_path, out, tokenizer=True) if m.hf_path and os.path.exists(m.hf_path) else None
+    actor_cfg = (_model("model.hf_path", m.hf_path, out, tokenizer=True) if m.hf_path and os.path.exists(m.hf_path)
+                 else None)
     critic_cfg, critic_key = None, "model.critic_hf_path"
     if m.critic_hf_path and os.path.exists(m.critic_hf_path):
         critic_cfg = _model("model.critic_hf_path", m.critic_hf_path, out, tokenizer=False)
@@ -356,13 +362,12 @@ def startup_problems(cfg: Config, world_size: int) -> list[str]:
         _context("model.hf_path", actor_cfg, cfg, out)
     if actor_cfg is not None and critic_cfg is not None and critic_key == "model.critic_hf_path" \
             and critic_cfg["vocab_size"] < actor_cfg["vocab_size"]:
-        out.append(f"model.critic_hf_path has vocab_size={critic_cfg['vocab_size']} < vocab_size={actor_cfg['vocab_size']} "
-                   "of model.hf_path: the critic reads the policy's token ids")
+        out.append(f"model.critic_hf_path has vocab_size={critic_cfg['vocab_size']} < "
+                   f"vocab_size={actor_cfg['vocab_size']} of model.hf_path: the critic reads the policy's token ids")
     _files(cfg, out)
     _reward(cfg, out)
     return out
 
 
-__all__ = ["PROMPT_SUFFIXES", "batch_problems", "export_problems", "hardware_problems", "launch_problems", "moe_problems",
-           "sgl_kernel_problem",
-           "startup_problems"]
+__all__ = ["PROMPT_SUFFIXES", "batch_problems", "export_problems", "hardware_problems", "launch_problems",
+           "moe_problems", "sgl_kernel_problem", "startup_problems"]

@@ -50,8 +50,8 @@ MAY_CHANGE_ON_RESUME: dict[str, tuple[tuple[str, ...], str]] = {
     "memory and transport": (
         ("trainer.micro_batch_tokens", "trainer.logprob_chunk_tokens", "model.recompute_activations",
          "rollout.weight_sync_bucket_mb",
-         "rollout.sglang.mem_fraction", "rollout.sglang.max_total_tokens", "rollout.sglang_http.urls", "rollout.wait_timeout_s",
-         "trainer.offload_during_rollout"),
+         "rollout.sglang.mem_fraction", "rollout.sglang.max_total_tokens", "rollout.sglang_http.urls",
+         "rollout.wait_timeout_s", "trainer.offload_during_rollout"),
         "losses are sums over micro-batches and recomputation is exact, and the offload copies "
         "bytes, so these change memory and speed, not results; server addresses change between allocations",
     ),
@@ -67,7 +67,8 @@ _MAY_CHANGE = frozenset(k for keys, _ in MAY_CHANGE_ON_RESUME.values() for k in 
 # another EP would ask for keys the checkpoint lacks. TP, PP and VPP may change (MAY_CHANGE_ON_RESUME).
 NEVER_CHANGE = {
     "algo.estimator": "a run cannot switch its estimator (the checkpoint holds a critic or does not)",
-    "parallel.ep": "a checkpoint cannot take another expert-parallel size (megatron lays the optimizer state out by EP)",
+    "parallel.ep": "a checkpoint cannot take another expert-parallel size "
+                   "(megatron lays the optimizer state out by EP)",
 }
 
 
@@ -123,7 +124,8 @@ def check_resume(cfg: Config, *, announce: bool) -> None:
         if key in diffs:
             old, new = diffs[key]
             raise ConfigError(f"{key}: {old!r} in the run in {run_dir}, {new!r} now; {why}, not even with "
-                              f"trainer.allow_config_change=true: resume with {key}={old}, or choose a new trainer.run_dir")
+                              f"trainer.allow_config_change=true: resume with {key}={old}, "
+                              "or choose a new trainer.run_dir")
     refused = {k: v for k, v in diffs.items() if k not in _MAY_CHANGE}
     why = ""
     if "trainer.total_steps" in diffs and (spans := _run_length_schedules(saved)):
@@ -140,7 +142,8 @@ def check_resume(cfg: Config, *, announce: bool) -> None:
         )
     if diffs and announce:
         note = " (trainer.allow_config_change=true)" if refused else ""
-        print(f"[vapo] resuming {run_dir} with a changed configuration{note}: " + "; ".join(_describe(diffs)), flush=True)
+        print(f"[vapo] resuming {run_dir} with a changed configuration{note}: " + "; ".join(_describe(diffs)),
+              flush=True)
 
 
 def save(cfg: Config) -> Path:

@@ -68,7 +68,8 @@ class OptimConfig:
     lr: float = 1e-6
     min_lr: float = 0.0  # the learning rate a decay ends at
     warmup_steps: int = 0  # updates of linear warm-up from 0 to lr
-    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"  # after warm-up: hold lr, or decay it to min_lr
+    # after warm-up: hold lr, or decay it to min_lr
+    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
     lr_decay_steps: int | None = None  # the update by which the decay reaches min_lr (null: the run's last)
     weight_decay: float = 0.0  # AdamW's decoupled weight decay
     adam_beta1: float = 0.9  # Adam's first-moment decay
@@ -210,7 +211,9 @@ class RolloutConfig:
     # log-probs, updates, the recomputed forward); the critic routes with its own router. null: on
     # for a MoE model, off for a dense one (true is refused there). Logged: moe/routing_mismatch.
     routing_replay: bool | None = None
-    wait_timeout_s: float = 14400.0  # seconds a rank may wait, on a gloo group, for others' generation, engine start or weight update (docs/slurm.md, Timeouts)
+    # seconds a rank may wait, on a gloo group, for others' generation, engine start or weight update
+    # (docs/slurm.md, Timeouts)
+    wait_timeout_s: float = 14400.0
     # Partial rollout: no step waits for the longest answer (off by default).
     partial: PartialRolloutConfig = field(default_factory=PartialRolloutConfig)
 
@@ -219,7 +222,8 @@ class RolloutConfig:
 class DataConfig:
     train_files: tuple[str, ...] = ()  # RL prompt files (JSONL or Parquet; docs/data_and_rewards.md)
     eval_files: tuple[str, ...] = ()  # held-out eval prompt files
-    schema: Literal["auto", "simple", "dapo"] = "auto"  # row layout of the files: detected (auto), simple (prompt/answer) or dapo
+    # row layout of the files: detected (auto), simple (prompt/answer) or dapo
+    schema: Literal["auto", "simple", "dapo"] = "auto"
     apply_chat_template: bool = True  # wrap prompts in the tokenizer's chat template
     max_prompt_tokens: int = 2048  # longer prompts are skipped (counted in data/*_skipped)
     seed: int = 1234  # seed of the prompt order
@@ -304,7 +308,9 @@ class TrainerConfig:
     save_every: int = 50  # steps between checkpoints (and at the end, and on a stop)
     seed: int = 1234  # seed of initialization and rollout sampling
     export_hf: bool = True  # write the final actor as an HF model directory (run_dir/hf)
-    deterministic: bool = False  # torch's deterministic algorithms and megatron's deterministic_mode; sets CUBLAS_WORKSPACE_CONFIG and NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 before CUDA starts (slower)
+    # torch's deterministic algorithms and megatron's deterministic_mode; sets CUBLAS_WORKSPACE_CONFIG
+    # and NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 before CUDA starts (slower)
+    deterministic: bool = False
     tensorboard: bool = True  # TensorBoard event files in run_dir/tensorboard
     # A NaN/Inf loss or gradient norm skips that optimizer step (docs/faults.md); this many skips
     # in a row (per model; each mini-batch is one step) stop the run with an error.
@@ -324,7 +330,8 @@ class TrainerConfig:
     # Colocated runs: the actor's and critic's parameters, gradient buffers and optimizer state go
     # to (pinned) host memory before each generation and come back before scoring, so the SGLang
     # KV cache can use that GPU memory; bitwise the same results; host memory checked at start-up.
-    offload_during_rollout: bool = False  # move the trainer's state to host memory while the engines generate (docs/weight_sync.md)
+    # Move the trainer's state to host memory while the engines generate (docs/weight_sync.md).
+    offload_during_rollout: bool = False
     # Weights & Biases (off by default).
     wandb: WandbConfig = field(default_factory=WandbConfig)
 

@@ -69,7 +69,8 @@ class RolloutBatch:
             old_logp=take(self.old_logp), values=take(self.values),
             advantages=take(self.advantages), returns=take(self.returns),
             routes=None if self.routes is None else self.routes[idx, :width],
-            extras={k: take(v) if isinstance(v, torch.Tensor) else [v[i] for i in idx.tolist()] for k, v in self.extras.items()},
+            extras={k: take(v) if isinstance(v, torch.Tensor) else [v[i] for i in idx.tolist()]
+                    for k, v in self.extras.items()},
         )
 
 
@@ -80,7 +81,8 @@ def prediction_mask(prompt_lens: torch.Tensor, response_lens: torch.Tensor, widt
     return ((pos >= start) & (pos < start + response_lens.unsqueeze(1))).float()
 
 
-def pack_sequences(prompts: list[list[int]], responses: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pack_sequences(prompts: list[list[int]], responses: list[list[int]],
+                   pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded [B, S] tokens, prompt lengths [B], response lengths [B]."""
     lens = [len(p) + len(r) for p, r in zip(prompts, responses)]
     tokens = torch.full((len(prompts), max(lens)), pad_id, dtype=torch.long)
@@ -106,7 +108,8 @@ def to_response(x: torch.Tensor, prompt_lens: torch.Tensor, response_lens: torch
     return out * valid
 
 
-def to_sequence(y: torch.Tensor, prompt_lens: torch.Tensor, response_lens: torch.Tensor, width_seq: int) -> torch.Tensor:
+def to_sequence(y: torch.Tensor, prompt_lens: torch.Tensor, response_lens: torch.Tensor,
+                width_seq: int) -> torch.Tensor:
     """[B, T] response layout -> [B, S] seq layout; zero outside prediction positions."""
     valid = (torch.arange(y.shape[1]).unsqueeze(0) < response_lens.unsqueeze(1))
     out = torch.zeros(y.shape[0], width_seq + y.shape[1], dtype=y.dtype)

@@ -96,9 +96,11 @@ def write_groups(path: Path, by_rank: list[list]) -> int:
                 tokens += toks
                 logprobs += lps
                 versions += vers
-    tensors = {"tokens": torch.tensor(tokens, dtype=torch.int32), "logprobs": torch.tensor(logprobs, dtype=torch.float64),
+    tensors = {"tokens": torch.tensor(tokens, dtype=torch.int32),
+               "logprobs": torch.tensor(logprobs, dtype=torch.float64),
                "versions": torch.tensor(versions, dtype=torch.int32)}
-    save_file(tensors, str(path), metadata={"groups": json.dumps(table), "dp_size": str(len(by_rank)), "versions": VERSIONS})
+    save_file(tensors, str(path),
+              metadata={"groups": json.dumps(table), "dp_size": str(len(by_rank)), "versions": VERSIONS})
     return len(table)
 
 
@@ -153,7 +155,8 @@ def _content_problem(table: list, dp_size: int, tokens: torch.Tensor, logprobs: 
         if not 0 <= rank < dp_size:
             return f"{where}: DP rank {rank} is outside [0, {dp_size})"
         if not 0 <= key < b.admitted or key in keys:
-            return f"{where}: its key is {'a repeat' if key in keys else f'outside [0, {b.admitted}) (carry.admitted in state.json)'}"
+            return (f"{where}: its key is "
+                    f"{'a repeat' if key in keys else f'outside [0, {b.admitted}) (carry.admitted in state.json)'}")
         keys.add(key)
         if not 0 <= index < b.prompts:
             return f"{where}: prompt row {index} is outside the training set's {b.prompts} rows"
@@ -165,16 +168,18 @@ def _content_problem(table: list, dp_size: int, tokens: torch.Tensor, logprobs: 
             if finish is None and b.max_new_tokens is not None and n >= b.max_new_tokens:
                 return f"{where}: an unfinished response of {n} tokens, rollout.max_new_tokens={b.max_new_tokens}"
     if (i := _first((tokens < 0) | (tokens >= b.vocab_size))) is not None:
-        return f"{group_of(i)}: token id {int(tokens[i])} is outside the vocabulary [0, {b.vocab_size}) of model.hf_path"
+        return (f"{group_of(i)}: token id {int(tokens[i])} is outside the vocabulary [0, {b.vocab_size}) "
+                "of model.hf_path")
     if (i := _first(logprobs.isnan() | (logprobs == float("inf")))) is not None:
         return f"{group_of(i)}: log-prob {float(logprobs[i])} is no sampled token's (finite, or -inf by underflow)"
     if (i := _first((versions < 0) | (versions > b.version))) is not None:
-        return (f"{group_of(i)}: weight version {int(versions[i])} is outside [0, {b.version}] (the checkpoint's policy "
-                "version)")
+        return (f"{group_of(i)}: weight version {int(versions[i])} is outside [0, {b.version}] "
+                "(the checkpoint's policy version)")
     starts = torch.zeros(len(versions), dtype=torch.bool)
     starts[(ends - lengths)[lengths > 0]] = True
     if (i := _first((versions[1:] < versions[:-1]) & ~starts[1:])) is not None:
-        return f"{group_of(i + 1)}: weight versions decrease along a response ({int(versions[i])}, then {int(versions[i + 1])})"
+        return (f"{group_of(i + 1)}: weight versions decrease along a response "
+                f"({int(versions[i])}, then {int(versions[i + 1])})")
     return None
 
 
@@ -188,7 +193,8 @@ def read_groups(path: Path, bounds: Bounds | None = None) -> tuple[int, list[tup
             meta = f.metadata()
             tokens, logprobs, versions = (f.get_tensor(k) for k in ("tokens", "logprobs", "versions"))
         table, dp_size = json.loads(meta["groups"]), int(meta["dp_size"])
-        if (tokens.dtype, logprobs.dtype, versions.dtype) != (torch.int32, torch.float64, torch.int32) or tokens.dim() != 1:
+        if ((tokens.dtype, logprobs.dtype, versions.dtype) != (torch.int32, torch.float64, torch.int32)
+                or tokens.dim() != 1):
             raise ValueError("its tensors are not int32 tokens, float64 log-probs and int32 versions")
         if bounds is not None and ("versions" not in meta or meta["versions"] != VERSIONS):
             versions = (versions - bounds.pretrain_iterations).clamp(min=0)  # iteration -> actor updates done then
@@ -204,7 +210,8 @@ def read_groups(path: Path, bounds: Bounds | None = None) -> tuple[int, list[tup
     for rank, key, index, samples in table:
         group = Group(int(key), int(index), [])
         for seed, n, finish in samples:
-            group.samples.append(Sample(int(seed), tokens[at : at + n], logprobs[at : at + n], versions[at : at + n], finish))
+            group.samples.append(Sample(int(seed), tokens[at : at + n], logprobs[at : at + n], versions[at : at + n],
+                                        finish))
             at += n
         out.append((int(rank), group))
     return dp_size, out

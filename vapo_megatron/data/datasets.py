@@ -71,7 +71,8 @@ def repeat_warnings(cfg: Config, data: Datasets) -> list[str]:
     """A batch larger than its data repeats prompts within one step (PromptSampler runs on into
     the next epoch): legal, but rarely meant, so said once at the start."""
     out = []
-    for key, n, batch, batch_key in (("data.train_files", len(data.train), cfg.rollout.prompts_per_step, "rollout.prompts_per_step"),
+    for key, n, batch, batch_key in (("data.train_files", len(data.train), cfg.rollout.prompts_per_step,
+                                      "rollout.prompts_per_step"),
                                      ("sft.files", len(data.sft), cfg.sft.batch_size, "sft.batch_size")):
         if 0 < n < batch:
             out.append(f"[vapo] warning: {key} hold {n} usable prompts, fewer than {batch_key}={batch}: "

@@ -186,7 +186,8 @@ def _parse_row(row: Any, schema: str) -> tuple[list[dict[str, str]] | str, str]:
     for j, m in enumerate(msgs):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise _BadRow("wrong_type", f"'prompt[{j}]' must be an object with 'role' and 'content'")
-        out.append({"role": _check_text(m["role"], f"'prompt[{j}].role'"), "content": _check_text(m["content"], f"'prompt[{j}].content'")})
+        out.append({"role": _check_text(m["role"], f"'prompt[{j}].role'"),
+                    "content": _check_text(m["content"], f"'prompt[{j}].content'")})
     if not any(m["content"].strip() for m in out):
         raise _BadRow("empty_prompt", "every message in 'prompt' is empty")
     return out, answer
@@ -237,7 +238,8 @@ def load_prompts(
     if max_prompt_tokens < 1:
         raise PromptDataError(f"max_prompt_tokens must be >= 1, got {max_prompt_tokens}")
     if apply_chat_template and not getattr(tokenizer, "chat_template", None):
-        logger.warning("apply_chat_template=True but the tokenizer has no chat template: prompts are used as plain text")
+        logger.warning("apply_chat_template=True but the tokenizer has no chat template: "
+                       "prompts are used as plain text")
     max_chars = max_prompt_tokens * _max_chars_per_token(tokenizer)
     stats = LoadStats()
     records: list[PromptRecord] = []
@@ -273,7 +275,8 @@ def load_prompts(
             encoded = tokenizer([t for _, t, _ in pending], add_special_tokens=False)["input_ids"]
             for (where, text, answer), ids in zip(pending, encoded):
                 if len(ids) > max_prompt_tokens:
-                    skip(where, _BadRow("too_long", f"prompt has {len(ids)} tokens > max_prompt_tokens={max_prompt_tokens}"))
+                    skip(where, _BadRow("too_long",
+                                        f"prompt has {len(ids)} tokens > max_prompt_tokens={max_prompt_tokens}"))
                     continue
                 if not ids:  # e.g. plain text the tokenizer drops entirely: nothing to condition on
                     skip(where, _BadRow("empty_prompt", "prompt encodes to 0 tokens"))
@@ -297,11 +300,13 @@ def load_prompts(
                     if file_schema is None:
                         if not isinstance(row, dict):
                             raise _BadRow("wrong_type", f"row must be a JSON object, got {type(row).__name__}")
-                        raise _BadRow("missing_field", "missing field 'answer' (simple schema) or 'reward_model' (dapo schema)")
+                        raise _BadRow("missing_field",
+                                      "missing field 'answer' (simple schema) or 'reward_model' (dapo schema)")
                 prompt, answer = _parse_row(row, file_schema)
                 text = render_prompt(prompt, tokenizer, apply_chat_template)
                 if len(text) > max_chars:
-                    raise _BadRow("too_long", f"prompt has {len(text)} characters: more than max_prompt_tokens={max_prompt_tokens} tokens")
+                    raise _BadRow("too_long", f"prompt has {len(text)} characters: "
+                                              f"more than max_prompt_tokens={max_prompt_tokens} tokens")
             except _BadRow as bad:
                 skip(where, bad)
                 continue
@@ -321,11 +326,13 @@ def load_prompts(
             if n_rows == 0:
                 raise PromptDataError(f"{path}: the file has no rows")
             detail = ", ".join(f"{r}={n}" for r, n in sorted(file_skips.items()))
-            raise PromptDataError(f"{path}: no usable prompt in {n_rows} rows ({detail}); the first of each kind are logged above")
+            raise PromptDataError(f"{path}: no usable prompt in {n_rows} rows ({detail}); "
+                                  "the first of each kind are logged above")
         stats.skipped.update(file_skips)
         stats.per_file[path] = n_loaded
         stats.loaded += n_loaded
-        logger.info("%s: loaded %d prompts (schema %s), skipped %d", path, n_loaded, file_schema, sum(file_skips.values()))
+        logger.info("%s: loaded %d prompts (schema %s), skipped %d", path, n_loaded, file_schema,
+                    sum(file_skips.values()))
     return records, stats
 
 

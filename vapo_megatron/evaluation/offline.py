@@ -54,11 +54,13 @@ def resolve_model(path: str) -> ModelSource:
         except CheckpointError as e:
             raise EvalInputError(f"--model {p}: unreadable checkpoint: {e}") from None
         except ValueError as e:  # megatron's check parses metadata.json and lets a JSON error through
-            raise EvalInputError(f"--model {p}: unreadable checkpoint: {p / 'metadata.json'}: {type(e).__name__}: {e}") from None
+            raise EvalInputError(f"--model {p}: unreadable checkpoint: {p / 'metadata.json'}: "
+                                 f"{type(e).__name__}: {e}") from None
         try:
             critic = json.loads((p / "vapo.json").read_text())["critic"]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise EvalInputError(f"--model {p}: unreadable checkpoint: {p / 'vapo.json'} ({type(e).__name__}: {e})") from None
+            raise EvalInputError(f"--model {p}: unreadable checkpoint: {p / 'vapo.json'} "
+                                 f"({type(e).__name__}: {e})") from None
         if critic:
             raise EvalInputError(f"--model {p}: a critic checkpoint; give the actor's (iter_N/actor)")
         return ModelSource(hf_dir=_checked(p / "hf", weights=False, arg=path), checkpoint=p)
@@ -81,7 +83,8 @@ def _checked(hf_dir: Path, *, weights: bool, arg: str) -> Path:
     problems = model_dir_problems(hf_dir, weights=weights)
     problems = problems or loading_problems(hf_dir)  # whole files, then loaded
     if problems:
-        raise EvalInputError(f"--model {arg}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        raise EvalInputError(f"--model {arg}: {problems[0]}"
+                             + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
     return hf_dir
 
 

@@ -87,7 +87,8 @@ def sample_eval(gen: Generator, scorer: Scorer, answers: AnswerKey, records: lis
     return SampledEval(rows=rows, votes=votes, summary=summarize(samples, votes))
 
 
-def _score(scorer: Scorer, answers: AnswerKey, prompts: list[PromptRecord], first: int, outputs, n: int) -> list[SampleRow]:
+def _score(scorer: Scorer, answers: AnswerKey, prompts: list[PromptRecord], first: int, outputs,
+           n: int) -> list[SampleRow]:
     texts = scorer.decode(outputs)
     owners = [prompts[o.prompt_index] for o in outputs]
     scores, correct, _ = scorer.judge([p.prompt_text for p in owners], texts, [p.answer for p in owners])

@@ -61,7 +61,8 @@ def logprob_outputs(mb: RolloutBatch, logits: torch.Tensor, *, temperature: floa
         vocab_size=vocab_size, with_entropy=True, chunk_tokens=chunk_tokens,
     )
     zero = logits.new_zeros(())
-    return zero, torch.tensor(1, dtype=torch.int), {"logp": logp.detach().float().cpu(), "entropy": entropy.float().cpu()}
+    return (zero, torch.tensor(1, dtype=torch.int),
+            {"logp": logp.detach().float().cpu(), "entropy": entropy.float().cpu()})
 
 
 def policy_loss(mb: RolloutBatch, logits: torch.Tensor, *, settings: PolicyLossSettings,
@@ -114,7 +115,8 @@ class Actor:
         if replay is not None and batch.routes is not None:
             replay.count()
         out = forward_only(self.model, batch, fn, ("logp", "entropy"), self.settings.max_tokens)
-        logs = {"moe/routing_mismatch": mismatch_share(out["routing_mismatch"], batch)} if "routing_mismatch" in out else {}
+        logs = ({"moe/routing_mismatch": mismatch_share(out["routing_mismatch"], batch)} if "routing_mismatch" in out
+                else {})
         return out["logp"], out["entropy"], logs
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:

@@ -28,7 +28,8 @@ from vapo_megatron.mcore.update import UpdateSettings, forward_only, optimize
 def value_outputs(mb: RolloutBatch, values: torch.Tensor):
     # values: [b, S] float32, V at every position (masked to prediction positions)
     zero = values.new_zeros(())
-    return zero, torch.tensor(1, dtype=torch.int), {"values": (values.detach().float() * mb.mask.to(values.device)).cpu()}
+    return (zero, torch.tensor(1, dtype=torch.int),
+            {"values": (values.detach().float() * mb.mask.to(values.device)).cpu()})
 
 
 def value_loss(mb: RolloutBatch, values: torch.Tensor, *, clip_range: float | None):
@@ -69,7 +70,8 @@ class Critic:
 
     def fit(self, batch: RolloutBatch) -> dict[str, float]:
         """How well the old values V_t predicted the step's returns G_t, before the update."""
-        return {"critic/explained_variance": step_stats.explained_variance(batch.values, batch.returns, batch.mask, reduce=dp_stats.dp_sum)}
+        return {"critic/explained_variance": step_stats.explained_variance(batch.values, batch.returns, batch.mask,
+                                                                           reduce=dp_stats.dp_sum)}
 
     def values(self, batch: RolloutBatch) -> torch.Tensor:
         """Step 4: V_t at every prediction position, [B, S]."""
@@ -84,7 +86,8 @@ class Critic:
             return partial(value_loss, clip_range=self.clip_range)
 
         passes = 1 if value_pretrain else self.passes
-        logs = optimize(self.model, "critic", batch, loss_for, replace(self.settings, epochs=self.settings.epochs * passes))
+        logs = optimize(self.model, "critic", batch, loss_for,
+                        replace(self.settings, epochs=self.settings.epochs * passes))
         if self.passes != 1:  # only a run that sets K logs it: the default run's records stay as they were
             logs["critic/updates_per_step"] = float(passes)
         return logs

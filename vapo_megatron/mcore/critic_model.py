@@ -36,7 +36,8 @@ class CriticModel(GPTModel):
             del self.output_layer  # the vocab projection is not part of the critic
             self.output_layer = None
             cfg = self.config
-            device = torch.cuda.current_device() if torch.cuda.is_available() and not cfg.use_cpu_initialization else None
+            device = (torch.cuda.current_device() if torch.cuda.is_available() and not cfg.use_cpu_initialization
+                      else None)
             self.value_head = torch.nn.Linear(cfg.hidden_size, 1, bias=True, device=device, dtype=cfg.params_dtype)
             if self.value_head.weight.device.type != "meta":
                 with torch.no_grad():

@@ -393,7 +393,7 @@ def build_chunks(hf_cfg: dict, *, params_dtype: torch.dtype, critic: bool, recom
     return [build(hf_cfg, vp_stage=v, **kwargs) for v in range(vpp)]
 
 
-__all__ = ["apex_softmax_available", "apex_wgrad_available", "broken_te_line", "build_actor", "build_chunks", "build_critic",
-           "compiled_fusions", "host_compiler", "layer_spec", "padded_vocab_size", "softmax_fusion",
-           "te_available", "te_spec", "TE_SPEC_ON_CPU", "te_checkpoint_keys", "transformer_config", "unwrap", "wgrad_fusion",
-           "wgrad_fusion_hardware", "WGRAD_FUSION_ON_CPU"]
+__all__ = ["apex_softmax_available", "apex_wgrad_available", "broken_te_line", "build_actor", "build_chunks",
+           "build_critic", "compiled_fusions", "host_compiler", "layer_spec", "padded_vocab_size", "softmax_fusion",
+           "te_available", "te_spec", "TE_SPEC_ON_CPU", "te_checkpoint_keys", "transformer_config", "unwrap",
+           "wgrad_fusion", "wgrad_fusion_hardware", "WGRAD_FUSION_ON_CPU"]

@@ -39,7 +39,8 @@ def take_aux_loss(config, num_microbatches: int) -> float | None:
         return None
     metrics = _tracker().metrics
     entry = metrics[TRACKED] if TRACKED in metrics else None
-    total = entry.values.detach().sum().reshape(1).to(torch.float64) if entry is not None else torch.zeros(1, dtype=torch.float64)
+    total = (entry.values.detach().sum().reshape(1).to(torch.float64) if entry is not None
+             else torch.zeros(1, dtype=torch.float64))
     if entry is not None and entry.reduce_group is not None:
         parallel.all_reduce(total, group=entry.reduce_group)
     if parallel.pp_size() > 1:

@@ -253,7 +253,8 @@ def _stat(path: Path, key: str) -> int:
     return 0
 
 
-def cgroup_available_bytes(root: str | Path = "/sys/fs/cgroup", self_cgroup: str | Path = "/proc/self/cgroup") -> int | None:
+def cgroup_available_bytes(root: str | Path = "/sys/fs/cgroup",
+                           self_cgroup: str | Path = "/proc/self/cgroup") -> int | None:
     """What this process's memory cgroups still allow, or None without a limit: the smallest
     limit - usage + inactive file cache (reclaimable, as MemAvailable counts it) over its cgroup
     and every ancestor (a job's limit often sits on the job's cgroup, above the step's). cgroup v2:
@@ -338,5 +339,6 @@ def check_host_memory(models) -> None:
         raise ConfigError(problem)
 
 
-__all__ = ["HOST_HEADROOM_FRACTION", "Offloader", "grad_buffer_storages", "available_host_bytes", "cgroup_available_bytes", "check_host_memory",
-           "host_bytes", "host_memory_problem", "node_available_bytes", "state_tensors", "unique_storages"]
+__all__ = ["HOST_HEADROOM_FRACTION", "Offloader", "grad_buffer_storages", "available_host_bytes",
+           "cgroup_available_bytes", "check_host_memory", "host_bytes", "host_memory_problem", "node_available_bytes",
+           "state_tensors", "unique_storages"]

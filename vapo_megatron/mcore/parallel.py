@@ -283,7 +283,8 @@ def init_engine_groups(size: int):
     and put those waits on the device."""
     global _ENGINE_GROUP
     if tp_size() % size:
-        raise ValueError(f"rollout.sglang.tp={size} must divide parallel.tp={tp_size()} (engines live inside TP groups)")
+        raise ValueError(f"rollout.sglang.tp={size} must divide parallel.tp={tp_size()} "
+                         "(engines live inside TP groups)")
     tp_groups = [None] * dist.get_world_size()
     all_gather_object(tp_groups, dist.get_process_group_ranks(tp_group()), group=wait_group())
     blocks = sorted({tuple(g[i : i + size]) for g in tp_groups for i in range(0, len(g), size)})
@@ -301,13 +302,12 @@ def engine_group():
 
 # ---- collectives: every torch.distributed call of the project goes through these -----------
 #
-# NCCL moves CUDA tensors only, gloo CPU tensors only (on GPUs the process groups are NCCL, on the
-# CPU gloo). Counts, metric sums and flags are small CPU tensors where they are made, so each
-# helper moves its tensors to the device the group's backend needs, runs the collective and
-# copies the result back into the caller's tensors, which stay where they were. A tensor already
-# on the right device (logits, weights) is used as it is, without a copy. The object collectives
-# and barrier are passed through: torch places their buffers itself (on the current CUDA device
-# for NCCL). The suite fails when project code calls torch.distributed directly.
+# NCCL moves CUDA tensors only, gloo CPU tensors only (on GPUs the process groups are NCCL, on the CPU gloo). Counts,
+# metric sums and flags are small CPU tensors where they are made, so each helper moves its tensors to the device the
+# group's backend needs, runs the collective and copies the result back into the caller's tensors, which stay where they
+# were. A tensor already on the right device (logits, weights) is used as it is, without a copy. The object collectives
+# and barrier are passed through: torch places their buffers itself (on the current CUDA device for NCCL). The suite
+# fails when project code calls torch.distributed directly.
 
 def backend_device(group=None) -> torch.device | None:
     """The device `group`'s backend communicates on: CUDA (the current device) for NCCL, the CPU

@@ -137,12 +137,14 @@ def _means(sums: dict[str, float], counts: GlobalCounts) -> dict[str, float]:
     return out
 
 
-def guarded_step(model: TrainModel, sums: dict[str, float], role: str, max_consecutive_skips: int) -> tuple[bool, float]:
+def guarded_step(model: TrainModel, sums: dict[str, float], role: str,
+                 max_consecutive_skips: int) -> tuple[bool, float]:
     """One optimizer step that is skipped (and counted) when a loss or the gradient norm is not
     finite; after `max_consecutive_skips` skips in a row the run stops (NonFiniteError)."""
     loss_finite = all(math.isfinite(v) for k, v in sums.items() if k.endswith("loss_sum")) \
         and not fault_points.poisoned("nan_loss")  # runtime/fault_points.py
-    applied, grad_norm = optimizer_step(model.optimizer, model.chunks, loss_finite=loss_finite, scheduler=model.scheduler)
+    applied, grad_norm = optimizer_step(model.optimizer, model.chunks, loss_finite=loss_finite,
+                                        scheduler=model.scheduler)
     model.consecutive_skips = 0 if applied else model.consecutive_skips + 1
     if model.consecutive_skips >= max_consecutive_skips:
         raise NonFiniteError(

@@ -70,7 +70,8 @@ def approx_params(hf: dict) -> int:
     h, layers, vocab = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"]
     hd = hf.get("head_dim") or h // hf["num_attention_heads"]
     attn = h * hd * (2 * hf["num_attention_heads"] + 2 * hf["num_key_value_heads"])
-    mlp = 3 * h * (hf["num_experts"] * hf["moe_intermediate_size"] if hf.get("num_experts") else hf["intermediate_size"])
+    mlp = 3 * h * (hf["num_experts"] * hf["moe_intermediate_size"] if hf.get("num_experts")
+                   else hf["intermediate_size"])
     return vocab * h * (1 if hf.get("tie_word_embeddings") else 2) + layers * (attn + mlp)
 
 
@@ -104,7 +105,8 @@ def check_model_logits(env: Env) -> None:
     hf = preset(env.preset)
     torch.manual_seed(0)
     # The family's own transformers class (Qwen2, Qwen3, Llama, Qwen3-MoE), from the preset's config.json.
-    cfg = AutoConfig.for_model(hf["model_type"], **{k: v for k, v in hf.items() if k not in ("model_type", "torch_dtype")})
+    cfg = AutoConfig.for_model(hf["model_type"],
+                               **{k: v for k, v in hf.items() if k not in ("model_type", "torch_dtype")})
     ref = AutoModelForCausalLM.from_config(cfg, dtype=env.dtype)
     ref_class = type(ref).__name__
     env.hf_dir = env.work / env.preset
@@ -122,8 +124,9 @@ def check_model_logits(env: Env) -> None:
     del ref
     err = (got - want).abs().max().item()
     report(f"model_logits:{env.preset}", "PASS" if torch.allclose(got, want, **_tol(env)) else "FAIL",
-           f"{ref_class} {str(env.dtype).removeprefix('torch.')} on {env.device.type}, {spec} layer spec ({qkv.__name__}), "
-           f"backend {torch.distributed.get_backend()}: max |megatron - transformers| = {err:.3g} ({_tol(env)})")
+           f"{ref_class} {str(env.dtype).removeprefix('torch.')} on {env.device.type}, {spec} layer spec "
+           f"({qkv.__name__}), backend {torch.distributed.get_backend()}: max |megatron - transformers| = "
+           f"{err:.3g} ({_tol(env)})")
 
 
 def check_recompute(env: Env) -> None:
@@ -169,7 +172,8 @@ def check_weight_sync(env: Env) -> None:
     with torch.no_grad():  # a trained actor differs from its checkpoint: the engine must get these
         for p in env.actor[0].parameters():
             p.add_(torch.randn_like(p) * 0.02)
-    engine = EmbeddedEngine.from_hf_config(AutoConfig.from_pretrained(env.hf_dir), dtype=env.dtype, device=str(env.device))
+    engine = EmbeddedEngine.from_hf_config(AutoConfig.from_pretrained(env.hf_dir), dtype=env.dtype,
+                                           device=str(env.device))
     stats = stream_weights(env.actor, model_providers.family_for(hf_cfg), hf_cfg, engine, version=1)
     ids = torch.randint(0, hf_cfg["vocab_size"], (2, 48), generator=torch.Generator().manual_seed(2)).to(env.device)
     trainer = _logits(env.actor, ids, hf_cfg["vocab_size"])
@@ -213,7 +217,8 @@ def check_sglang_engine(env: Env, hf_cfg: dict) -> None:
         stream_weights(env.actor, model_providers.family_for(hf_cfg), hf_cfg, engine, version=2)
         unused = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
         report("sync_memory", "PASS" if unused < 64 << 20 else "FAIL",
-               f"after the weight sync: {unused / 2**20:.0f} MiB reserved but unused by PyTorch (the sync frees its cache)")
+               f"after the weight sync: {unused / 2**20:.0f} MiB reserved but unused by PyTorch "
+               "(the sync frees its cache)")
         prompt = [[1, 2, 3, 4]]
         out = engine.generate(prompt, SamplingParams(n=1, max_new_tokens=8, temperature=1.0, seed=0))[0]
         ids = torch.tensor([prompt[0] + list(out.token_ids)], device=env.device)
@@ -222,7 +227,8 @@ def check_sglang_engine(env: Env, hf_cfg: dict) -> None:
         err = (want.cpu() - torch.tensor(out.logprobs)).abs().max().item()
         engine.release_memory()
         os.kill(os.getpid(), signal.SIGTERM)  # after the Engine's first calls (SGLang's takeover point)
-        kept, on_quit = signal.getsignal(signal.SIGTERM) is mine and terms == [signal.SIGTERM], signal.getsignal(signal.SIGQUIT)
+        kept, on_quit = (signal.getsignal(signal.SIGTERM) is mine and terms == [signal.SIGTERM],
+                         signal.getsignal(signal.SIGQUIT))
         report("engine_signals", "PASS" if kept and isinstance(on_quit, EngineDeath) else "FAIL",
                f"SIGTERM handler kept and reached: {kept}; SIGQUIT handler: {on_quit!r}")
         again = free()
@@ -235,4 +241,5 @@ def check_sglang_engine(env: Env, hf_cfg: dict) -> None:
         engine.shutdown()  # the engine's own processes only (sglang_engine.stop_engine), not vapo-check's others
 
 
-__all__ = ["Env", "GIB", "approx_params", "check_model_logits", "check_recompute", "check_weight_sync", "has", "report", "results"]
+__all__ = ["Env", "GIB", "approx_params", "check_model_logits", "check_recompute", "check_weight_sync", "has", "report",
+           "results"]

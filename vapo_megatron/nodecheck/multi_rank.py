@@ -153,7 +153,8 @@ def logprob_verdict(trainer: torch.Tensor, engine: torch.Tensor, mask: torch.Ten
     n = int(mask.sum())
     worst, mean = float(diff.max()), float(diff.sum()) / max(n, 1)
     status = "PASS" if n > 0 and worst <= tol else "FAIL"
-    return status, f"{n} answer tokens: max |engine - trainer log-prob| {worst:.3g}, mean {mean:.3g} (tolerance {tol:g})"
+    return status, (f"{n} answer tokens: max |engine - trainer log-prob| {worst:.3g}, mean {mean:.3g} "
+                    f"(tolerance {tol:g})")
 
 
 def compare_logprobs(chunks: list, hf_cfg: dict, s: Sampled, *, name: str, dtype: torch.dtype,
@@ -248,6 +249,6 @@ def check_on_engine(hf_dir, engine, *, name: str, dtype: torch.dtype) -> list[tu
     return lines
 
 
-__all__ = ["LOGP_TOL", "MISMATCH_TOL", "NO_CAPTURE_ON_CPU", "Sampled", "answers_batch", "build_actor", "check_on_engine",
-           "compare_logprobs", "compare_routes", "logprob_verdict", "prompts_for", "route_problems", "routes_verdict",
-           "sample", "sync", "unusable"]
+__all__ = ["LOGP_TOL", "MISMATCH_TOL", "NO_CAPTURE_ON_CPU", "Sampled", "answers_batch", "build_actor",
+           "check_on_engine", "compare_logprobs", "compare_routes", "logprob_verdict", "prompts_for", "route_problems",
+           "routes_verdict", "sample", "sync", "unusable"]

@@ -65,13 +65,15 @@ def check_offload(cpu: bool, dtype: torch.dtype, preset_name: str) -> list[tuple
     reserved.append(torch.cuda.memory_reserved() if not cpu else 0)
     grads = grad_buffer_storages(models)
     same = all(not bool(b.any()) if b.untyped_storage().data_ptr() in grads else
-               torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)) for a, b in zip(before, tensors))
+               torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+               for a, b in zip(before, tensors))
     moved = state.last["offload"][0]
     freed_grads = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors
                        if t.untyped_storage().data_ptr() in grads}.values())  # dropped, not in `moved`
     out = [("offload", "PASS" if all(released) and same else "FAIL",
             f"{len(released)} state tensors of actor and critic ({moved / MIB:.1f} MiB, {dtype}) on {device.type}: "
-            f"{sum(released)} with storage released while offloaded, restored {'bitwise' if same else 'WITH DIFFERENCES'}")]
+            f"{sum(released)} with storage released while offloaded, "
+            f"restored {'bitwise' if same else 'WITH DIFFERENCES'}")]
     if cpu:
         out.append(("offload_memory", "SKIP", "torch.cuda.memory_reserved and pinned copies are GPU measurements "
                                               f"({state.bandwidth_line()} on the CPU)"))
@@ -80,8 +82,8 @@ def check_offload(cpu: bool, dtype: torch.dtype, preset_name: str) -> list[tuple
     ok = freed >= moved + freed_grads  # the whole state left the device (allocator blocks may round up)
     out.append(("offload_memory", "PASS" if ok else "FAIL",
                 f"memory_reserved {reserved[0] / MIB:.0f} -> {reserved[1] / MIB:.0f} MiB offloaded (freed "
-                f"{freed / MIB:.0f} of {moved / MIB:.0f} MiB moved + {freed_grads / MIB:.0f} MiB of gradient buffers dropped) -> "
-                f"{reserved[2] / MIB:.0f} MiB onloaded; "
+                f"{freed / MIB:.0f} of {moved / MIB:.0f} MiB moved + {freed_grads / MIB:.0f} MiB of gradient "
+                f"buffers dropped) -> {reserved[2] / MIB:.0f} MiB onloaded; "
                 + state.bandwidth_line()))
     return out
 

@@ -74,7 +74,8 @@ def write_model(hf: dict, path: Path, seed: int = 0) -> None:
     """hf as an HF model directory of the family's own transformers class, bf16 weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.for_model(hf["model_type"], **{k: v for k, v in hf.items() if k not in ("model_type", "torch_dtype")})
+    cfg = AutoConfig.for_model(hf["model_type"],
+                               **{k: v for k, v in hf.items() if k not in ("model_type", "torch_dtype")})
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     scramble(model, seed)
     model.to(torch.bfloat16).save_pretrained(path)
@@ -85,7 +86,8 @@ def too_big(hf: dict) -> str | None:
 
     n = approx_params(hf)
     return None if n <= MAX_PARAMS else (f"{n / 1e9:.0f}B parameters: --ranks builds its model in one process's "
-                                         f"memory with random weights, up to {MAX_PARAMS / 1e9:.0f}B (the tiny presets)")
+                                         f"memory with random weights, up to {MAX_PARAMS / 1e9:.0f}B "
+                                         "(the tiny presets)")
 
 
 def _shared(value):
@@ -135,7 +137,8 @@ def run(presets: list[str], engine_tp: int | None) -> int:
     if not torch.cuda.is_available() or torch.cuda.device_count() < local:
         if os.environ.get("RANK", "0") == "0":
             print(f"vapo-check: --ranks needs a GPU per rank: {local} ranks, "
-                  f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} CUDA GPU(s) visible", file=sys.stderr)
+                  f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} CUDA GPU(s) visible",
+                  file=sys.stderr)
         return 2
     # Short timeouts: a rank waiting on one that failed gives up (the wait groups' covers an engine's first start,
     # which may compile SGLang's kernels); the failed rank has printed FAIL, and torchrun ends the others.

@@ -32,7 +32,8 @@ def check_routing_replay(env: Env) -> None:
         report(name, "SKIP", "model_logits did not build the actor")
         return
     hf_cfg = model_providers.read_hf_config(str(env.hf_dir))
-    engine = EmbeddedEngine.from_hf_config(AutoConfig.from_pretrained(env.hf_dir), dtype=env.dtype, device=str(env.device))
+    engine = EmbeddedEngine.from_hf_config(AutoConfig.from_pretrained(env.hf_dir), dtype=env.dtype,
+                                           device=str(env.device))
     stream_weights(env.actor, model_providers.family_for(hf_cfg), hf_cfg, engine, version=1)
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, hf_cfg["vocab_size"], (int(n),), generator=gen).tolist() for n in (5, 9, 12, 16)]
@@ -55,7 +56,8 @@ def check_routing_replay(env: Env) -> None:
            f"{with_replay:.3g}, without {without:.3g}{counted}")
 
 
-def replayed_errors(chunks: list, hf_cfg: dict, batch, engine_logp: torch.Tensor) -> dict[bool, tuple[float, float, int]]:
+def replayed_errors(chunks: list, hf_cfg: dict, batch,
+                    engine_logp: torch.Tensor) -> dict[bool, tuple[float, float, int]]:
     """Collective over the model-parallel group. Step 4's forward (mcore/update.py forward_only) of `batch`
     with routing replay of batch.routes (True) and without (False): {on: (max |engine_logp - trainer
     log-prob| over the response tokens, moe/routing_mismatch as the trainer computes it, the forward's

@@ -70,4 +70,5 @@ def check_vocab_parallel(env: Env) -> None:
     mem = "peak extra memory: n/a on the CPU" if extra is None else (
         f"peak extra memory {extra / 2**20:.0f} MiB vs logits {logits.numel() * logits.element_size() / 2**20:.0f} MiB")
     report("vocab_parallel", "PASS" if err < 1e-3 else "FAIL",
-           f"[{tokens}, {vocab}] {str(env.dtype).removeprefix('torch.')}: max error {err:.2g} vs torch.log_softmax; {mem}")
+           f"[{tokens}, {vocab}] {str(env.dtype).removeprefix('torch.')}: max error {err:.2g} "
+           f"vs torch.log_softmax; {mem}")

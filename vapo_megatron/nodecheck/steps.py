@@ -73,7 +73,8 @@ def check_vapo_steps(env: Env, steps: int) -> dict | None:
         trainer.close()
     peak = env.peak_extra(base)
     engine = getattr(trainer.generator, "engine", None)
-    engine_bytes = sum(t.numel() * t.element_size() for t in engine.model.parameters()) if hasattr(engine, "model") else 0
+    engine_bytes = (sum(t.numel() * t.element_size() for t in engine.model.parameters()) if hasattr(engine, "model")
+                    else 0)
     rewards = [line for line in (env.work / "run" / "metrics.jsonl").read_text().splitlines() if '"vapo"' in line]
     ok = code == 0 and len(rewards) == steps
     report("vapo_steps", "PASS" if ok else "FAIL",
@@ -106,8 +107,8 @@ def check_plan_memory(env: Env, run: dict | None) -> None:
     plan = make_plan(run["cfg"], hf, hf, world_size=1, gpu_memory_gib=gpu, reserve_gib=0.0)
     predicted = max(r.training for r in plan.ranks)
     if env.cpu:
-        report("plan_memory", "SKIP", f"no CUDA memory counters on the CPU (vapo-plan predicts {predicted / 2**20:.1f} MiB "
-                                      "training peak for this layout, without reserve)")
+        report("plan_memory", "SKIP", "no CUDA memory counters on the CPU (vapo-plan predicts "
+                                      f"{predicted / 2**20:.1f} MiB training peak for this layout, without reserve)")
         return
     measured = run["training_peak"]
     ratio = measured / predicted

@@ -37,7 +37,8 @@ from vapo_megatron.rewards.pool import BoundedPool, Outcome, resolve_function
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["RewardFn", "RewardResult", "PoolRewardFn", "ExactMatchRewardFn", "build_reward_fn", "score", "score_batch", "summarize"]
+__all__ = ["RewardFn", "RewardResult", "PoolRewardFn", "ExactMatchRewardFn", "build_reward_fn", "score", "score_batch",
+           "summarize"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +108,8 @@ class PoolRewardFn:
 
     def __call__(self, prompts: list[str], responses: list[str], ground_truths: list[str]) -> list[RewardResult]:
         if not (len(prompts) == len(responses) == len(ground_truths)):
-            raise ValueError(f"batch sizes differ: {len(prompts)} prompts, {len(responses)} responses, {len(ground_truths)} answers")
+            raise ValueError(f"batch sizes differ: {len(prompts)} prompts, {len(responses)} responses, "
+                             f"{len(ground_truths)} answers")
         outcomes = self._pool.run(list(zip(prompts, responses, ground_truths)))
         return [self._result(o) for o in outcomes]
 
@@ -148,8 +150,9 @@ def score(
     incorrect_score: float = -1.0,
     timeout_s: float = 5.0,
 ) -> RewardResult:
-    """Score one response with math-verify over a shared default pool of one worker per bound (paper: +1 correct, -1 wrong; 0/1 works too). A check that runs past
-    ``timeout_s`` (wall clock, hard) scores ``incorrect_score`` with ``timed_out=True``."""
+    """Score one response with math-verify over a shared default pool of one worker per bound
+    (paper: +1 correct, -1 wrong; 0/1 works too). A check that runs past ``timeout_s`` (wall
+    clock, hard) scores ``incorrect_score`` with ``timed_out=True``."""
     fn = _DEFAULT_POOLS.get(timeout_s)
     if fn is None:
         fn = _DEFAULT_POOLS[timeout_s] = PoolRewardFn(

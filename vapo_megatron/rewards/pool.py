@@ -222,7 +222,8 @@ class BoundedPool:
                         results[w.task] = Outcome(error_kind="WorkerDied", error=f"exit code {w.proc.exitcode}")
                         w.task = None
                     elif not w.ready:
-                        raise RuntimeError(f"reward worker for {self.spec!r} died on start-up (exit code {w.proc.exitcode})")
+                        raise RuntimeError(f"reward worker for {self.spec!r} died on start-up "
+                                           f"(exit code {w.proc.exitcode})")
                     self._replace(i)
         return results  # type: ignore[return-value]
 

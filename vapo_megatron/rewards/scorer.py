@@ -61,7 +61,8 @@ class Scorer:
             group_ids=torch.tensor([o.prompt_index for o in rollout.outputs], dtype=torch.long),
         )
         if rollout.outputs and all(o.routes is not None for o in rollout.outputs):  # routing replay
-            batch.routes = pack_routes([o.routes for o in rollout.outputs], tokens.shape[1], rollout.outputs[0].routes.shape[2])
+            batch.routes = pack_routes([o.routes for o in rollout.outputs], tokens.shape[1],
+                                       rollout.outputs[0].routes.shape[2])
         engine_logp = [o.logprobs for o in rollout.outputs]
         if all(lp is not None for lp in engine_logp):
             batch.extras["engine_logp"] = engine_logp

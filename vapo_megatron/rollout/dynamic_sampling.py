@@ -10,7 +10,8 @@ GRPO and little under PPO, and is dropped; further rounds of prompts_per_step pr
 generated until prompts_per_step groups are informative or rollout.max_sampling_rounds rounds
 have run. Then the step trains on the groups it kept, the first of each round in the global
 prompt order. reward/errors and reward/timeouts count the failed reward calls of every round,
-rollout/samples_generated the responses generated (and judged). Too few to give every DP rank algo.mini_batches groups (a mini-batch needs one),
+rollout/samples_generated the responses generated (and judged). Too few to give every DP rank
+algo.mini_batches groups (a mini-batch needs one),
 and the last round's dropped groups top it up to that, logged as rollout/groups_topped_up.
 
 Exactness: which groups are kept is decided globally (one all-reduce of a flag per prompt over
@@ -60,7 +61,8 @@ class StepRollouts:
         self.generator, self.scorer, self.cfg, self.mini_batches = generator, scorer, rollout, mini_batches
         self.partial = PartialRollouts(generator, scorer, rollout, mini_batches=mini_batches)
 
-    def collect(self, sampler: PromptSampler, seed: int, *, carry=None, version: int = 0) -> tuple[Rollout, dict[str, float]]:
+    def collect(self, sampler: PromptSampler, seed: int, *, carry=None,
+                version: int = 0) -> tuple[Rollout, dict[str, float]]:
         """This DP rank's rollout of the step, and rollout/* figures (global). `carry`: the run's
         carry-over buffer (RunState.carry), for rollout.partial (partial.py), which also drains a
         resumed buffer when partial rollout is off; `version`: the weights the engine serves."""

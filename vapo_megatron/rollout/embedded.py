@@ -56,7 +56,8 @@ class EmbeddedEngine(RolloutEngine):
         # each routed expert's checkpoint names as views into transformers' fused expert tensors.
         named = dict(model.named_parameters(remove_duplicate=False))
         views = expert_views(named)
-        fused = {n[: -len("gate_up_proj")] + f for n in named if n in _fused_experts(named) for f in ("gate_up_proj", "down_proj")}
+        fused = {n[: -len("gate_up_proj")] + f for n in named if n in _fused_experts(named)
+                 for f in ("gate_up_proj", "down_proj")}
         self._params = {**{n: p for n, p in named.items() if n not in fused}, **views}
         self._version = -1
         self._updating = False
@@ -67,7 +68,8 @@ class EmbeddedEngine(RolloutEngine):
     # ---- construction ---------------------------------------------------------------------
 
     @classmethod
-    def from_hf_config(cls, config, *, dtype: torch.dtype = torch.float32, device: str = "cpu", **kw) -> "EmbeddedEngine":
+    def from_hf_config(cls, config, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                       **kw) -> "EmbeddedEngine":
         """An engine with freshly initialized weights (they are replaced by the first sync)."""
         from transformers import AutoModelForCausalLM
 
@@ -75,7 +77,8 @@ class EmbeddedEngine(RolloutEngine):
         return cls(model, eos_token_ids=_eos_ids(config), **kw)
 
     @classmethod
-    def from_pretrained(cls, hf_dir: str, *, dtype: torch.dtype = torch.float32, device: str = "cpu", **kw) -> "EmbeddedEngine":
+    def from_pretrained(cls, hf_dir: str, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                        **kw) -> "EmbeddedEngine":
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype).to(device)

@@ -218,5 +218,5 @@ def spared_from_stop_signals():
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
-__all__ = ["EngineDeath", "EngineDied", "KEPT", "SPARED", "kept_handlers", "restore_handlers", "spared_from_stop_signals",
-           "take_over_now"]
+__all__ = ["EngineDeath", "EngineDied", "KEPT", "SPARED", "kept_handlers", "restore_handlers",
+           "spared_from_stop_signals", "take_over_now"]

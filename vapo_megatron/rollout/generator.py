@@ -99,8 +99,10 @@ class Generator:
         return the routed experts (SamplingParams.return_routes)."""
         r = self.cfg
         if greedy:
-            return SamplingParams(n=1, temperature=0.0, max_new_tokens=r.max_new_tokens, stop_token_ids=self.stop_token_ids, seed=seed)
-        return SamplingParams(n=r.n_samples if n is None else n, temperature=r.temperature if temperature is None else temperature,
+            return SamplingParams(n=1, temperature=0.0, max_new_tokens=r.max_new_tokens,
+                                  stop_token_ids=self.stop_token_ids, seed=seed)
+        return SamplingParams(n=r.n_samples if n is None else n,
+                              temperature=r.temperature if temperature is None else temperature,
                               top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
                               stop_token_ids=self.stop_token_ids, seed=seed, return_routes=routes)
 
@@ -109,7 +111,8 @@ class Generator:
         `prompts`; every rank of the replica gets all outputs, grouped by prompt. Seeds are offset
         by the share's start, so the samples do not depend on how many engines there are."""
         def run(share: list[PromptRecord], start: int) -> list[RolloutOutput]:
-            outs = self.engine.generate([p.prompt_ids for p in share], replace(params, seed=params.seed + start * params.n))
+            outs = self.engine.generate([p.prompt_ids for p in share],
+                                        replace(params, seed=params.seed + start * params.n))
             self.engine.release_memory(("kv_cache", "cuda_graph"))
             return outs
 

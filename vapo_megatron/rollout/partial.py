@@ -114,8 +114,8 @@ class PartialRollouts:
         unfinished = sum(s.finish is None for g in carry.groups for s in g.samples)
         totals = dp.sum([admitted, len(chosen), len(carry.groups), unfinished, restarted, rounds, steps, new_tokens,
                          len(due), len(dropped), len(topped)])
-        names = ["groups_admitted", "groups_trained", "groups_carried", "samples_carried", "samples_restarted", "rounds",
-                 "decode_steps", "new_tokens", "groups_waited"]
+        names = ["groups_admitted", "groups_trained", "groups_carried", "samples_carried", "samples_restarted",
+                 "rounds", "decode_steps", "new_tokens", "groups_waited"]
         logs = {f"partial/{k}": v / (dp.size if k in ("rounds", "decode_steps") else 1) for k, v in zip(names, totals)}
         # As the synchronous dynamic sampling counts them: prompts taken from the sampler this step, and
         # responses begun (theirs and the restarted ones); a carried response counts once, when begun.
@@ -136,7 +136,8 @@ class PartialRollouts:
                     g.results, count = None, count + 1
         return count
 
-    def _admit(self, sampler: PromptSampler, carry: CarryOver, seed: int, dp: DataParallel, *, batches: int | None) -> int:
+    def _admit(self, sampler: PromptSampler, carry: CarryOver, seed: int, dp: DataParallel, *,
+               batches: int | None) -> int:
         """Admits whole sampler batches (every rank alike); returns how many groups this rank got."""
         P, n = self.cfg.prompts_per_step, self.cfg.n_samples
         if batches is None:  # top up to (1 + spare) x P groups in flight over all DP ranks

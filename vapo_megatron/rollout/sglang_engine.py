@@ -165,7 +165,8 @@ def stop_engine(engine) -> None:
     shutdown runs with that call aimed at the engine's processes (Engine.get_all_child_pids: its
     schedulers and detokenizer), each with its own descendants, killed and reaped as SGLang does:
     `kill_process_tree` is swapped, for the call, in the globals that Engine.shutdown resolves it in
-    (sglang/srt/entrypoints/engine.py's; the suite runs SGLang's shutdown source through it). Objects without get_all_child_pids (test doubles) get their own shutdown."""
+    (sglang/srt/entrypoints/engine.py's; the suite runs SGLang's shutdown source through it). Objects
+    without get_all_child_pids (test doubles) get their own shutdown."""
     if not hasattr(engine, "get_all_child_pids"):
         engine.shutdown()
         return
@@ -217,7 +218,8 @@ class SGLangEngine(RolloutEngine):
         if self.owner and engine is None:
             raise ValueError("rank 0 of an engine group must hold the SGLang engine")
         self.engine = engine if self.owner else None
-        ranks = dist.get_process_group_ranks(group) if group is not None else [dist.get_rank() if dist.is_initialized() else 0]
+        ranks = (dist.get_process_group_ranks(group) if group is not None
+                 else [dist.get_rank() if dist.is_initialized() else 0])
         self.death = death or EngineDeath(f"SGLang engine of trainer ranks {ranks}")
         self._version = -1
         self._resident = set(MEMORY_TAGS)  # a started engine holds everything
@@ -301,7 +303,8 @@ class SGLangEngine(RolloutEngine):
             outs = [outs]
         if len(outs) != len(ids):
             raise RuntimeError(f"SGLang returned {len(outs)} outputs for {len(ids)} requests")
-        return [parse_output(o, i, self._version, prompt_len=len(x), routes=routes) for o, i, x in zip(outs, owners, ids)]
+        return [parse_output(o, i, self._version, prompt_len=len(x), routes=routes)
+                for o, i, x in zip(outs, owners, ids)]
 
     def begin_weight_update(self) -> None:
         self.sync_freed()  # the weights come back on GPUs every member has emptied its cache on

@@ -29,7 +29,8 @@ def _check_loopback(url: str) -> str:
         except ValueError:
             loop = False
         if not loop:
-            raise ValueError(f"SGLang server url {url!r}: only loopback addresses (127.0.0.0/8, ::1, localhost) are allowed")
+            raise ValueError(f"SGLang server url {url!r}: only loopback addresses (127.0.0.0/8, ::1, localhost) "
+                             "are allowed")
     return url.rstrip("/")
 
 

@@ -50,7 +50,8 @@ def sampling_params_dict(p: SamplingParams, prompt_index: int, sample_index: int
     return d
 
 
-def expand_requests(prompt_ids: Sequence[Sequence[int]], p: SamplingParams) -> tuple[list[list[int]], list[dict], list[int]]:
+def expand_requests(prompt_ids: Sequence[Sequence[int]],
+                    p: SamplingParams) -> tuple[list[list[int]], list[dict], list[int]]:
     """One request per sample, grouped by prompt: (input_ids, sampling params, prompt index)."""
     ids, sps, owners = [], [], []
     for i, prompt in enumerate(prompt_ids):
@@ -73,7 +74,8 @@ def parse_output(out: dict, prompt_index: int, version: int, *, prompt_len: int 
     meta = out["meta_info"]
     reason = meta["finish_reason"]["type"] if isinstance(meta["finish_reason"], dict) else meta["finish_reason"]
     if reason not in ("stop", "length"):
-        raise RuntimeError(f"SGLang request for prompt {prompt_index} ended with finish_reason={meta['finish_reason']!r}")
+        raise RuntimeError(f"SGLang request for prompt {prompt_index} ended with "
+                           f"finish_reason={meta['finish_reason']!r}")
     token_ids = list(out["output_ids"])
     logprobs = None
     if "output_token_logprobs" in meta and meta["output_token_logprobs"] is not None:
@@ -86,7 +88,8 @@ def parse_output(out: dict, prompt_index: int, version: int, *, prompt_len: int 
     if routes is not None:
         where = f"SGLang output for prompt {prompt_index}"
         if "routed_experts" not in meta or not meta["routed_experts"]:
-            raise RuntimeError(f"{where} has no routed_experts: the engine must run with --enable-return-routed-experts")
+            raise RuntimeError(f"{where} has no routed_experts: the engine must run with "
+                               "--enable-return-routed-experts")
         layers, k, experts = routes
         routed = sglang_routes(meta["routed_experts"], rows=max(prompt_len + len(token_ids) - 1, 0), layers=layers, k=k,
                                num_experts=experts, where=where)
@@ -94,7 +97,8 @@ def parse_output(out: dict, prompt_index: int, version: int, *, prompt_len: int 
                          weight_version=version, routes=routed)
 
 
-def continuation_requests(requests: Sequence[Continuation], params: SamplingParams) -> tuple[list[list[int]], list[dict]]:
+def continuation_requests(requests: Sequence[Continuation],
+                          params: SamplingParams) -> tuple[list[list[int]], list[dict]]:
     """(input_ids, sampling params) of one SGLang request per response: prompt + its tokens so far,
     its own seed, at most its max_new_tokens new tokens; the rest of `params` as generate sends it."""
     ids, sps = [], []

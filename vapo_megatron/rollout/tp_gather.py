@@ -211,7 +211,8 @@ def _create_area(size: int) -> tuple[str | None, Tensor | None, str | None]:
     except OSError as e:
         os.close(fd)
         os.unlink(path)
-        return None, None, f"cannot reserve {size} bytes in {SHM_DIR} ({e}); free space there or use transport='collective'"
+        return None, None, (f"cannot reserve {size} bytes in {SHM_DIR} ({e}); "
+                            "free space there or use transport='collective'")
     os.close(fd)
     return path, torch.from_file(path, shared=True, size=size, dtype=torch.uint8), None
 

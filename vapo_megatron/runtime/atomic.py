@@ -145,7 +145,8 @@ def staging_dir(target: str | Path) -> Path:
 
 def mark(directory: str | Path, writer: str) -> None:
     """Name `writer` as the author of `directory` (the marker check_replaceable reads)."""
-    (Path(directory) / MARKER).write_text(json.dumps({"writer": writer, "host": socket.gethostname(), "pid": os.getpid(),
+    (Path(directory) / MARKER).write_text(json.dumps({"writer": writer, "host": socket.gethostname(),
+                                                      "pid": os.getpid(),
                                                       "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
 
 
@@ -297,7 +298,7 @@ def can_create_in(directory: Path) -> bool:
         return False
 
 
-__all__ = ["CONVERT_HF_TO_MCORE", "CONVERT_MCORE_TO_HF", "EVAL_OUTPUT", "IN_PLACE", "LAST", "MARKER", "TRAINER_CHECKPOINT",
-           "TRAINER_EXPORT", "TargetRefused", "can_create_in", "check_replaceable", "commit_dir", "empty_dir",
-           "fill_in_place", "follow_umask", "fsync_path", "fsync_tree", "mark", "process_umask", "staging_dir",
-           "staging_path", "write_atomic", "writer_of"]
+__all__ = ["CONVERT_HF_TO_MCORE", "CONVERT_MCORE_TO_HF", "EVAL_OUTPUT", "IN_PLACE", "LAST", "MARKER",
+           "TRAINER_CHECKPOINT", "TRAINER_EXPORT", "TargetRefused", "can_create_in", "check_replaceable", "commit_dir",
+           "empty_dir", "fill_in_place", "follow_umask", "fsync_path", "fsync_tree", "mark", "process_umask",
+           "staging_dir", "staging_path", "write_atomic", "writer_of"]

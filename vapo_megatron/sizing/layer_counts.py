@@ -223,4 +223,5 @@ def layout_shards(actor_hf: dict, critic_hf: dict | None, *, tp: int, pp: int, v
             for r, (a, c) in enumerate(zip(actor, critic))]
 
 
-__all__ = ["ModelPieces", "Piece", "inflight_microbatches", "layer_kinds", "layout_shards", "model_pieces", "stage_pieces"]
+__all__ = ["ModelPieces", "Piece", "inflight_microbatches", "layer_kinds", "layout_shards", "model_pieces",
+           "stage_pieces"]

@@ -295,7 +295,7 @@ def route_parts(cfg: Config, hf_cfg: dict, *, dp: int, inflight_microbatches: in
             ROUTES_DEVICE_ITEM: stage * width + queued * stage * 8 + local * k * 4}
 
 
-__all__ = ["GIB", "LOAD_GPU", "LOAD_HOST", "MOE_COMBINE", "MOE_DISPATCH", "MOE_EXPERT_MLP", "MOE_ITEMS", "MOE_ROUTER", "ROLLOUT_CACHE_ITEM", "ROUTES_DEVICE_ITEM",
-           "SAVE_GPU", "SAVE_HOST", "SGLANG_RUNTIME_ITEM", "activation_bytes", "activation_parts", "checkpoint_bytes", "checkpoint_parts",
-           "layer_activation_bytes", "logprob_buffer_bytes", "moe_architecture", "moe_layer_parts", "reserve_parts", "route_parts",
-           "state_bytes"]
+__all__ = ["GIB", "LOAD_GPU", "LOAD_HOST", "MOE_COMBINE", "MOE_DISPATCH", "MOE_EXPERT_MLP", "MOE_ITEMS", "MOE_ROUTER",
+           "ROLLOUT_CACHE_ITEM", "ROUTES_DEVICE_ITEM", "SAVE_GPU", "SAVE_HOST", "SGLANG_RUNTIME_ITEM",
+           "activation_bytes", "activation_parts", "checkpoint_bytes", "checkpoint_parts", "layer_activation_bytes",
+           "logprob_buffer_bytes", "moe_architecture", "moe_layer_parts", "reserve_parts", "route_parts", "state_bytes"]

@@ -129,8 +129,10 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     has_critic = estimator_of(cfg).needs_critic
     if shards is None:
         shards = shard_sizes(actor_hf, critic_hf if has_critic else None, world_size=world_size, tp=tp, pp=pp, vpp=vpp,
-                             params_dtype=params_dtype, ep=ep, sequence_parallel=cfg.parallel.sequence_parallel and tp > 1)
-    models = (("actor", actor_hf, cfg.actor_optim),) + ((("critic", critic_hf, cfg.critic_optim),) if has_critic else ())
+                             params_dtype=params_dtype, ep=ep,
+                             sequence_parallel=cfg.parallel.sequence_parallel and tp > 1)
+    models = ((("actor", actor_hf, cfg.actor_optim),)
+              + ((("critic", critic_hf, cfg.critic_optim),) if has_critic else ()))
     names = tuple(name for name, _, _ in models)
     gpu = int(gpu_memory_gib * GIB)
     flat = None if reserve_gib is None else int(reserve_gib * GIB)
@@ -160,8 +162,9 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
             io = {k: max(v, io.get(k, 0)) for k, v in own.items()}
             last = s.pp_rank == pp - 1
             vocab = 0 if name == "critic" or not last else _padded_vocab(hf_cfg, tp)
-            items = {rc: activation_parts(hf_cfg, tokens=T, tp=tp, pp=pp, vpp=vpp, inflight_microbatches=s.inflight_microbatches,
-                                          dtype_bytes=dtype_bytes, recompute=rc, logits_vocab=vocab, sequence_parallel=sp,
+            items = {rc: activation_parts(hf_cfg, tokens=T, tp=tp, pp=pp, vpp=vpp,
+                                          inflight_microbatches=s.inflight_microbatches, dtype_bytes=dtype_bytes,
+                                          recompute=rc, logits_vocab=vocab, sequence_parallel=sp,
                                           chunk_tokens=cfg.trainer.logprob_chunk_tokens) for rc in (True, False)}
             act = {rc: sum(items[rc].values()) for rc in (True, False)}
             parts.update({f"{name} count": n, f"{name} expert count": n_expert, f"{name} parameters": p,
@@ -178,7 +181,8 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
                           key=lambda d: sum(d.values()))
         reserve = {ph: {"--reserve-gib": flat} if flat is not None else
                    reserve_parts(cfg, world_size=world_size, dp=dp, activations=act, phase=ph,
-                                 engine_stash=sglang_stash_bytes(actor_hf), replay_bytes=routes.get(ROUTES_DEVICE_ITEM, 0))
+                                 engine_stash=sglang_stash_bytes(actor_hf),
+                                 replay_bytes=routes.get(ROUTES_DEVICE_ITEM, 0))
                    for ph in ("training", "rollout")}
         state = {k.replace("gradients", "gradient buffers (fp32 main_grad)"): parts[k] for k in state_names}
         kv_resume = {} if offload else dict(state)
@@ -211,17 +215,18 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     # The weight sync's bound (rollout/weight_sync.py, SyncStats.bound): the bucket, and the largest
     # full tensor gathered from its TP shards, the embedding or output layer [padded vocab, h].
     largest = _padded_vocab(actor_hf, tp) * actor_hf["hidden_size"] * dtype_bytes
-    freed = {f"weight-sync bucket (rollout.weight_sync_bucket_mb={r.weight_sync_bucket_mb})": r.weight_sync_bucket_mb << 20,
+    freed = {f"weight-sync bucket (rollout.weight_sync_bucket_mb="
+             f"{r.weight_sync_bucket_mb})": r.weight_sync_bucket_mb << 20,
              "gathered embedding/output layer (the sync's largest full tensor)": largest,
              "all_gather_object receive buffers (group size x largest object)": None}
     state = [sum(m.parts[f"{a} {k}"] for a in names for k in STATE) for m in ranks]
     host = max(sum(m.parts[f"{a} {k}"] for a in names for k in HOST_STATE) for m in ranks)
-    compare = _kv_compare(ranks, state, offload=offload, engine_share=engine_share, engine_weights=engine_weights, gpu=gpu,
-                          per_token=mem.per_token, sequence=sequence,
+    compare = _kv_compare(ranks, state, offload=offload, engine_share=engine_share, engine_weights=engine_weights,
+                          gpu=gpu, per_token=mem.per_token, sequence=sequence,
                           peak=peak) if colocated else {}
     if colocated and not offload and any(p.startswith("rollout") for p in problems):
-        problems.append(f"rollout: trainer.offload_during_rollout=true would move the trainer's {max(state) / GIB:.1f} GiB "
-                        "per GPU to host memory during rollout")
+        problems.append("rollout: trainer.offload_during_rollout=true would move the trainer's "
+                        f"{max(state) / GIB:.1f} GiB per GPU to host memory during rollout")
     with_critic = None
     if not has_critic:  # the same config with a critic (optimizer sharded as the actor's), at this plan's rollout peak
         gae = replace(cfg, algo=replace(cfg.algo, estimator="gae"), critic_optim=replace(
@@ -256,7 +261,8 @@ def _overflow_message(phase: str, m: RankMemory, need: int, gpu: int, reserve: i
     items = {f"{a} {k}": m.parts[f"{a} {k}"] for a in names for k in STATE if not (phase == "rollout" and m.offloaded)}
     if phase == "training":
         model = max(names, key=lambda a: m.parts[f"{a} activations"])  # the actor on a tie
-        items[f"{model} activations" + (" (full recompute)" if recompute else " (no recompute)")] = m.parts[f"{model} activations"]
+        items[f"{model} activations"
+              + (" (full recompute)" if recompute else " (no recompute)")] = m.parts[f"{model} activations"]
     elif engine_of(cfg).colocated:
         items[f"{engine_of(cfg).label} engine ({engine_key(cfg, 'mem_fraction')} x GPU)"] = engine_share
     items["reserve"] = reserve

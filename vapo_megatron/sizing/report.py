@@ -21,7 +21,8 @@ def _kv_resume_lines(plan: Plan, cfg: Config) -> list[str]:
     the KV cache, then what the engine adds; and the transients freed before, not counted."""
     m = max(plan.ranks, key=lambda x: x.rollout)
     runtime = m.rollout - sum(m.kv_resume.values()) - plan.engine_share
-    lines = [f"{'rollout per GPU, GiB, worst rank (tp=' + str(m.tp_rank) + ' pp=' + str(m.pp_rank) + ')':<52}{'GiB':>8}",
+    lines = [f"{'rollout per GPU, GiB, worst rank (tp=' + str(m.tp_rank) + ' pp=' + str(m.pp_rank) + ')':<52}"
+             f"{'GiB':>8}",
              "  computed from shapes and the reserve estimates above, not measured on a GPU",
              "  left when the owner resumes the KV cache (every rank of its engine has emptied PyTorch's cache):"]
     lines += [f"    {k:<48}{_g(v):>8}" for k, v in m.kv_resume.items()]
@@ -29,7 +30,8 @@ def _kv_resume_lines(plan: Plan, cfg: Config) -> list[str]:
     if m.offloaded:
         lines.append("  off the GPU before the resume (trainer.offload_during_rollout; to pinned host memory, but the "
                      "gradient buffers: freed, zeroed on return), not counted:")
-        lines += [f"    {k + (', freed' if 'gradient' in k else ', to host'):<48}{_g(v):>8}" for k, v in m.offloaded.items()]
+        lines += [f"    {k + (', freed' if 'gradient' in k else ', to host'):<48}{_g(v):>8}"
+                  for k, v in m.offloaded.items()]
     if engine_of(cfg).colocated:
         label = engine_of(cfg).label
         lines.append(f"  {'+ ' + label + ' static share (weights + KV cache)':<50}{_g(plan.engine_share):>8}")
@@ -50,7 +52,8 @@ def _routes_lines(plan: Plan) -> list[str]:
 
 
 def _offload_lines(plan: Plan, cfg: Config, gpus_per_node: int) -> list[str]:
-    """The colocated engine's KV cache with and without trainer.offload_during_rollout, at this config's rollout peak."""
+    """The colocated engine's KV cache with and without trainer.offload_during_rollout, at this config's
+    rollout peak."""
     peak, fits = plan.kv_compare["peak"], not any(p.startswith("rollout") for p in plan.problems)
     on, off = plan.kv_compare["offloaded"], plan.kv_compare["resident"]
     key = engine_key(cfg, "mem_fraction")
@@ -64,10 +67,10 @@ def _offload_lines(plan: Plan, cfg: Config, gpus_per_node: int) -> list[str]:
                      f"{c['sequences']} full sequences of {plan.sequence_tokens:,} tokens at once"
                      + (f"  <- {key}" if this and c["configured"] else ""))
     ratio = on["kv_cache"] / off["kv_cache"] if off["kv_cache"] > 0 else float("inf")
-    lines.append(f"  offload: {ratio:.2f}x the KV cache; frees {plan.state_per_gpu / GIB:.1f} GiB per GPU (worst rank), of "
-                 f"which {plan.host_per_gpu / GIB:.1f} GiB in pinned host memory (the gradient buffers are dropped, not "
-                 f"copied), up to {gpus_per_node * plan.host_per_gpu / GIB:.1f} GiB per node of {gpus_per_node} GPUs "
-                 "(checked against MemAvailable and the job's cgroup limit at start-up)")
+    lines.append(f"  offload: {ratio:.2f}x the KV cache; frees {plan.state_per_gpu / GIB:.1f} GiB per GPU (worst "
+                 f"rank), of which {plan.host_per_gpu / GIB:.1f} GiB in pinned host memory (the gradient buffers are "
+                 f"dropped, not copied), up to {gpus_per_node * plan.host_per_gpu / GIB:.1f} GiB per node of "
+                 f"{gpus_per_node} GPUs (checked against MemAvailable and the job's cgroup limit at start-up)")
     return lines
 
 
@@ -77,10 +80,10 @@ def _checkpoint_io_lines(plan: Plan) -> list[str]:
         return []
     w = {k: max(m.checkpoint_io[k] for m in plan.ranks) for k in (SAVE_HOST, SAVE_GPU, LOAD_HOST, LOAD_GPU)}
     return [f"  each save and resume per rank (worst rank; computed, the models one after the other): save: host "
-            f"{w[SAVE_HOST] / GIB:.2f} GiB (the staged copy of what it writes: DP rank 0's weights + its own Adam share), "
-            f"GPU +{w[SAVE_GPU] / GIB:.2f} GiB; load: host {w[LOAD_HOST] / GIB:.2f} GiB (one stored tensor at a time; it "
-            f"reads its own share), GPU +{w[LOAD_GPU] / GIB:.2f} GiB over its state (megatron's SwiGLU merge of linear_fc1, "
-            "or the fused Adam setting its moments anew)"]
+            f"{w[SAVE_HOST] / GIB:.2f} GiB (the staged copy of what it writes: DP rank 0's weights + its own Adam "
+            f"share), GPU +{w[SAVE_GPU] / GIB:.2f} GiB; load: host {w[LOAD_HOST] / GIB:.2f} GiB (one stored tensor at "
+            f"a time; it reads its own share), GPU +{w[LOAD_GPU] / GIB:.2f} GiB over its state (megatron's SwiGLU "
+            "merge of linear_fc1, or the fused Adam setting its moments anew)"]
 
 
 NO_CRITIC = "none (algo.estimator=grpo)"
@@ -99,17 +102,19 @@ def _no_critic_lines(plan: Plan, cfg: Config) -> list[str]:
              f"checkpoints {(other.checkpoint - plan.checkpoint) / 1e9:,.1f} GB smaller"]
     if not plan.kv_compare:
         return lines
-    lines.append(f"  {engine_of(cfg).label} KV cache per GPU at this config's rollout peak of {plan.kv_compare['peak'] / GIB:.1f} GiB, "
-                 "without / with a critic:")
+    lines.append(f"  {engine_of(cfg).label} KV cache per GPU at this config's rollout peak of "
+                 f"{plan.kv_compare['peak'] / GIB:.1f} GiB, without / with a critic:")
     for way, this in (("offloaded", plan.offload), ("resident", not plan.offload)):
         a, b = plan.kv_compare[way], other.kv_compare[way]
         more = (max(a["kv_cache"], 0) - max(b["kv_cache"], 0)) / GIB
         lines.append(f"  trainer state {way + ':':<10} {max(a['kv_cache'], 0) / GIB:5.1f} GiB = {a['sequences']} full "
                      f"sequences / {max(b['kv_cache'], 0) / GIB:5.1f} GiB = {b['sequences']}: {more:+.1f} GiB, "
-                     f"{a['sequences'] - b['sequences']:+d} sequences per engine" + ("  <- this config" if this else ""))
+                     f"{a['sequences'] - b['sequences']:+d} sequences per engine"
+                     + ("  <- this config" if this else ""))
     if plan.offload:
-        lines.append("  (with trainer.offload_during_rollout the critic's state would be in host memory during rollout: "
-                     "no critic leaves the KV cache as it is and saves that host memory; resident, the KV cache gains it)")
+        lines.append("  (with trainer.offload_during_rollout the critic's state would be in host memory during "
+                     "rollout: no critic leaves the KV cache as it is and saves that host memory; resident, the KV "
+                     "cache gains it)")
     return lines
 
 
@@ -139,7 +144,8 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
         "distributed optimizer: " + ", ".join(f"{m} {_yes(optim[m].distributed_optimizer)}" for m in models)
         + ("" if critic else f", critic {NO_CRITIC}") + "; "
         f"full recompute: {_yes(cfg.model.recompute_activations)}; "
-        f"sequence parallel: {_yes(cfg.parallel.sequence_parallel and tp > 1)}; micro_batch_tokens={cfg.trainer.micro_batch_tokens}, "
+        f"sequence parallel: {_yes(cfg.parallel.sequence_parallel and tp > 1)}; "
+        f"micro_batch_tokens={cfg.trainer.micro_batch_tokens}, "
         f"logprob_chunk_tokens={cfg.trainer.logprob_chunk_tokens} (actor activations include its float32 buffer)",
         f"shards built on the meta device: {len(plan.shards)} distinct (tp_rank, pp_rank) positions x "
         f"{len(models)} model{'s' * (len(models) > 1)} ({' and '.join(models)});",
@@ -191,36 +197,42 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
             f"{engine_tp_}), KV cache {max(plan.kv_cache, 0) / GIB:.1f} GiB = {plan.kv_tokens:,} tokens per engine "
             f"({plan.kv_tokens // plan.sequence_tokens} full sequences of {plan.sequence_tokens:,} tokens at once)")
     else:
-        engine_line = f"rollout.engine={r.engine}: no colocated engine on these GPUs, none sized (rollout = resident state)"
+        engine_line = (f"rollout.engine={r.engine}: no colocated engine on these GPUs, none sized "
+                       "(rollout = resident state)")
     offload_lines = _offload_lines(plan, cfg, gpus_per_node) if engine.colocated else []
     from vapo_megatron.checkpoint.manager import KEEP_CHECKPOINTS
 
     lines.append(f"  (each includes the reserve below; limit {plan.gpu_bytes / GIB:.1f} GiB)")
     lines.append("")
-    lines.append(f"{'reserve per GPU, GiB, worst rank' + (' (--reserve-gib)' if plan.flat_reserve is not None else ''):<52}"
-                 f"{'training':>8}  {'rollout':>8}")
+    lines.append(
+        f"{'reserve per GPU, GiB, worst rank' + (' (--reserve-gib)' if plan.flat_reserve is not None else ''):<52}"
+        f"{'training':>8}  {'rollout':>8}")
     for item in dict.fromkeys([*worst.reserve["training"], *worst.reserve["rollout"]]):
         tr, ro = worst.reserve["training"].get(item), worst.reserve["rollout"].get(item)
         lines.append(f"  {item:<50}{_g(tr) if tr is not None else '':>8}  {_g(ro) if ro is not None else '':>8}")
-    lines.append(f"  {'total':<50}{_g(sum(worst.reserve['training'].values())):>8}  {_g(sum(worst.reserve['rollout'].values())):>8}")
+    lines.append(f"  {'total':<50}{_g(sum(worst.reserve['training'].values())):>8}  "
+                 f"{_g(sum(worst.reserve['rollout'].values())):>8}")
     lines += ["", *_kv_resume_lines(plan, cfg)]
     ckpt = plan.checkpoint
     lines += [
         "",
-        f"checkpoints: {ckpt / 1e9:,.1f} GB per save ({' + '.join(models)}: {cfg.model.dtype} weights + Adam state, all ranks); "
-        f"{KEEP_CHECKPOINTS} kept, the next written before the oldest goes: {(KEEP_CHECKPOINTS + 1) * ckpt / 1e12:,.2f} TB "
-        f"of disk at peak in trainer.run_dir; every trainer.save_every={cfg.trainer.save_every} steps",
+        f"checkpoints: {ckpt / 1e9:,.1f} GB per save ({' + '.join(models)}: {cfg.model.dtype} weights + Adam state, "
+        f"all ranks); {KEEP_CHECKPOINTS} kept, the next written before the oldest goes: "
+        f"{(KEEP_CHECKPOINTS + 1) * ckpt / 1e12:,.2f} TB of disk at peak in trainer.run_dir; "
+        f"every trainer.save_every={cfg.trainer.save_every} steps",
         *_checkpoint_io_lines(plan),
         engine_line,
         *_routes_lines(plan),
         *offload_lines,
         *(_no_critic_lines(plan, cfg) if plan.with_critic is not None else []),
-        (f"assumptions: {' and '.join(models)} parameters, gradients and optimizer state stay on every GPU during training "
-         "and leave it during rollout, parameters and optimizer state to host memory, the gradient buffers freed "
-         "(trainer.offload_during_rollout)" if plan.offload else
-         f"assumptions: {' and '.join(models)} parameters, gradients and optimizer state stay on every GPU in both phases "
-         "(trainer.offload_during_rollout=false)") + "; during training the engine has released weights, KV cache and CUDA graphs; "
-        "during rollout no activations are held (the trainer empties its allocator cache at each switch); one engine TP rank per GPU; flash attention.",
+        (f"assumptions: {' and '.join(models)} parameters, gradients and optimizer state stay on every GPU during "
+         "training and leave it during rollout, parameters and optimizer state to host memory, the gradient buffers "
+         "freed (trainer.offload_during_rollout)" if plan.offload else
+         f"assumptions: {' and '.join(models)} parameters, gradients and optimizer state stay on every GPU in both "
+         "phases (trainer.offload_during_rollout=false)")
+        + "; during training the engine has released weights, KV cache and CUDA graphs; during rollout no "
+        "activations are held (the trainer empties its allocator cache at each switch); one engine TP rank per GPU; "
+        "flash attention.",
         "",
     ]
     if plan.problems:

@@ -106,15 +106,16 @@ def candidates(cfg: Config, actor_hf: dict, *, world: int, a: Assumptions) -> li
         for pp in _divisors(world // tp):
             dp = world // (tp * pp)
             vpps = [None] + ([v for v in _divisors(layers // pp) if v >= 2] if pp >= 2 and layers % pp == 0 else [])
-            eps = [e for e in _divisors(dp) if ep_group_nodes(tp=tp, pp=pp, dp=dp, ep=e, gpus_per_node=a.gpus_per_node) == 1
-                   ] if moe else [1]
+            eps = [e for e in _divisors(dp)
+                   if ep_group_nodes(tp=tp, pp=pp, dp=dp, ep=e, gpus_per_node=a.gpus_per_node) == 1] if moe else [1]
             for vpp in vpps:
                 for ep in eps:
                     for etp in _divisors(tp) if colocated else [None]:
                         for recompute in (False, True):
                             for offload in (False, True) if colocated else [cfg.trainer.offload_during_rollout]:
                                 for mbt in micro:
-                                    out.append(with_settings(cfg, tp, pp, vpp, ep, tp > 1, etp, recompute, offload, mbt))
+                                    out.append(with_settings(cfg, tp, pp, vpp, ep, tp > 1, etp, recompute, offload,
+                                                             mbt))
     return out
 
 
@@ -341,6 +342,6 @@ def records(result: Search, top: int) -> list[dict]:
     return out
 
 
-__all__ = ["ENGINE_TP", "Assumptions", "Cause", "KEYS", "Row", "Search", "candidates", "closest_refused", "evaluate", "overrides",
-           "phase_deltas", "record", "records", "refusal_causes", "search", "setting_problems", "settings",
+__all__ = ["ENGINE_TP", "Assumptions", "Cause", "KEYS", "Row", "Search", "candidates", "closest_refused", "evaluate",
+           "overrides", "phase_deltas", "record", "records", "refusal_causes", "search", "setting_problems", "settings",
            "with_settings"]

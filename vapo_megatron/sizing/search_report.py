@@ -1,4 +1,5 @@
-"""vapo-plan --search's printout: the ranking as a table, the config's own place in it, and why the fastest is faster."""
+"""vapo-plan --search's printout: the ranking as a table, the config's own place in it, and why the fastest is
+faster."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def _row_line(row: Row, rank: int | None, reference: Row | None) -> str:
         s = e.phases[name].seconds if name in e.phases else None
         shown += s or 0.0
         cells.append(f"{s:7.1f}" if s is not None else f"{'-':>7}")
-    cells += [f"{e.step_s - shown:6.1f}", f"{e.step_s:7.1f}", f"{e.tokens_per_s_per_gpu:6.0f}", f"{e.run_gpu_hours:8,.0f}"]
+    cells += [f"{e.step_s - shown:6.1f}", f"{e.step_s:7.1f}", f"{e.tokens_per_s_per_gpu:6.0f}",
+              f"{e.run_gpu_hours:8,.0f}"]
     cells.append("  " + ("<- the config's layout" if row.own else _main_phase(row, reference) if reference else ""))
     return " ".join(cells)
 
@@ -95,9 +97,9 @@ def format_search(result: Search, cfg: Config, *, top: int, model_source: str, n
         f"{result.too_big:,} do not fit (its memory check), {len(result.rows):,} fit",
         "ranked by modelled step time: computed from shapes and datasheet rates at assumed efficiencies, nothing "
         "measured; a model until a GPU run checks it (docs/slurm.md, \"Choosing a layout\")",
-        f"  eTP: {engine_key(cfg, 'tp')}; rc: full recompute; off: offload during rollout; mbt: micro_batch_tokens; GiB per GPU "
-        "at the worst rank: train(ing) and roll(out) peaks, free = headroom; seconds per step: each phase, other = "
-        "offload + onload + sync + checkpoint; tok/s per GPU; GPU-h of the whole run",
+        f"  eTP: {engine_key(cfg, 'tp')}; rc: full recompute; off: offload during rollout; mbt: micro_batch_tokens; "
+        "GiB per GPU at the worst rank: train(ing) and roll(out) peaks, free = headroom; seconds per step: each "
+        "phase, other = offload + onload + sync + checkpoint; tok/s per GPU; GPU-h of the whole run",
         "",
         HEADER,
     ]

@@ -84,7 +84,8 @@ def shard_sizes(actor_hf: dict, critic_hf: dict | None, *, world_size: int, tp: 
     models as the run will (it does not change a parameter's size)."""
     layout = (world_size, tp, pp, vpp, params_dtype, ep, sequence_parallel)
     actor = _model_counts(actor_hf, False, *layout)
-    critic = _model_counts(critic_hf, True, *layout) if critic_hf is not None else [Counts(0, 0, 0, 0, 0, 0)] * len(actor)
+    critic = (_model_counts(critic_hf, True, *layout) if critic_hf is not None
+              else [Counts(0, 0, 0, 0, 0, 0)] * len(actor))
     return [ShardSize(a.tp_rank, a.pp_rank, a.params, c.params, a.unique, c.unique, a.inflight, a.expert, c.expert,
                       a.largest, c.largest, a.merged, c.merged)
             for a, c in zip(actor, critic)]
@@ -140,7 +141,8 @@ def _model_counts(hf_cfg: dict, critic: bool, world_size: int, tp: int, pp: int,
         try:
             where = (parallel.tp_rank(), parallel.pp_rank(), parallel.dp_rank(), parallel.ep_rank())
             if where != (0, pp_rank, 0, 0):
-                raise RuntimeError(f"megatron placed rank {rank} at (tp, pp, dp, ep)={where}, expected {(0, pp_rank, 0, 0)}")
+                raise RuntimeError(f"megatron placed rank {rank} at (tp, pp, dp, ep)={where}, "
+                                   f"expected {(0, pp_rank, 0, 0)}")
             inflight = peak_inflight_microbatches(pp, vpp)
             with torch.device("meta"):
                 chunks = build_chunks(hf_cfg, params_dtype=params_dtype, critic=critic, on_gpu=False,

@@ -128,8 +128,8 @@ def option_problems(*, gpu: str | None, response_tokens: float | None, prompt_to
     return problems
 
 
-__all__ = ["default_prompt_tokens", "default_response_tokens", "option_problems", "plan_setup", "predicted_step_and_save",
-           "setup_from_config", "without_critic_delta"]
+__all__ = ["default_prompt_tokens", "default_response_tokens", "option_problems", "plan_setup",
+           "predicted_step_and_save", "setup_from_config", "without_critic_delta"]
 
 
 def predict_on_this_gpu(cfg, actor_hf: dict, critic_hf: dict | None, world: int) -> tuple[float, float, str] | None:

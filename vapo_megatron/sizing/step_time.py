@@ -242,12 +242,13 @@ def partial_rollout(gpu: GPU, s: Shapes, *, engine_tp: int, engines: int, sample
     tail_step = decode_step_s(gpu, s, engine_tp=engine_tp, batch=1,
                               context=prompt_tokens + (response_tokens + max_response_tokens) / 2)
     carried = prompt_tokens + response_tokens / 2
-    flops = (math.ceil(prompts / engines) * prompt_tokens * forward_flops_per_token(s, context=prompt_tokens / 2, lm_head=True)
+    flops = (math.ceil(prompts / engines) * prompt_tokens
+             * forward_flops_per_token(s, context=prompt_tokens / 2, lm_head=True)
              + min(spare_batches * per_engine, concurrency) * carried
              * forward_flops_per_token(s, context=carried / 2, lm_head=True))
     prefill = flops / (engine_tp * gpu.bf16_flops * mfu(s))
-    return Rollout(waves * response_tokens * step + tail_steps * tail_step + prefill, concurrency, waves, step, tail_step,
-                   prefill)
+    return Rollout(waves * response_tokens * step + tail_steps * tail_step + prefill, concurrency, waves, step,
+                   tail_step, prefill)
 
 
 def bubble(pp: int, vpp: int | None, micro_batches: int) -> float:
@@ -358,7 +359,8 @@ def estimate(gpu: GPU, setup: Setup) -> Estimate:
     phases["rollout"] = Phase(ro.seconds, (
         f"{setup.engines} engine(s) of TP {setup.engine_tp}, {per_engine:,} samples each, {ro.concurrency:,} at once "
         f"(KV cache {setup.kv_tokens:,} tokens): {ro.waves:.2f} waves x {setup.response_tokens:,.0f} steps of "
-        f"{ro.step_s * 1e3:.1f} ms + tail {tail:,.0f} steps of {ro.tail_step_s * 1e3:.1f} ms; prefill {ro.prefill_s:.1f} s"
+        f"{ro.step_s * 1e3:.1f} ms + tail {tail:,.0f} steps of {ro.tail_step_s * 1e3:.1f} ms; "
+        f"prefill {ro.prefill_s:.1f} s"
         + (" (partial rollout)" if setup.partial else "")))
     if setup.offload_bytes_per_gpu:
         phases["onload"] = Phase(move, host + ", back")

@@ -104,7 +104,8 @@ def make_chain_splits(seed: int, n_train: int, n_eval: int, n_sft: int, *, min_t
     def bucket(lo: int, hi: int) -> list[Example]:
         return [e for e in ev if lo <= num_terms(e.prompt) <= hi]
 
-    return {"train": train, "eval": ev, "sft": sft, "eval_short": bucket(*SHORT_TERMS), "eval_long": bucket(*LONG_TERMS)}
+    return {"train": train, "eval": ev, "sft": sft, "eval_short": bucket(*SHORT_TERMS),
+            "eval_long": bucket(*LONG_TERMS)}
 
 
 def write_chain_dir(out_dir: str, *, seed: int, n_train: int, n_eval: int, n_sft: int, spec: TinyModelSpec = CHAIN_SPEC,

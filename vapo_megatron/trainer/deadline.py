@@ -63,7 +63,8 @@ class StepClock:
 
     def said(self, what: str) -> str:
         """Where the deadline's figure for `what` ("step" or "save") comes from, for its message."""
-        measured, predicted = (self.step_s, self.predicted_step_s) if what == "step" else (self.save_s, self.predicted_save_s)
+        measured, predicted = ((self.step_s, self.predicted_step_s) if what == "step"
+                               else (self.save_s, self.predicted_save_s))
         if measured or not predicted:
             return f"longest so far {measured:.0f} s"
         return f"predicted {predicted:.0f} s, none measured yet"

@@ -16,7 +16,8 @@ from vapo_megatron.trainer import timing
 
 # The progress bar's figures: metric -> its label there (every label says what it is).
 SFT_SHOWN = {"sft/nll_loss": "nll", "sft/train_accuracy": "train_accuracy"}
-RL_SHOWN = {"reward/mean": "reward", "critic/explained_variance": "explained_variance", "eval/accuracy": "eval_accuracy"}
+RL_SHOWN = {"reward/mean": "reward", "critic/explained_variance": "explained_variance",
+            "eval/accuracy": "eval_accuracy"}
 # The run's final eval, once per run: when a finished run is extended (a larger trainer.total_steps),
 # its earlier final eval's record keeps its figures, its eval/accuracy_final renamed to this.
 FINAL, SUPERSEDED_FINAL = "eval/accuracy_final", "eval/accuracy_before_extension"
@@ -83,7 +84,8 @@ class MetricsLogger:
         if not self.enabled:
             return
         record = {"step": step, "phase": phase} | ({"sft_step": tb_step} if phase == "sft" else {})
-        record.update({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in sorted(metrics.items())})
+        record.update({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                       for k, v in sorted(metrics.items())})
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         tb = self.tb_sft if phase == "sft" else self.tb

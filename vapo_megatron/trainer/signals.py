@@ -96,7 +96,8 @@ def stop_reason(stop: StopSignals, deadline: Deadline, clock: StepClock, *, fina
     if signum in STOPPING_SIGNALS or (signum and not final):
         return signal.Signals(signum).name
     if signum and parallel.is_rank0():
-        print("[vapo] SIGUSR1 during the final step: finishing the run (final eval, save, export), no requeue", flush=True)
+        print("[vapo] SIGUSR1 during the final step: finishing the run (final eval, save, export), no requeue",
+              flush=True)
     if late:
         if parallel.is_rank0():
             print(f"[vapo] deadline: {why}", flush=True)

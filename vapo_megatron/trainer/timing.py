@@ -29,7 +29,8 @@ import torch
 # step did not run it (no actor update while value pretraining, no checkpoint after most steps).
 # offload/onload: the trainer's state to host memory and back around the rollout
 # (trainer.offload_during_rollout, mcore/offload.py).
-PHASES = ("offload", "rollout", "onload", "reward", "score", "critic_update", "actor_update", "sync", "eval", "checkpoint")
+PHASES = ("offload", "rollout", "onload", "reward", "score", "critic_update", "actor_update", "sync", "eval",
+          "checkpoint")
 
 
 def _device_sync() -> None:

@@ -77,8 +77,8 @@ class Trainer:
         self.deadline = Deadline.from_setting(cfg.trainer.deadline, cfg.trainer.deadline_margin_s)
         self.clock = StepClock()  # longest step and save so far, for the deadline
         determinism_env(cfg.trainer.deterministic)  # vapo-train set it before torch; here for direct callers
-        parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, ep=cfg.parallel.ep, seed=cfg.trainer.seed,
-                                  wait_timeout_s=cfg.rollout.wait_timeout_s)
+        parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, ep=cfg.parallel.ep,
+                                  seed=cfg.trainer.seed, wait_timeout_s=cfg.rollout.wait_timeout_s)
         # Before anything is written into the run directory: one trainer per run (run_guard.py).
         self.lock = RunDirLock.acquire(cfg.trainer.run_dir, rank0=parallel.is_rank0(), share=parallel.share_from_rank0)
         torch.manual_seed(cfg.trainer.seed)
@@ -87,11 +87,14 @@ class Trainer:
         a, t = cfg.algo, cfg.trainer
         self.data = Datasets.load(cfg, read_hf_config(cfg.model.hf_path))   # tokenizer, every split
         self.scorer = Scorer(build_reward_fn(cfg.reward.fn, correct_score=cfg.reward.correct_score,
-                                             incorrect_score=cfg.reward.incorrect_score, timeout_s=cfg.reward.timeout_s),
+                                             incorrect_score=cfg.reward.incorrect_score,
+                                             timeout_s=cfg.reward.timeout_s),
                              self.data.tokenizer, stop_token_ids(self.data.tokenizer),
-                             OverlongShaping(cfg.rollout.max_new_tokens, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty))
+                             OverlongShaping(cfg.rollout.max_new_tokens, cfg.reward.overlong_buffer,
+                                             cfg.reward.overlong_penalty))
         # The rollout engines; with routing replay (MoE models) they return each token's experts.
-        self.generator = Generator.build(cfg, self.scorer.stop_token_ids, routes=replays(cfg, read_hf_config(cfg.model.hf_path)))
+        self.generator = Generator.build(cfg, self.scorer.stop_token_ids,
+                                         routes=replays(cfg, read_hf_config(cfg.model.hf_path)))
         # Steps 1-2: the step's prompts and rollouts (rollout.dynamic_sampling: DAPO's filter and refill)
         self.rollouts = StepRollouts(self.generator, self.scorer, cfg.rollout, mini_batches=cfg.algo.mini_batches)
         self.answers = AnswerKey(cfg.reward.fn, timeout_s=cfg.reward.timeout_s)  # maj@K; its pool starts at first use
@@ -126,7 +129,8 @@ class Trainer:
         if self.state.iteration == 0 and self.state.sft_steps_done == 0:  # a fresh run: once
             self.logger.log(0, "data", self.data.stats)
         if parallel.is_rank0():
-            print("[vapo] data: " + ", ".join(f"{k.removeprefix('data/')}={v:g}" for k, v in self.data.stats.items()), flush=True)
+            print("[vapo] data: " + ", ".join(f"{k.removeprefix('data/')}={v:g}" for k, v in self.data.stats.items()),
+                  flush=True)
             for line in repeat_warnings(cfg, self.data):
                 print(line, flush=True)
             self._predict_step_times()  # the deadline is rank 0's decision
@@ -139,7 +143,8 @@ class Trainer:
         try:
             actor_hf = read_hf_config(cfg.model.hf_path)
             critic_hf = read_hf_config(cfg.model.critic_hf_path) if cfg.model.critic_hf_path else actor_hf
-            predicted = self.planner.predict(cfg, actor_hf, critic_hf, parallel.tp_size() * parallel.pp_size() * parallel.dp_size())
+            predicted = self.planner.predict(cfg, actor_hf, critic_hf,
+                                             parallel.tp_size() * parallel.pp_size() * parallel.dp_size())
         except Exception as e:  # noqa: BLE001 -- a prediction is a convenience, never a reason to stop a run
             print(f"[vapo] warning: deadline: no predicted step time ({e}); only measured times count", flush=True)
             return
@@ -188,7 +193,8 @@ class Trainer:
             self.state.iteration += 1
             it = self.state.iteration
             rl_step = it - cfg.algo.value_pretrain_steps
-            if self.data.eval and cfg.eval.every and rl_step > 0 and rl_step % cfg.eval.every == 0 and it < self.total_iterations:
+            if (self.data.eval and cfg.eval.every and rl_step > 0 and rl_step % cfg.eval.every == 0
+                    and it < self.total_iterations):
                 with self.timer("eval"):
                     self.log_eval("periodic")
             self.clock.add_step(time.perf_counter() - t0)
@@ -219,7 +225,8 @@ class Trainer:
         with self._offloaded(timed=True):  # trainer.offload_during_rollout: state on the host until scoring
             with timed("rollout"):
                 rollout, sampling_logs = self.rollouts.collect(self.state.sampler, seed=self._rollout_seed(),  # 1, 2
-                                                               carry=self.state.carry, version=self.state.policy_version)
+                                                               carry=self.state.carry,
+                                                               version=self.state.policy_version)
                 self.generator.release_weights()  # colocated SGLang: its GPU memory goes to training until step 8
         with timed("reward"):
             batch, reward_logs = self.scorer.score(rollout)                                  # 3
@@ -311,7 +318,8 @@ class Trainer:
         if parallel.is_rank0():
             K = e.n_samples
             print(f"[vapo] eval ({when}) at iteration {self.state.iteration}: accuracy {acc:.3f}, avg@{K} "
-                  f"{figures[f'eval/avg@{K}']:.3f}, pass@{K} {figures[f'eval/pass@{K}']:.3f}, maj@{K} {figures[f'eval/maj@{K}']:.3f}", flush=True)
+                  f"{figures[f'eval/avg@{K}']:.3f}, pass@{K} {figures[f'eval/pass@{K}']:.3f}, "
+                  f"maj@{K} {figures[f'eval/maj@{K}']:.3f}", flush=True)
 
     def export_hf(self):
         """The final actor as an HF directory, run_dir/hf (weights/convert.py)."""

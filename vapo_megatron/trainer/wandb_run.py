@@ -89,8 +89,8 @@ class WandbTracker:
         if mode == "online":  # said before W&B's start, which waits for an unreachable server
             timeout = os.environ.get("WANDB_INIT_TIMEOUT", "90")
             base = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
-            print(f"[vapo] W&B: connecting to {base} (an unreachable server: offline after WANDB_INIT_TIMEOUT={timeout} s)",
-                  flush=True)
+            print(f"[vapo] W&B: connecting to {base} (an unreachable server: offline after "
+                  f"WANDB_INIT_TIMEOUT={timeout} s)", flush=True)
         try:
             run = _init(wandb, settings, mode, rid, root, config)
         except Exception as e:  # noqa: BLE001 - W&B must never stop a training run

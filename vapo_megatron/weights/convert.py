@@ -90,7 +90,7 @@ def hf_to_mcore(hf_dir: Path, out: Path, *, critic: bool, tp: int, pp: int, dtyp
             value = fresh_value_head(unwrap(chunks[-1]).config)[local_name.rsplit(".", 1)[-1]]
             makers[param.untyped_storage()] = lambda value=value, param=param: value.to(param.dtype)
         else:
-            makers[param.untyped_storage()] = lambda p=param, r=row, l=layer: importer.local_tensor(p, r, l)
+            makers[param.untyped_storage()] = lambda p=param, r=row, layer=layer: importer.local_tensor(p, r, layer)
     if left and parallel.is_rank0():
         print(f"{hf_dir} has no value head (score.*): {left} keep a fresh initialization", file=sys.stderr)
 

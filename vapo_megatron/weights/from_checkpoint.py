@@ -115,7 +115,8 @@ def iter_checkpoint_hf_groups(ckpt, model_chunks: list, family: Family, hf_cfg: 
         buffers = [torch.empty(item.param.shape, dtype=item.param.dtype) for item in group]
         request: dict[str, dict] = {}
         for item, buffer in zip(group, buffers):
-            request.setdefault(item.chunk_key, {})[item.local_name] = _request(sharded[item.chunk_key][item.local_name], buffer)
+            request.setdefault(item.chunk_key, {})[item.local_name] = _request(
+                sharded[item.chunk_key][item.local_name], buffer)
         dist_io.load(ckpt, request, part=True)  # fills the buffers
         del request
         out = []

@@ -83,7 +83,8 @@ class HFImporter:
         if absent and row.mcore in self.critic_only:
             return True
         if absent:
-            raise HFCheckpointError(f"{self.hf_dir}: tensor(s) {absent} needed for {row.mcore_name(layer)} are not in the checkpoint")
+            raise HFCheckpointError(f"{self.hf_dir}: tensor(s) {absent} needed for {row.mcore_name(layer)} "
+                                    "are not in the checkpoint")
         return False
 
     def check(self, model_chunks: list) -> None:
@@ -99,9 +100,11 @@ class HFImporter:
             found = _header_shapes(path)
             for name in (n for n in wanted if self.files[n] == path):
                 if name not in found:
-                    raise HFCheckpointError(f"{path}: tensor {name} is missing (model.safetensors.index.json places it here)")
+                    raise HFCheckpointError(f"{path}: tensor {name} is missing "
+                                            "(model.safetensors.index.json places it here)")
                 if found[name] != wanted[name]:
-                    raise HFCheckpointError(f"{path}: tensor {name} has shape {found[name]}, the model config needs {wanted[name]}")
+                    raise HFCheckpointError(f"{path}: tensor {name} has shape {found[name]}, "
+                                            f"the model config needs {wanted[name]}")
 
     def read(self, name: str) -> Tensor:
         with safe_open(self.files[name], framework="pt") as f:
@@ -120,7 +123,8 @@ class HFImporter:
         return full.to(param.dtype)
 
 
-def load_hf_weights(model_chunks: list, family: Family, hf_cfg: dict, hf_dir: str | Path, *, critic: bool = False) -> list[str]:
+def load_hf_weights(model_chunks: list, family: Family, hf_cfg: dict, hf_dir: str | Path, *,
+                    critic: bool = False) -> list[str]:
     """Fill every parameter of `model_chunks` from the HF checkpoint in `hf_dir`.
 
     Returns the names of parameters left as initialized: only the critic's value head, when the

@@ -35,7 +35,8 @@ META = MEGATRON_META  # model_providers/files.py: what marks a Megatron model ch
 DEFAULT_SHARD_BYTES = 512 << 20
 
 
-def write_source_files(ckpt_dir: Path, hf_cfg: dict, hf_dir: Path, *, family_name: str, critic: bool, dtype: str) -> None:
+def write_source_files(ckpt_dir: Path, hf_cfg: dict, hf_dir: Path, *, family_name: str, critic: bool,
+                       dtype: str) -> None:
     """What mcore-to-hf needs besides the weights: hf/config.json, the tokenizer files under hf/,
     and vapo.json. vapo-convert's hf-to-mcore and the trainer's checkpoints both write them, so
     every Megatron checkpoint of the project exports the same way."""
@@ -83,7 +84,8 @@ class ShardWriter:
         self.count += 1
 
 
-def bounded_groups(named: Iterable[tuple[str, torch.Tensor]], max_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def bounded_groups(named: Iterable[tuple[str, torch.Tensor]],
+                   max_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Consecutive (name, tensor) pairs in groups of at most `max_bytes` (a larger tensor alone)."""
     group, size = [], 0
     for name, tensor in named:
@@ -148,7 +150,8 @@ def _finish(tmp: Path, maps: list, family, hf_cfg: dict, *, files_src: Path, cri
         if (Path(files_src) / name).is_file():
             shutil.copy2(Path(files_src) / name, tmp / name)
     if not (tmp / "generation_config.json").is_file():
-        gen = {k: hf_cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in hf_cfg and hf_cfg[k] is not None}
+        gen = {k: hf_cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+               if k in hf_cfg and hf_cfg[k] is not None}
         with open(tmp / "generation_config.json", "w") as f:
             json.dump(gen, f, indent=2)
 

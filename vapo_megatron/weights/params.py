@@ -35,7 +35,8 @@ def expert_key(rest: str, *, per_rank: int, ep_rank: int) -> tuple[str, int | No
     m = _EXPERT.match(rest)
     if not m:
         return rest, None
-    local, suffix = (int(m.group(1)), m.group(2)) if m.group(1) is not None else (int(m.group(4)), m.group(3) + ".weight")
+    local, suffix = ((int(m.group(1)), m.group(2)) if m.group(1) is not None
+                     else (int(m.group(4)), m.group(3) + ".weight"))
     return "mlp.experts.local_experts.{expert}." + suffix, ep_rank * per_rank + local
 
 
@@ -117,7 +118,8 @@ def expert_tensors(model_chunks: list, family: Family, hf_cfg: dict, *, critic: 
             yield row.for_expert(r * per_rank + local), layer, part
 
 
-def iter_hf_tensors(model_chunks: list, family: Family, hf_cfg: dict, *, critic: bool = False) -> Iterator[tuple[str, Tensor]]:
+def iter_hf_tensors(model_chunks: list, family: Family, hf_cfg: dict, *,
+                    critic: bool = False) -> Iterator[tuple[str, Tensor]]:
     """Yield (HF name, full tensor) for every weight this pipeline stage holds (every expert of
     it too, gathered over EP: see expert_tensors)."""
     for param, row, layer in exported_params(model_chunks, family, hf_cfg, critic=critic, experts=False):

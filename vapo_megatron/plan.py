@@ -1,7 +1,8 @@
 """vapo-plan: will a run fit on its GPUs? Per-GPU memory of actor, critic (if any) and the SGLang engine.
 
     vapo-plan --config configs/qwen2.5_32b_vapo.yaml --nodes 8 --gpus-per-node 8 [--gpu-memory-gib 80]
-              [--reserve-gib G] [--preset qwen2.5-32b] [--gpu h100 [--mean-response-tokens N] ...
+              [--reserve-gib G] [--preset qwen2.5-32b] [--critic-preset qwen3-8b]
+              [--gpu h100 [--mean-response-tokens N] ...
               [--search [--top N] [--json]]] [key=value overrides...]
 
 Nothing is loaded and no GPU is used. For each DISTINCT rank position (tp_rank, pp_rank; DP
@@ -13,7 +14,9 @@ buffers, the caching allocator, SGLang's buffers outside its static share); --re
 it by one flat figure. Also printed: the size of one checkpoint and the disk the kept ones need.
 
 The model config comes from model.hf_path/config.json when that file exists; otherwise --preset
-NAME (model_providers/presets.py) must be given, and it is always said which one was used.
+NAME (model_providers/presets.py) must be given, and it is always said which one was used. The
+critic's is critic.warm_start's or model.critic_hf_path's config.json, or --critic-preset NAME (a
+critic of its own size, at the actor's layout), else the actor's.
 With algo.estimator=grpo (GRPO, DAPO) there is no critic: only the actor is sized and built, and the
 report compares the KV cache and state with the same config with a critic (sizing/plan.py).
 Mixture-of-experts models (Qwen3-MoE) are sized at parallel.ep: each rank holds E/EP of every MoE
@@ -37,9 +40,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from vapo_megatron.config import ConfigError, parse_config, problems_error
 from vapo_megatron.config.engines import colocated_engines, engine_of, known_engine
+
+
+def critic_model_path(cfg) -> tuple[str, str]:
+    """(the directory holding the critic's config.json, its key): critic.warm_start's (a Megatron
+    checkpoint's hf/), else model.critic_hf_path; ("", key) when the critic is the actor's model."""
+    from model_providers.files import megatron_model_dir
+
+    start = cfg.critic.warm_start
+    if start:
+        return (str(Path(start) / "hf") if megatron_model_dir(start) else start), "critic.warm_start"
+    return cfg.model.critic_hf_path, "model.critic_hf_path"
 
 
 def resolve_model_config(hf_path: str, preset: str | None, *, key: str) -> tuple[dict, str]:
@@ -72,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default=None,
                     help="model config by name (model_providers/presets.py), for planning without the model files; "
                          "otherwise model.hf_path/config.json is read")
+    ap.add_argument("--critic-preset", default=None,
+                    help="the critic's model config by name: a critic of its own size (what model.critic_hf_path or "
+                         "critic.warm_start gives the trainer; it shares the actor's layout); otherwise their "
+                         "config.json, else the actor's model")
     timing = ap.add_argument_group("step time and cost (sizing/step_time.py; computed, nothing measured)")
     timing.add_argument("--gpu", default=None, help="the GPU whose rates time the step: h100, h200, a100, b200, gb200")
     timing.add_argument("--mean-response-tokens", type=float, default=None,
@@ -113,9 +132,9 @@ def plan(args: argparse.Namespace) -> int:
         try:
             actor_hf, source = resolve_model_config(cfg.model.hf_path, args.preset, key="model.hf_path")
             critic_hf = actor_hf
-            if cfg.model.critic_hf_path and args.preset is None:
-                critic_hf, critic_source = resolve_model_config(cfg.model.critic_hf_path, None,
-                                                                key="model.critic_hf_path")
+            critic_path, critic_key = critic_model_path(cfg)
+            if args.critic_preset is not None or (critic_path and args.preset is None):
+                critic_hf, critic_source = resolve_model_config(critic_path, args.critic_preset, key=critic_key)
                 source += f"; critic: {critic_source}"
         except (ConfigError, ValueError) as e:  # with the file's own problems (a missing --config says so first)
             raise problems_error(problems + [str(e)]) from None

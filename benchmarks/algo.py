@@ -173,11 +173,13 @@ def bench_logprob(dtype_name: str, chunk: int) -> None:
         rows[name] = beyond_grad
         print(f"[logprob]   {name:18s} forward {r['forward_peak'] / gib:.3f} GiB, kept for backward "
               f"{r['kept'] / gib:.3f} GiB, backward {r['backward_peak'] / gib:.3f} GiB (incl. the "
-              f"{grad_bytes / gib:.2f} GiB gradient); overall {total / gib:.3f} GiB = {total / logits_bytes:.3f} x logits, "
+              f"{grad_bytes / gib:.2f} GiB gradient); overall {total / gib:.3f} GiB = "
+              f"{total / logits_bytes:.3f} x logits, "
               f"beyond the gradient {beyond_grad / gib:.3f} GiB = {beyond_grad / logits_bytes:.3f} x logits")
     print("[logprob] 'beyond the gradient': the gradient w.r.t. the logits (same size as the logits) is the")
     print("[logprob] output of backward for any method; everything else is the method's own overhead.")
-    print(f"[logprob] naive ratio (peak beyond logits and gradient / logits_bytes): {rows['naive log_softmax'] / logits_bytes:.3f}")
+    print("[logprob] naive ratio (peak beyond logits and gradient / logits_bytes): "
+          f"{rows['naive log_softmax'] / logits_bytes:.3f}")
     print(f"ratio: {rows['ours'] / logits_bytes:.3f}")
 
 

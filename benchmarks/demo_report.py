@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--seconds", type=float, default=None, help="wall time of the whole demo (reported only)")
     args = ap.parse_args(argv)
-    records = [json.loads(l) for l in (args.run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    records = [json.loads(line) for line in (args.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     before = next(r["eval/accuracy"] for r in records if "eval/accuracy_before_vapo" in r)
     after = [r["eval/accuracy"] for r in records if "eval/accuracy_final" in r][-1]
     gain = after - before
@@ -60,7 +60,8 @@ def main(argv=None) -> int:
         shares = ", ".join(f"{p} {100 * s / total:.0f}%" for p, s in split)
         print(f"demo: {n} RL steps took {total:.0f} s ({total / n:.2f} s each): {shares}")
     ok = gain >= MIN_GAIN
-    print("demo: learned (targets met)" if ok else f"demo: targets NOT met (accuracy gain {gain:+.3f} < {MIN_GAIN:.2f})")
+    print("demo: learned (targets met)" if ok
+          else f"demo: targets NOT met (accuracy gain {gain:+.3f} < {MIN_GAIN:.2f})")
     return 0 if ok else 1
 
 

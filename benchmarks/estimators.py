@@ -75,7 +75,8 @@ def run(estimator: str, data: Path, out: Path, steps: int, tmp: Path) -> dict:
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rl = [r for r in recs if r["phase"] == "vapo"][1:]  # the first step pays one-off costs
     times = {p: statistics.median(r.get(f"perf/{p}_s", 0.0) for r in rl) for p in PHASES}
-    return {"times": times, "rss_gib": rss_kib / 2**20, "critic_metrics": sorted({k for r in rl for k in r if k.startswith("critic/")})}
+    return {"times": times, "rss_gib": rss_kib / 2**20,
+            "critic_metrics": sorted({k for r in rl for k in r if k.startswith("critic/")})}
 
 
 def main() -> None:

@@ -53,7 +53,8 @@ def warm_start(model, tokenizer, sft_file: Path, *, steps: int, seed: int, batch
 
     from vapo_megatron.data.prompts import load_prompts
 
-    records, _ = load_prompts([str(sft_file)], tokenizer, max_prompt_tokens=64, apply_chat_template=True, schema="simple")
+    records, _ = load_prompts([str(sft_file)], tokenizer, max_prompt_tokens=64, apply_chat_template=True,
+                              schema="simple")
     eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
     rows = [(r.prompt_ids, tokenizer(r.answer, add_special_tokens=False)["input_ids"] + [eos]) for r in records]
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -134,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     lengths: list[int] = []
     for step in range(args.steps):
         seed = base.trainer.seed * 1_000_003 + step * 7919
-        for way in ("synchronous", "partial") if step % 2 == 0 else ("partial", "synchronous"):  # alternate who goes first
+        # alternate who goes first
+        for way in ("synchronous", "partial") if step % 2 == 0 else ("partial", "synchronous"):
             t0 = time.perf_counter()
             if way == "synchronous":
                 outs = engine.generate([p.prompt_ids for p in sync_sampler.next_batch()], gen.sampling(seed=seed))

@@ -76,8 +76,8 @@ def main() -> None:
         last = runs[g][-1]
         each = ", ".join(f"{r['wall']:.2f}" for r in runs[g])
         print(f"{g:5d} GPUs: {wall:6.2f} s wall ({each}), {cpu:6.2f} s CPU; "
-              f"{last['tried']:5d} layouts tried, {last['fit']:4d} fit; against {base} GPUs: wall x{wall / base_wall:.2f}, "
-              f"CPU x{cpu / base_cpu:.2f}")
+              f"{last['tried']:5d} layouts tried, {last['fit']:4d} fit; against {base} GPUs: "
+              f"wall x{wall / base_wall:.2f}, CPU x{cpu / base_cpu:.2f}")
 
 
 if __name__ == "__main__":

@@ -25,9 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 MODULES = "import vapo_megatron.trainer.trainer, vapo_megatron.mcore.parallel, transformers"
 WAYS = {
     "plain import megatron.core": f"import megatron.core; {MODULES}",
-    "import_megatron()": f"from vapo_megatron.mcore.megatron_import import import_megatron; import_megatron(); {MODULES}",
+    "import_megatron()": "from vapo_megatron.mcore.megatron_import import import_megatron; import_megatron(); "
+                         f"{MODULES}",
     "+ package_index.install()": "from vapo_megatron.config import package_index; package_index.install(); "
-                                 f"from vapo_megatron.mcore.megatron_import import import_megatron; import_megatron(); {MODULES}",
+                                 "from vapo_megatron.mcore.megatron_import import import_megatron; import_megatron(); "
+                                 f"{MODULES}",
 }
 
 

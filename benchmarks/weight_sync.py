@@ -123,7 +123,8 @@ def _bench_rank(rank: int, args) -> dict:
     s = runs[0]
     assert engine.weight_version == args.repeats
     held = sum(p.numel() * p.element_size() for p in params)
-    assert (held, len(params)) == (s.bytes, s.tensors), f"sync delivered {s.tensors} tensors, {s.bytes} bytes; engine holds {len(params)}, {held}"
+    assert (held, len(params)) == (s.bytes, s.tensors), (f"sync delivered {s.tensors} tensors, {s.bytes} bytes; "
+                                                         f"engine holds {len(params)}, {held}")
     out.update(tensors=s.tensors, bytes=s.bytes, buckets=s.buckets, copy_s=copy_s,
                engine_params=sum(p.numel() for p in params))
     return out
@@ -179,7 +180,8 @@ def main() -> None:
     print(f"[weight_sync] preset={args.preset} ({r0['engine_params'] / 1e6:.0f}M parameters), {args.dtype}, "
           f"TP={TP} gloo ranks on the CPU, torch threads per rank={args.threads}, "
           f"bucket={args.bucket_mb} MiB, transport={args.transport}, "
-          f"{'buckets' if args.buckets else 'direct into the parameters'}, median of {args.repeats} alternating runs after a warm-up")
+          f"{'buckets' if args.buckets else 'direct into the parameters'}, median of {args.repeats} alternating runs "
+          "after a warm-up")
     print(f"[weight_sync] Megatron params per rank: {[results[r]['local_params'] / 1e6 for r in range(TP)]} M; "
           f"build {max(results[r]['build_s'] for r in range(TP)):.1f} s")
     print(f"[weight_sync] delivered per sync: {r0['tensors']} tensors, {r0['bytes'] / gib:.3f} GiB, "
@@ -191,7 +193,8 @@ def main() -> None:
     for r in range(TP):
         res = results[r]
         print(f"[weight_sync] rank {r}: peak held by the sync {res['peak_bytes'] / mib:.1f} MiB "
-              f"<= bound {res['bound'] / mib:.1f} MiB (bucket + largest tensor {res['largest_tensor_bytes'] / mib:.1f} MiB): "
+              f"<= bound {res['bound'] / mib:.1f} MiB (bucket + largest tensor "
+              f"{res['largest_tensor_bytes'] / mib:.1f} MiB): "
               f"{res['peak_bytes'] <= res['bound']}; RSS growth over the timed syncs {res['rss_growth'] / mib:.1f} MiB "
               f"(process RSS {res['rss'] / gib:.2f} GiB)")
     print(f"ratio: {sync_rate / copy_rate:.3f}")

@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n-train", type=int, default=4000, help="RL prompts")
     ap.add_argument("--n-eval", type=int, default=400, help="held-out prompts")
     ap.add_argument("--n-sft", type=int, default=None, help="warm-start SFT examples (default 800; chain: 2000)")
-    ap.add_argument("--sft-noise", type=float, default=0.0, help="fraction of SFT answers from a systematically wrong teacher")
+    ap.add_argument("--sft-noise", type=float, default=0.0,
+                    help="fraction of SFT answers from a systematically wrong teacher")
     ap.add_argument("--min-terms", type=int, default=MIN_TERMS, help="chain: fewest terms of a prompt")
     ap.add_argument("--max-terms", type=int, default=MAX_TERMS, help="chain: most terms of a prompt")
     ap.add_argument("--hidden-size", type=int, default=None, help="default: 64")

@@ -85,12 +85,15 @@ def seed_list(text: str) -> list[int]:
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], dict | None]:
-    ap = Parser(prog="python -m benchmarks.learning", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m benchmarks.learning", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "configs" / "chain_cpu.yaml"), help="the base config")
     ap.add_argument("--study", choices=sorted(STUDIES), default=None, help="a pre-registered design: its seeds, arms, "
                     "order, vapo-eval K, --summaries and the report (docs/benchmarks.md)")
-    ap.add_argument("--variants", default=None, help=f"comma-separated, of: {','.join(VARIANTS)} (default vapo; a study: its arms)")
-    ap.add_argument("--seeds", type=seed_list, default=None, help="comma-separated seeds (default 0; a study: its seeds)")
+    ap.add_argument("--variants", default=None,
+                    help=f"comma-separated, of: {','.join(VARIANTS)} (default vapo; a study: its arms)")
+    ap.add_argument("--seeds", type=seed_list, default=None,
+                    help="comma-separated seeds (default 0; a study: its seeds)")
     ap.add_argument("--steps", type=int, default=None, help="trainer.total_steps (default: the config's)")
     ap.add_argument("--jobs", type=positive, default=1, help="runs at a time (each is --nproc processes)")
     ap.add_argument("--nproc", type=positive, default=2, help="torchrun processes per run")
@@ -101,7 +104,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], dict |
     ap.add_argument("--task", default="chain", help="make_demo_data.py --task (chain: short/long figures)")
     ap.add_argument("--data-args", default="", help="more make_demo_data.py arguments, one string")
     ap.add_argument("--set", action="append", default=[], help="an override for every variant (repeatable)")
-    ap.add_argument("--eval-k", type=positive, default=None, help="vapo-eval's K (default: the config's eval.n_samples)")
+    ap.add_argument("--eval-k", type=positive, default=None,
+                    help="vapo-eval's K (default: the config's eval.n_samples)")
     ap.add_argument("--credit", action="store_true", help="credit diagnostics of every run with a critic")
     ap.add_argument("--summaries", default=None, help="also copy each run's summary.json here (and reuse them)")
     ap.add_argument("--figure", default=None, help="PNG of held-out accuracy vs step (default OUT/learning.png)")
@@ -112,7 +116,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], dict |
                          "issue 45: docs/benchmarks/chain), in that harness's columns; their settings are not checked")
     a = ap.parse_args(argv)
     if a.unrecorded and not a.report:
-        ap.error("--unrecorded: only with --report (a run is never reused or trained beside a summary of unknown settings)")
+        ap.error("--unrecorded: only with --report (a run is never reused or trained beside a summary of "
+                 "unknown settings)")
     if a.unrecorded and a.study:
         ap.error("--unrecorded: not with --study (every study's summaries record their settings)")
     study = STUDIES.get(a.study)
@@ -164,7 +169,8 @@ def dry_run(bench: Bench, plan: list[tuple[str, int]]) -> None:
                 if c is None:
                     say(("warm eval", d), f"vapo-eval of seed {d}'s warm start", bench.eval_cmd(bench.warm_dir(s), s))
         unset = resolve(v, bench.base)[1]
-        print(f"# {v}, seed {s}: {bench.run_dir(v, s) / 'bench.yaml'} = {bench.config}" + (f" without {', '.join(unset)}" if unset else ""))
+        print(f"# {v}, seed {s}: {bench.run_dir(v, s) / 'bench.yaml'} = {bench.config}"
+              + (f" without {', '.join(unset)}" if unset else ""))
         print(shlex.join(bench.train_cmd(v, s)))
         print(shlex.join(bench.eval_cmd(bench.run_dir(v, s), s)))
         if bench.a.credit and has_critic(v):
@@ -188,7 +194,8 @@ def report_text(summaries: list[dict], variants: list[str], study: dict | None,
             w = s["warm_start"]
             row = {"variant": "warm start (before RL)", "status": "finished", "samples": 0,
                    "accuracy": w.get("eval_accuracy"), "avg@K": w.get("eval_avg@K"), "wall_s": w.get("wall_s"),
-                   "cpu_s": w.get("cpu_s"), **{k: x for k, x in w.items() if k.startswith(("heldout", "short", "long"))}}
+                   "cpu_s": w.get("cpu_s"),
+                   **{k: x for k, x in w.items() if k.startswith(("heldout", "short", "long"))}}
             if s.get("record") is None:
                 unrecorded, seed = True, data_seed(s["seed"])
                 warm[seed] = {"seed": seed, **{k: x for k, x in row.items() if x is not None}} | warm.get(seed, {})
@@ -221,7 +228,8 @@ def read_summaries(bench: Bench, plan: list[tuple[str, int]]) -> list[dict]:
 def output_problems(a: argparse.Namespace, study: dict | None) -> list[str]:
     """What would fail only at the end, after the runs: the figure's library, unwritable outputs."""
     out = [] if importlib.util.find_spec("matplotlib") else ["matplotlib is not installed; the figure needs it"]
-    for flag, path in (("--out", a.out), ("--summaries", a.summaries), ("--figure", a.figure and Path(a.figure).parent)):
+    for flag, path in (("--out", a.out), ("--summaries", a.summaries),
+                       ("--figure", a.figure and Path(a.figure).parent)):
         p = Path(path).resolve() if path else None
         while p is not None and not p.exists():
             p = p.parent
@@ -240,11 +248,13 @@ def main(argv: list[str] | None = None) -> int:
         if a.report:
             sources = [p for p in (Path(a.summaries) if a.summaries else None, bench.out) if p]
             if not any(p.is_dir() for p in sources):
-                raise BadInput(f"--out {bench.out}: no such directory" + (f", nor --summaries {a.summaries}" if a.summaries else "")
+                raise BadInput(f"--out {bench.out}: no such directory"
+                               + (f", nor --summaries {a.summaries}" if a.summaries else "")
                                + ": nothing to report")
             summaries = read_summaries(bench, plan)
             if not any(s["status"] == "finished" for s in summaries):
-                raise BadInput(f"nothing to report: no summary of {', '.join(variants)} in {' or '.join(map(str, sources))}")
+                raise BadInput("nothing to report: "
+                               f"no summary of {', '.join(variants)} in {' or '.join(map(str, sources))}")
             tabulate(bench, summaries, variants, study)
             return 0
         if problems := bench.settings_problems(variants):

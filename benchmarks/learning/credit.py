@@ -11,8 +11,9 @@ of the run's reward: delta_t = V_{t+1} - V_t, delta_T = R - V_T (gamma = 1, rewa
 For a wrong answer the first wrong step is the first character where it leaves the worked chain
 (the tokenizer has one token per character, so that is a token index). Printed and written
 (--out, JSON): where the most negative TD error falls relative to the first wrong token (at,
-before, after; within 2 tokens), also with the last token's R - V_T left out, the mean TD error by offset from it, and the critic's explained
-variance against the Monte-Carlo return R by position in the response (1 - Var(R - V)/Var(R)).
+before, after; within 2 tokens), also with the last token's R - V_T left out, the mean TD error by
+offset from it, and the critic's explained variance against the Monte-Carlo return R by position
+in the response (1 - Var(R - V)/Var(R)).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def main() -> None:
 
     run = Path(a.run)
     cfg = yaml.safe_load((run / "config.yaml").read_text())
-    rows = [json.loads(line) for line in Path(a.data or cfg["data"]["eval_files"][0]).read_text().splitlines()][: a.prompts]
+    rows = [json.loads(line)
+            for line in Path(a.data or cfg["data"]["eval_files"][0]).read_text().splitlines()][: a.prompts]
     tok = AutoTokenizer.from_pretrained(run / "hf")
     actor = AutoModelForCausalLM.from_pretrained(run / "hf").eval()
     critic = AutoModelForTokenClassification.from_pretrained(critic_hf(run), num_labels=1).eval()
@@ -71,7 +73,8 @@ def main() -> None:
     by_pos: dict[int, list[tuple[float, float]]] = {}
     n_wrong = n = 0
     for row in rows:
-        text = tok.apply_chat_template([{"role": "user", "content": row["prompt"]}], tokenize=False, add_generation_prompt=True)
+        text = tok.apply_chat_template([{"role": "user", "content": row["prompt"]}], tokenize=False,
+                                       add_generation_prompt=True)
         prompt = torch.tensor([tok(text)["input_ids"]])
         with torch.no_grad():
             out = actor.generate(prompt.repeat(a.samples, 1), do_sample=True, temperature=cfg["rollout"]["temperature"],

@@ -100,7 +100,8 @@ class Bench:
         entry = {"entry": VARIANTS[variant]["entry"]} if "entry" in VARIANTS[variant] else {}  # older records have none
         return {"variant": variant, "seed": seed, "config_sha256": self.config_sha, "steps": self.steps,
                 "set": self.a.set, "overrides": sets, "unset": unset, "nproc": self.a.nproc,
-                "warm_start": self.warm_record(seed), "critic": self.warm_record(seed, critic) if critic else None} | entry
+                "warm_start": self.warm_record(seed),
+                "critic": self.warm_record(seed, critic) if critic else None} | entry
 
     # ---- commands ------------------------------------------------------------------------------
     def data_cmd(self, seed: int, critic: str | None = None) -> list[str]:
@@ -110,16 +111,17 @@ class Bench:
     def overrides(self, variant: str | None, seed: int, critic: str | None = None) -> list[str]:
         """vapo-train's overrides; variant None: the seed's warm start (of the critic's model with `critic`)."""
         d = self.data_dir(seed)
-        files = [f"data.train_files=[{d}/train.jsonl]", f"data.eval_files=[{d}/eval.jsonl]", f"sft.files=[{d}/sft.jsonl]"]
+        files = [f"data.train_files=[{d}/train.jsonl]", f"data.eval_files=[{d}/eval.jsonl]",
+                 f"sft.files=[{d}/sft.jsonl]"]
         if variant is None:
             s = self.data_seed(seed)
-            return [f"trainer.run_dir={self.warm_dir(seed, critic)}", f"model.hf_path={self.data_dir(seed, critic)}/model",
-                    *files, f"trainer.seed={s}", f"data.seed={s}", *self.a.set, "trainer.total_steps=0",
-                    "algo.value_pretrain_steps=0"]
+            return [f"trainer.run_dir={self.warm_dir(seed, critic)}",
+                    f"model.hf_path={self.data_dir(seed, critic)}/model", *files, f"trainer.seed={s}", f"data.seed={s}",
+                    *self.a.set, "trainer.total_steps=0", "algo.value_pretrain_steps=0"]
         model = f"{self.warm_dir(seed)}/hf" if self.warm else f"{d}/model"
-        out = [f"trainer.run_dir={self.run_dir(variant, seed)}", f"model.hf_path={model}", *files, f"trainer.seed={seed}",
-               f"data.seed={seed}", *self.a.set, f"trainer.total_steps={self.steps}", *(["sft.steps=0"] * self.warm),
-               *resolve(variant, self.base)[0]]
+        out = [f"trainer.run_dir={self.run_dir(variant, seed)}", f"model.hf_path={model}", *files,
+               f"trainer.seed={seed}", f"data.seed={seed}", *self.a.set, f"trainer.total_steps={self.steps}",
+               *(["sft.steps=0"] * self.warm), *resolve(variant, self.base)[0]]
         if critic := VARIANTS[variant].get("critic"):
             trunk = f"{self.warm_dir(seed, critic)}/hf" if self.warm else f"{self.data_dir(seed, critic)}/model"
             out.append(f"model.critic_hf_path={trunk}")
@@ -129,7 +131,8 @@ class Bench:
         config = self.config if variant is None else self.run_dir(variant, seed) / "bench.yaml"
         entry = VARIANTS[variant].get("entry") if variant else None  # vapo-train, or a control's wrapper of it
         return [self.py, "-m", "torch.distributed.run", "--nproc-per-node", str(self.a.nproc), "--master-addr",
-                "127.0.0.1", "--master-port", "PORT", *([str(ROOT / entry)] if entry else ["-m", "vapo_megatron.train"]),
+                "127.0.0.1", "--master-port", "PORT",
+                *([str(ROOT / entry)] if entry else ["-m", "vapo_megatron.train"]),
                 "--config", str(config), *self.overrides(variant, seed, critic)]
 
     def eval_args(self, seed: int) -> dict:
@@ -140,8 +143,9 @@ class Bench:
 
     def eval_cmd(self, run: Path, seed: int) -> list[str]:
         e, rw = self.eval_args(seed), self.base["reward"]
-        return [self.py, "-m", "vapo_megatron.eval", "--model", str(run / "hf"), "--data", str(self.data_dir(seed) / "eval.jsonl"),
-                "--out", str(run / "eval"), "--n-samples", str(e["samples_per_prompt"]), "--temperature", str(e["temperature"]),
+        return [self.py, "-m", "vapo_megatron.eval", "--model", str(run / "hf"),
+                "--data", str(self.data_dir(seed) / "eval.jsonl"), "--out", str(run / "eval"),
+                "--n-samples", str(e["samples_per_prompt"]), "--temperature", str(e["temperature"]),
                 "--greedy", "--max-new-tokens", str(e["max_new_tokens"]), "--reward", rw["fn"], "--correct-score",
                 str(rw["correct_score"]), "--incorrect-score", str(rw["incorrect_score"]), "--seed", str(seed)]
 
@@ -153,7 +157,8 @@ class Bench:
         """What the trainer would refuse, for every row and the warm starts (its own config checks)."""
         out = [f"the warm start: {p}" for p in run_problems(self.config, [], self.overrides(None, 0), self.a.nproc)]
         for v in variants:
-            out += [f"{v}: {p}" for p in run_problems(self.config, resolve(v, self.base)[1], self.overrides(v, 0), self.a.nproc)]
+            out += [f"{v}: {p}"
+                    for p in run_problems(self.config, resolve(v, self.base)[1], self.overrides(v, 0), self.a.nproc)]
         return out
 
     def stale(self, plan: list[tuple[str, int]]) -> list[str]:
@@ -166,7 +171,6 @@ class Bench:
                 if msg := record_mismatch(str(path), read_json(path / "bench_record.json"), want, flag="--out",
                                            in_base=self.in_base):
                     out.append(msg)
-
         for v, s in plan:
             copy = self.copy_path(v, s)
             if copy and copy.exists() and (msg := record_mismatch(str(copy), (read_json(copy) or {}).get("record"),
@@ -227,9 +231,8 @@ class Bench:
         return rc
 
     def add_code(self, run: Path) -> None:
-        """The commit (and whether the tree had changes) and the machine kind of each attempt at
-        training the run, in bench_code.json: a summary says which code trained it, and on what,
-        not only which wrote the summary."""
+        """The commit (and whether the tree had changes) and machine kind of each attempt at training the run, in
+        bench_code.json: a summary says which code trained it, and on what, not only which wrote the summary."""
         old = read_json(run / "bench_code.json") or {}
         (run / "bench_code.json").write_text(json.dumps({
             "train_code": [*old.get("train_code", []), self.code(dirty=True)],
@@ -242,9 +245,8 @@ class Bench:
         return self.once_done["machine"]
 
     def machine_problems(self, plan: list[tuple[str, int]]) -> list[str]:
-        """One machine kind per study: a run, warm start or committed summary of this plan trained on
-        another CPU kind than this machine is refused before any work (its seed's other arms would
-        be trained on other kernels, and a paired comparison would mix the two)."""
+        """One machine kind per study: a run, warm start or committed summary of this plan trained on another CPU
+        kind is refused before any work (its seed's other arms would run other kernels; a pairing would mix them)."""
         here, seen = self.machine, set()
         paths = [self.run_dir(v, s) / "bench_code.json" for v, s in plan]
         paths += [self.warm_dir(s) / "bench_code.json" for _, s in plan] if self.warm else []
@@ -257,7 +259,8 @@ class Bench:
         for where, kind, flag in kinds:
             if kind != here and where not in seen:
                 seen.add(where)
-                out.append(f"{where} was trained on {kind['cpu']} ({kind['cpu_id']}, torch {kind['torch_cpu_capability']}); "
+                out.append(f"{where} was trained on {kind['cpu']} ({kind['cpu_id']}, "
+                           f"torch {kind['torch_cpu_capability']}); "
                            f"this machine is {here['cpu']} ({here['cpu_id']}, torch {here['torch_cpu_capability']}): a "
                            f"study runs on one machine kind; run it on that kind, or use another {flag}")
         return out
@@ -339,7 +342,8 @@ class Bench:
         meta = read_json(self.data_dir(seed, critic) / "meta.json") or {}
         return figures | {"sft_steps": sft[-1]["sft_step"] if sft else 0, "train_accuracy": next(
             (r["sft/train_accuracy"] for r in reversed(sft) if "sft/train_accuracy" in r), None),
-            "eval_accuracy": final.get("eval/accuracy"), "eval_avg@K": final.get(f"eval/avg@{self.base['eval']['n_samples']}"),
+            "eval_accuracy": final.get("eval/accuracy"),
+            "eval_avg@K": final.get(f"eval/avg@{self.base['eval']['n_samples']}"),
             "train_code": (read_json(run / "bench_code.json") or {}).get("train_code"),
             "train_machine": (read_json(run / "bench_code.json") or {}).get("train_machine"),
             "parameters": meta.get("num_parameters"), "wall_s": round(t["wall_s"], 1), "cpu_s": round(t["cpu_s"], 1),
@@ -369,12 +373,10 @@ class Bench:
     def settings(self, run: Path) -> dict:
         """The run's own resolved settings (run_dir/config.yaml, the trainer's)."""
         import yaml
-
         return yaml.safe_load((run / "config.yaml").read_text())
 
     def code(self, dirty: bool = False) -> str | None:
-        """The commit the harness runs at (informative; not part of the record); with `dirty`, marked
-        "+changes" when tracked files differ from it."""
+        """The harness's commit (informative, not in the record); `dirty`: "+changes" if tracked files differ."""
         p = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
         commit = p.stdout.strip() or None
         if commit and dirty and subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode == 1:

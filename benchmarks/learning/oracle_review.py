@@ -63,7 +63,8 @@ def real_groups(run: Path, data: Path) -> tuple[types.SimpleNamespace, list, lis
     S = max(map(len, rows))
     batch = types.SimpleNamespace(tokens=torch.tensor([r + [0] * (S - len(r)) for r in rows]),  # [B, S]
                                   prompt_lens=torch.tensor(P), response_lens=torch.tensor(R),
-                                  correct=torch.tensor(correct), rewards=torch.tensor(rewards), group_ids=torch.tensor(gids))
+                                  correct=torch.tensor(correct), rewards=torch.tensor(rewards),
+                                  group_ids=torch.tensor(gids))
     return batch, fws, refs, critic
 
 
@@ -111,7 +112,8 @@ def advantage_shapes(batch, fws: list, critic: OracleCritic, alpha: float = 1.0)
     rew = torch.zeros_like(values)
     rew.scatter_(1, (rl - 1).unsqueeze(1), batch.rewards.float().unsqueeze(1))  # the reward on the last token
     oracle, _ = compute_gae(rew, values, mask, 1.0, length_adaptive_lambda(rl.float(), alpha))
-    grpo = group_relative_advantages(batch.rewards.float(), batch.group_ids, std_norm=True, eps=1e-6).unsqueeze(1) * mask
+    grpo = (group_relative_advantages(batch.rewards.float(), batch.group_ids, std_norm=True, eps=1e-6).unsqueeze(1)
+            * mask)
     R, ok, gids = rl.tolist(), batch.correct.tolist(), batch.group_ids.tolist()
     scores = defaultdict(set)
     for i, g in enumerate(gids):

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from benchmarks.learning.stats import fieller, holm, t_test
 
-COLUMNS = ("accuracy", "avg@K", "short_accuracy", "short_avg@K", "long_accuracy", "long_avg@K", "wall_s")  # issue 31's summaries
+# issue 31's summaries
+COLUMNS = ("accuracy", "avg@K", "short_accuracy", "short_avg@K", "long_accuracy", "long_avg@K", "wall_s")
 STUDY_COLUMNS = ("heldout_avg@K", "long_avg@K", "heldout_accuracy", "auc", "short_avg@K", "samples_generated", "cpu_s")
 ENDPOINTS = (("heldout_avg@K", "primary: avg@K on all held-out prompts"), ("long_avg@K", "avg@K on long chains"),
              ("heldout_accuracy", "greedy accuracy on all held-out prompts"), ("auc", "area under the held-out curve"))
@@ -46,7 +47,8 @@ def table(summaries: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
         seeds = ",".join(str(s["seed"]) for s in done) + (f" ({len(failed)} failed)" if failed else "")
         if not done:
             need = failed[0].get("needs") if failed else None
-            rows.append(f"| {v} | {seeds} | - | {'failed' if failed else 'not run'}" + (f" (needs {need})" if need else "")
+            rows.append(f"| {v} | {seeds} | - | {'failed' if failed else 'not run'}"
+                        + (f" (needs {need})" if need else "")
                         + " |" + " |" * (len(columns) - 1))
             continue
         cells = [spread([s[c] for s in done if s.get(c) is not None]) for c in columns]
@@ -105,7 +107,8 @@ def comparisons(study: dict, arms: list[str]) -> list[tuple[str, str]]:
     if "pairs" in study:
         return [(a, b) for a, b in study["pairs"] if a in arms and b in arms]
     base, rest = study["primary"][0], study["primary"][1:]
-    out = [(base, b) for b in rest] + [(m, base) for m in study["mechanism"]] + [(m, rest[0]) for m in study["mechanism"]]
+    out = ([(base, b) for b in rest] + [(m, base) for m in study["mechanism"]]
+           + [(m, rest[0]) for m in study["mechanism"]])
     return [(a, b) for a, b in out if a in arms and b in arms]
 
 
@@ -132,10 +135,12 @@ def decisions(summaries: list[dict], study: dict) -> str:
     out = ["Decision rules (pre-registered), applied to the primary endpoint:", ""]
     verdict = {"above 0": "helps", "below 0": "hurts", "unresolved": "is unresolved at this scale"}[r1]
     out.append(f"1. `{base} - {free}` = {fmt(g)}: the critic {verdict}"
-               + (f" (the interval rules out effects outside [{g[1]:+.3f}, {g[2]:+.3f}])." if r1 == "unresolved" else "."))
+               + (f" (the interval rules out effects outside [{g[1]:+.3f}, {g[2]:+.3f}])." if r1 == "unresolved"
+                  else "."))
     mech = {m: (reading(done, m, base, key), reading(done, m, free, key)) for m in study["mechanism"]}
     if r1 == "unresolved":
-        out.append(f"2. Rule 1 does not resolve: no arm explains anything; the mechanism arms are read as `M - {base}` alone.")
+        out.append("2. Rule 1 does not resolve: no arm explains anything; "
+                   f"the mechanism arms are read as `M - {base}` alone.")
     else:
         opposite = "below 0" if r1 == "above 0" else "above 0"
         parts = []
@@ -146,14 +151,16 @@ def decisions(summaries: list[dict], study: dict) -> str:
                     "partly explains the gap" if rv == opposite and rn == r1 else "does not explain the gap")
             parts.append(f"`{m}` {what} (`{m} - {base}` {rv}, `{m} - {free}` {rn})")
         out.append("2. " + "; ".join(parts) + ".")
-    for rule, arms, what in ((3, ["vapo_critic_4x"], "critic capacity"), (4, ["vapo_vp0", "vapo_vp50"], "value-pretraining length")):
+    for rule, arms, what in ((3, ["vapo_critic_4x"], "critic capacity"),
+                             (4, ["vapo_vp0", "vapo_vp50"], "value-pretraining length")):
         arms = [m for m in arms if m in mech and mech[m][0][1] is not None]
         resolved = [f"`{m} - {base}` {mech[m][0][0]}" for m in arms if mech[m][0][0] != "unresolved"]
         if not arms:
             out.append(f"{rule}. {what.capitalize()}: no paired runs.")
             continue
-        out.append(f"{rule}. {what.capitalize()} " + (f"matters: {', '.join(resolved)}." if resolved else "does not resolve: "
-                   + ", ".join(f"`{m} - {base}` = {fmt(mech[m][0][1])}" for m in arms) + "."))
+        out.append(f"{rule}. {what.capitalize()} "
+                   + (f"matters: {', '.join(resolved)}." if resolved else "does not resolve: "
+                      + ", ".join(f"`{m} - {base}` = {fmt(mech[m][0][1])}" for m in arms) + "."))
     lines = []
     for m, pair in mech.items():  # with rule 1 unresolved, only M - base is read (rule 2)
         for (r, ci), b in zip(pair if r1 != "unresolved" else pair[:1], (base, free)):
@@ -161,7 +168,8 @@ def decisions(summaries: list[dict], study: dict) -> str:
                 lr, lci = reading(done, m, b, long)
                 same = lci is not None and (lci[0] > 0) == (r == "above 0") and lci[0] != 0
                 lines.append(f"`{m} - {b}` {r}: long-chain avg@K {fmt(lci) if lci else '-'} "
-                             + ("moves the same way: a finding" if same else "does not move the same way: reported, not a finding"))
+                             + ("moves the same way: a finding" if same
+                                else "does not move the same way: reported, not a finding"))
     out.append("5. " + ("; ".join(lines) + "." if lines else "No mechanism comparison resolves."))
     return "\n".join(out) + "\n"
 
@@ -176,7 +184,8 @@ def holm_readings(done: list[dict], study: dict, key: str) -> dict[tuple[str, st
         if r is None:
             out[pair] = ("-", None, None)
         else:
-            out[pair] = ("unresolved" if adjusted[pair] >= 0.05 else "above 0" if r[0] > 0 else "below 0", r, adjusted[pair])
+            out[pair] = ("unresolved" if adjusted[pair] >= 0.05 else "above 0" if r[0] > 0 else "below 0", r,
+                         adjusted[pair])
     return out
 
 
@@ -186,10 +195,12 @@ def holm_tables(done: list[dict], study: dict, arms: list[str]) -> list[str]:
     for key, title in ENDPOINTS:
         lines += [f"Primary comparisons, {title}: paired t-test per pair (95% interval unadjusted), Holm's correction "
                   "over the pairs decides the reading:", "",
-                  "| a - b | n | mean | 95% interval | p | Holm p | reading | per seed |", "|---|---|---|---|---|---|---|---|"]
+                  "| a - b | n | mean | 95% interval | p | Holm p | reading | per seed |",
+                  "|---|---|---|---|---|---|---|---|"]
         for (a, b), (said, r, adj) in holm_readings(done, study, key).items():
             d = paired(done, a, b, key)
-            cells = ["-"] * 4 if r is None else [f"{r[0]:+.3f}", f"[{r[1]:+.3f}, {r[2]:+.3f}]", f"{r[3]:.4f}", f"{adj:.4f}"]
+            cells = ["-"] * 4 if r is None else [f"{r[0]:+.3f}", f"[{r[1]:+.3f}, {r[2]:+.3f}]", f"{r[3]:.4f}",
+                                                 f"{adj:.4f}"]
             per = ", ".join(f"{k}: {v:+.3f}" for k, v in d.items())
             lines.append(f"| {a} - {b} | {len(d)} | " + " | ".join(cells) + f" | {said} | {per} |")
         lines.append("")
@@ -272,7 +283,8 @@ def single_decisions(done: list[dict], study: dict) -> str:
         "unresolved": "Neither is shown to beat the other at the same generation."}.get(w, ""))
     w = readings[(critic, group)][0]
     out.append(f"3. `{critic} - {group}` = {fmt((critic, group))}. " + {
-        "above 0": "VAPO does better with one answer per prompt than with its groups (component 7 not shown to pay here).",
+        "above 0": "VAPO does better with one answer per prompt than with its groups "
+                   "(component 7 not shown to pay here).",
         "below 0": "VAPO's group sampling (component 7) pays against one answer per prompt, at equal answers.",
         "unresolved": "Group sampling is not shown to matter to VAPO at equal answers."}.get(w, ""))
     return "\n".join(out) + "\n"
@@ -317,7 +329,8 @@ def study_report(summaries: list[dict], study: dict, arms: list[str]) -> str:
                     ev.setdefault(pos, []).append(e["explained_variance"])
         near = sum(c["most_negative_td_vs_first_error"]["within_2"] for c in credits)
         wrong = sum(c["wrong_with_a_first_error"] for c in credits)
-        by_pos = ", ".join(f"{p}: {statistics.fmean(x):.2f}" for p, x in sorted(ev.items(), key=lambda i: int(i[0].split("-")[0])))
+        by_pos = ", ".join(f"{p}: {statistics.fmean(x):.2f}"
+                           for p, x in sorted(ev.items(), key=lambda i: int(i[0].split("-")[0])))
         lines.append(f"| {v} | {by_pos} | {near} of {wrong} |")
     return "\n".join(lines) + "\n"
 
@@ -338,7 +351,8 @@ def seed_figure(summaries: list[dict], path: Path, arms: list[str]) -> None:
             if s["variant"] == v and s["status"] == "finished":
                 vp = s.get("value_pretrain_steps", 0)
                 xy = sorted({max(0, it - vp): acc for it, acc in s["curve"]}.items())
-                ax.plot([x for x, _ in xy], [y for _, y in xy], color=f"C{seeds.index(s['seed'])}", label=f"seed {s['seed']}")
+                ax.plot([x for x, _ in xy], [y for _, y in xy], color=f"C{seeds.index(s['seed'])}",
+                        label=f"seed {s['seed']}")
         ax.set_title(v, fontsize=9)
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(arms):]:

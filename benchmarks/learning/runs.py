@@ -136,7 +136,8 @@ def curve_figures(records: list[dict], *, value_pretrain: int, steps: int, promp
         return r.get("rollout/prompts_consumed", prompts) * n_samples
 
     generated = sum(begun(r) for r in rollout.values())
-    trained = sum(r.get("partial/groups_trained", prompts) * n_samples for r in rollout.values() if r["phase"] == "vapo")
+    trained = sum(r.get("partial/groups_trained", prompts) * n_samples for r in rollout.values()
+                  if r["phase"] == "vapo")
     return {"curve": curve, "auc": area, "samples_generated": int(generated), "samples": int(trained)}
 
 
@@ -151,7 +152,8 @@ def eval_figures(eval_dir: Path, data: Path) -> dict:
     k = s["samples_per_prompt"]
     prompt_at = dict(enumerate(_prompts(data / "eval.jsonl"), start=1))  # sources are "path:line", 1-based
     with open(eval_dir / "per_prompt.csv", newline="") as f:
-        rows = [(prompt_at[int(r["source"].rsplit(":", 1)[1])], int(r["correct"]) / int(r["samples"])) for r in csv.DictReader(f)]
+        rows = [(prompt_at[int(r["source"].rsplit(":", 1)[1])], int(r["correct"]) / int(r["samples"]))
+                for r in csv.DictReader(f)]
     out = {"eval_k": k, "heldout_prompts": s["prompts"], "heldout_avg@K": s[f"avg@{k}"],
            "heldout_accuracy": s.get("greedy_accuracy"), "heldout_mean_length": s.get("response_length/mean")}
     for b in BUCKETS:

@@ -56,7 +56,8 @@ def load_definitions(path: Path) -> tuple[dict[str, dict], dict[str, list[str]],
         if any("=" not in s for s in strings(f"variants.{name}.set", row["set"])):
             bad(f"variants.{name}.set", "every item is key=value")
         if "unset" in row:
-            row["unset"] = CRITIC_ONLY if row["unset"] == "CRITIC_ONLY" else strings(f"variants.{name}.unset", row["unset"])
+            row["unset"] = (CRITIC_ONLY if row["unset"] == "CRITIC_ONLY"
+                            else strings(f"variants.{name}.unset", row["unset"]))
         if "critic" in row and row["critic"] not in models:
             bad(f"variants.{name}.critic", f"{row['critic']!r} is not one of critic_models ({', '.join(models)})")
         if "entry" in row and not (ROOT / str(row["entry"])).is_file():
@@ -68,7 +69,8 @@ def load_definitions(path: Path) -> tuple[dict[str, dict], dict[str, list[str]],
                                                                            "summaries"} - set(study):
             bad(f"studies.{name}", "needs seeds, primary, mechanism, eval_k, summaries; may have pairs, "
                                    "secondary_pairs, holm, share, rules")
-        arms = strings(f"studies.{name}.primary", study["primary"]) + strings(f"studies.{name}.mechanism", study["mechanism"])
+        arms = (strings(f"studies.{name}.primary", study["primary"])
+                + strings(f"studies.{name}.mechanism", study["mechanism"]))
         if unknown := [a for a in arms if a not in variants]:
             bad(f"studies.{name}", f"arms {', '.join(unknown)} are not variants")
         for key in ("pairs", "secondary_pairs"):
@@ -135,7 +137,8 @@ def derived_yaml(config: Path, unset: list[str]) -> str:
             node = node.get(p) if isinstance(node, dict) else None
         if isinstance(node, dict):
             node.pop(last, None)
-    return f"# {config} with {', '.join(unset) or 'nothing'} removed (scripts/bench_learning.py)\n" + yaml.safe_dump(data, sort_keys=False)
+    return (f"# {config} with {', '.join(unset) or 'nothing'} removed (scripts/bench_learning.py)\n"
+            + yaml.safe_dump(data, sort_keys=False))
 
 
 def run_problems(config: Path, unset: list[str], overrides: list[str], nproc: int) -> list[str]:

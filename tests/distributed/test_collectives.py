@@ -79,7 +79,8 @@ def test_audit_notices_a_direct_call():
     (rec,) = run_ranks(1, _audit_catches_a_direct_call)
     # init_distributed's own exchanges (the wait groups' ranks) go through parallel.py as well.
     assert rec["through"]["all_reduce"] == 1 and set(rec["through"]) <= {"all_reduce", "all_gather_object"}
-    assert len(rec["bypasses"]) == 1 and "dist.all_reduce called from vapo_megatron/algorithms/normalization.py:2" in rec["bypasses"][0]
+    assert (len(rec["bypasses"]) == 1
+            and "dist.all_reduce called from vapo_megatron/algorithms/normalization.py:2" in rec["bypasses"][0])
     assert rec["nccl_at_start"] == _nccl_wanted()
 
 

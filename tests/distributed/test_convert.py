@@ -71,7 +71,8 @@ def _layout_run(tp: int, pp: int, dirs: dict, ids, work: Path, extra: dict):
         convert.hf_to_mcore(dirs["untied"], work / f"fresh-{tag}", critic=True, tp=tp, pp=pp, dtype=None)
         out["fresh_critic"] = load_and_forward(work / f"fresh-{tag}", ids, critic=True)
         convert.mcore_to_hf(work / f"fresh-{tag}", work / f"fresh-{tag}-hf", tp=tp, pp=pp, max_shard_bytes=2**30)
-    reporter = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
+    reporter = (ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
+                and ps.get_data_parallel_rank() == 0)
     return out if reporter else None
 
 
@@ -209,7 +210,8 @@ def test_tp2_pp2_matches_transformers_and_round_trips(models, layouts):
     out, work = layouts
     _check_layout(out["tp2pp2"], models, work, "tp2pp2")
     # each pipeline stage wrote its own shards
-    files = set(json.loads((work / "untied-tp2pp2-hf" / "model.safetensors.index.json").read_text())["weight_map"].values())
+    files = set(json.loads((work / "untied-tp2pp2-hf"
+                            / "model.safetensors.index.json").read_text())["weight_map"].values())
     assert {f.split("-")[1] for f in files} == {"pp000", "pp001"}
 
 

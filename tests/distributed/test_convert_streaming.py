@@ -52,7 +52,8 @@ def _bad_inputs(src: Path, work: Path) -> dict:
     def case(name: str, damage) -> None:
         hf = work / name
         shutil.copytree(src, hf)
-        results[name] = (damage(hf), _convert_error(["hf-to-mcore", "--hf", str(hf), "--out", str(work / f"{name}-mc")]),
+        results[name] = (damage(hf),
+                         _convert_error(["hf-to-mcore", "--hf", str(hf), "--out", str(work / f"{name}-mc")]),
                          _leftovers(work / f"{name}-mc"))
 
     def missing(hf: Path) -> Path:

@@ -56,10 +56,11 @@ def _train_and_probe():
 
     parallel.init_distributed(1, 1, seed=0)
     hf = preset("tiny-qwen2")
-    chunks = wrap_ddp(build_chunks(hf, params_dtype=torch.float32, critic=True, on_gpu=False), distributed_optimizer=False)
+    chunks = wrap_ddp(build_chunks(hf, params_dtype=torch.float32, critic=True, on_gpu=False),
+                      distributed_optimizer=False)
     optim = OptimConfig(lr=3e-3, clip_grad=1.0)
-    model = TrainModel(chunks=chunks, optimizer=build_optimizer(chunks, optim, params_dtype=torch.float32), scheduler=None,
-                       family=family_for(hf), hf_cfg=hf, hf_dir=Path("."), critic=True, dtype="float32")
+    model = TrainModel(chunks=chunks, optimizer=build_optimizer(chunks, optim, params_dtype=torch.float32),
+                       scheduler=None, family=family_for(hf), hf_cfg=hf, hf_dir=Path("."), critic=True, dtype="float32")
     critic = Critic(model, clip_range=None, update=UpdateSettings(mini_batches=2, epochs=1, max_tokens=4096,
                                                                    max_consecutive_skips=1))
     algo = AlgoConfig(lambda_critic=1.0)

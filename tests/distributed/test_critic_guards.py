@@ -153,7 +153,8 @@ def _update_vs_naive(k: int = 1):
     parallel.init_distributed(1, 1, seed=3)
     assert parallel.dp_size() == 2
     hf = preset("tiny-qwen2")
-    chunks = wrap_ddp(build_chunks(hf, params_dtype=torch.float32, critic=True, on_gpu=False), distributed_optimizer=False)
+    chunks = wrap_ddp(build_chunks(hf, params_dtype=torch.float32, critic=True, on_gpu=False),
+                      distributed_optimizer=False)
     module = chunks[0].module
     initial = {n: p.detach().clone() for n, p in module.named_parameters()}
     batch = _batch()

@@ -99,7 +99,8 @@ def test_bad_warm_starts_are_refused_naming_the_key(dirs, tmp_path):
         (other / f.name).write_bytes(f.read_bytes())
     c = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**c, "vocab_size": c["vocab_size"] + 8}))
-    assert any("has vocab_size=308, the policy 300" in p for p in _problems([*base, f"critic.warm_start={other}"], root))
+    assert any("has vocab_size=308, the policy 300" in p
+               for p in _problems([*base, f"critic.warm_start={other}"], root))
     # A ForTokenClassification config over a causal LM's weights: no score head.
     headless = tmp_path / "headless"
     headless.mkdir()

@@ -29,7 +29,8 @@ def _round_trip(tmp: str) -> dict:
     def request(*, also: str | None = None) -> dict:
         state = {"layer.linear.weight": ShardedTensor.from_rank_offsets("layer.linear.weight", torch.zeros(2, 3)),
                  # TE's extra state: an FP8-less module's, and a GroupedLinear's second GEMM's
-                 "layer.linear._extra_state": ShardedObject("layer.linear._extra_state", b"mine", (1,), (0,), replica_id=0),
+                 "layer.linear._extra_state": ShardedObject("layer.linear._extra_state", b"mine", (1,), (0,),
+                                                            replica_id=0),
                  "experts.linear_fc1._extra_state1": ShardedObject("experts.linear_fc1._extra_state1", None, (1,), (0,),
                                                                    replica_id=0)}
         if also:

@@ -207,7 +207,8 @@ def test_llama3_rope_scaling_survives_the_round_trip(models, runs, kind, tag):
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_qwen3_moe_exports_each_expert_under_its_hub_name(runs, kind, tag):
     _, work = runs
-    names = set(json.loads((work / f"qwen3_moe-{kind}-{tag}-hf" / "model.safetensors.index.json").read_text())["weight_map"])
+    names = set(json.loads((work / f"qwen3_moe-{kind}-{tag}-hf"
+                            / "model.safetensors.index.json").read_text())["weight_map"])
     assert "model.layers.0.mlp.experts.3.down_proj.weight" in names  # per-expert names, as on the Hub
 
 

@@ -21,8 +21,8 @@ CHECKS = ("collectives", "wait_groups", "wgrad_fusion", "recompute", "vocab_para
 def _run(*args: str) -> subprocess.CompletedProcess:
     # CUDA hidden: the same answer on a GPU machine as on this one.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run([sys.executable, "-m", "vapo_megatron.check", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run([sys.executable, "-m", "vapo_megatron.check", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900)
 
 
 # The four families' tiny presets (the default), and a preset too large for this machine: its
@@ -63,7 +63,8 @@ def test_bad_arguments_are_one_line_each_naming_the_flag_before_any_check():
                        (("--steps", "0"), ["vapo-check: --steps=0 must be >= 1"]),
                        (("--steps", "two"), ["vapo-check: argument --steps: invalid int value: 'two'"]),
                        (("--model-preset", "tiny-qwen2", "nope", "--offload-preset", "zz", "--steps", "0"),
-                        ["vapo-check: --steps=0 must be >= 1", "vapo-check: --model-preset: unknown model preset 'nope'",
+                        ["vapo-check: --steps=0 must be >= 1",
+                         "vapo-check: --model-preset: unknown model preset 'nope'",
                          "vapo-check: --offload-preset: unknown model preset 'zz'"])):
         run = _run("--cpu", *args)
         lines = run.stderr.strip().splitlines()

@@ -83,7 +83,8 @@ def _decisions():
         for critic in (False, True):
             chunks = models.build_chunks(preset(name), params_dtype=torch.bfloat16, critic=critic, on_gpu=False)
             out[f"dtypes {name} critic={critic}"] = sorted({str(p.dtype) for p in chunks[0].parameters()})
-    chunks = wrap_ddp(models.build_chunks(preset("tiny-qwen2"), params_dtype=torch.bfloat16, critic=False, on_gpu=False),
+    chunks = wrap_ddp(models.build_chunks(preset("tiny-qwen2"), params_dtype=torch.bfloat16, critic=False,
+                                          on_gpu=False),
                       distributed_optimizer=False)
     optimizer = build_optimizer(chunks, OptimConfig(lr=1e-3), params_dtype=torch.bfloat16)
     ids = torch.randint(0, 250, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -128,7 +129,8 @@ def test_bf16_models_have_every_parameter_in_bf16(decided):
 
 
 def test_bf16_optimizer_checkpoint_state_matches_the_model(decided):
-    assert decided["bf16 optimizer state"] == "built"  # was: "Optimizer shape ((64,) does not match model shape ((128,))"
+    # was: "Optimizer shape ((64,) does not match model shape ((128,))"
+    assert decided["bf16 optimizer state"] == "built"
 
 
 # ---- 1. masked_softmax_fusion needs Apex's softmax extensions ------------------------------------
@@ -202,8 +204,10 @@ def test_te_with_a_broken_torch_extension_is_absent(tmp_path):
     __init__ swallows that failure): megatron falls back to its local spec, and so must we."""
     pkg = tmp_path / "transformer_engine"
     (pkg / "pytorch").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("try:\n    from transformer_engine import pytorch\nexcept ImportError:\n    pass\n")
-    (pkg / "pytorch" / "__init__.py").write_text("raise ImportError('libtransformer_engine.so: cannot open shared object')\n")
+    (pkg / "__init__.py").write_text("try:\n    from transformer_engine import pytorch\nexcept ImportError:\n"
+                                     "    pass\n")
+    (pkg / "pytorch" / "__init__.py").write_text("raise ImportError('libtransformer_engine.so: "
+                                                 "cannot open shared object')\n")
     code = textwrap.dedent("""
         import transformer_engine  # imports, as on a node whose TE torch extension is broken
         from vapo_megatron.mcore.models import broken_te_line, te_available

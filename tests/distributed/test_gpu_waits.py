@@ -78,7 +78,8 @@ def _spy_frees(log: str, rank: int) -> None:
         real()
 
     for mod in list(sys.modules.values()):
-        if getattr(mod, "__name__", "").startswith("vapo_megatron") and getattr(mod, "free_cached_memory", None) is real:
+        if (getattr(mod, "__name__", "").startswith("vapo_megatron")
+                and getattr(mod, "free_cached_memory", None) is real):
             mod.free_cached_memory = free
 
 
@@ -125,10 +126,12 @@ def _run(hf_dir: Path, tp: int, sglang_tp: int, log: str):
 
     engine = SGLangEngine.colocated(model_path=str(hf_dir), tp_size=sglang_tp, mem_fraction=0.5, dtype="float32",
                                     seed=0, start=lambda c: LoggingEngineForTests(hf_dir, c))
-    gen = Generator(engine, RolloutConfig(engine="sglang", sglang=SGLangConfig(tp=sglang_tp), n_samples=2, max_new_tokens=2), ())
+    gen = Generator(engine, RolloutConfig(engine="sglang", sglang=SGLangConfig(tp=sglang_tp), n_samples=2,
+                                          max_new_tokens=2), ())
     actor = SimpleNamespace(modules=chunks, family=family_for(hf_cfg), hf_cfg=hf_cfg)
     gen.sync_weights(actor, version=1)
-    records = [PromptRecord(prompt_ids=ids, answer="w7", source=f"p{i}", prompt_text="") for i, ids in enumerate(PROMPTS)]
+    records = [PromptRecord(prompt_ids=ids, answer="w7", source=f"p{i}", prompt_text="")
+               for i, ids in enumerate(PROMPTS)]
     gen.collect(records, seed=3)
     gen.release_weights()
     gen.sync_weights(actor, version=2)
@@ -155,7 +158,8 @@ def test_generation_spanning_waits_use_gloo_wait_groups_and_every_rank_frees_bef
     expected = {"SGLangEngine.colocated", "generating_ranks", "Generator.collect", "sample_eval"}
     # Generator._spread: generate's and extend's wait for the replica's generation (partial rollout's
     # end_rounds is not used here).
-    expected |= {"SGLangEngine.load_bucket", "SGLangEngine.sync_freed", "Generator._spread"} if tp == 2 else {"greedy_accuracy"}
+    expected |= ({"SGLangEngine.load_bucket", "SGLangEngine.sync_freed", "Generator._spread"} if tp == 2
+                 else {"greedy_accuracy"})
     assert expected <= seen, expected - seen  # none of the waits went unobserved
 
     if tp == 1:
@@ -164,7 +168,8 @@ def test_generation_spanning_waits_use_gloo_wait_groups_and_every_rank_frees_bef
     resumes = [i for i, e in enumerate(events) if e.startswith("0 resume")]
     assert any("kv_cache" in events[i] for i in resumes), events
     for i in resumes:
-        previous = max((j for j in range(i) if events[j].startswith("0 ") and not events[j].endswith("free")), default=-1)
+        previous = max((j for j in range(i) if events[j].startswith("0 ") and not events[j].endswith("free")),
+                       default=-1)
         for rank in (0, 1):
             assert f"{rank} free" in events[previous + 1 : i], (
                 f"rank {rank} did not free its cache between {events[previous] if previous >= 0 else 'the start'!r} "

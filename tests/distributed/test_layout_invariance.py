@@ -4,8 +4,9 @@ same for every layout, and equal a direct single-process implementation of the f
 
 Reference: transformers' own Qwen2 and Qwen3-MoE models (independent of Megatron), the loss
 formulas written out directly, and a plain SGD step. The MoE model is also stepped at expert
-parallelism 2, where each DP rank holds half the experts and tokens cross ranks by all-to-all. SGD, not Adam: Adam's first step is nearly invariant to the
-gradient's scale, so it would hide exactly the normalization errors this test is for.
+parallelism 2, where each DP rank holds half the experts and tokens cross ranks by all-to-all.
+SGD, not Adam: Adam's first step is nearly invariant to the gradient's scale, so it would hide
+exactly the normalization errors this test is for.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def _grpo_advantages(batch):
     from vapo_megatron.config import AlgoConfig
     from vapo_megatron.config.estimators import ESTIMATORS
 
-    return ESTIMATORS["grpo"].function()(batch, AlgoConfig(estimator="grpo"), value_pretrain=False, dp_sum=lambda t: t)[0]
+    return ESTIMATORS["grpo"].function()(batch, AlgoConfig(estimator="grpo"), value_pretrain=False,
+                                         dp_sum=lambda t: t)[0]
 
 
 # ---- reference: transformers + the formulas, single process ---------------------------------
@@ -208,8 +210,8 @@ def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp=False, e
             forward_backward(chunks, partial(critic_mod.value_loss, clip_range=VALUE_CLIP), micro, forward_only=False)
         else:
             with torch.no_grad():
-                outs = forward_backward(chunks, partial(actor_mod.logprob_outputs, temperature=TEMPERATURE, vocab_size=VOCAB,
-                                                        chunk_tokens=7), micro, forward_only=True)
+                outs = forward_backward(chunks, partial(actor_mod.logprob_outputs, temperature=TEMPERATURE,
+                                                        vocab_size=VOCAB, chunk_tokens=7), micro, forward_only=True)
             full = torch.zeros_like(b.advantages)
             if parallel.is_last_stage():
                 for rows, out in zip(_micro_split(list(range(b.size)), n_micro), outs):
@@ -225,7 +227,8 @@ def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp=False, e
                              micro, forward_only=False)
         applied, _ = optimizer_step(opt, chunks, loss_finite=True)
         assert applied
-        results[role] = {k: v.clone() for k, v in iter_hf_tensors([c.module for c in chunks], family, hf_cfg, critic=is_critic)}
+        results[role] = {k: v.clone()
+                         for k, v in iter_hf_tensors([c.module for c in chunks], family, hf_cfg, critic=is_critic)}
     return results
 
 

@@ -131,7 +131,8 @@ def test_tp_not_dividing_heads_is_named():
     from vapo_megatron.config.layout import check_layout
 
     cfg = preset("qwen2.5-7b") | {"_source": "preset qwen2.5-7b"}
-    with pytest.raises(ConfigError, match=r"parallel.tp=8 does not divide num_attention_heads=28 of model.hf_path \(preset qwen2.5-7b\)"):
+    with pytest.raises(ConfigError, match=r"parallel.tp=8 does not divide num_attention_heads=28 of model.hf_path "
+                                          r"\(preset qwen2.5-7b\)"):
         check_layout(8, 8, 1, model=cfg)
     with pytest.raises(ConfigError, match="parallel.tp=4 does not divide num_key_value_heads=2"):
         check_layout(4, 4, 1, model=preset("qwen2.5-1.5b"))
@@ -146,9 +147,11 @@ def test_missing_config_json_is_named(tmp_path):
 
 def test_unsupported_architecture_is_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox",
-                                                      **{k: 4 for k in ("num_hidden_layers", "num_attention_heads", "hidden_size",
-                                                                        "vocab_size", "intermediate_size")}}))
-    with pytest.raises(ValueError, match=r"config.json: unsupported architecture \(architectures=\['GPTNeoXForCausalLM'\]\).*Qwen2ForCausalLM") as e:
+                                                      **{k: 4 for k in ("num_hidden_layers", "num_attention_heads",
+                                                                        "hidden_size", "vocab_size",
+                                                                        "intermediate_size")}}))
+    with pytest.raises(ValueError, match=r"config.json: unsupported architecture "
+                                         r"\(architectures=\['GPTNeoXForCausalLM'\]\).*Qwen2ForCausalLM") as e:
         family_for(read_hf_config(tmp_path))
     assert str(tmp_path) in str(e.value)
 

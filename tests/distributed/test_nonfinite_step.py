@@ -67,19 +67,23 @@ def _skip_and_step(dtype_name: str) -> dict:
 
     # 1. NaN gradients everywhere (a NaN loss's backward).
     _backward(chunk, hf_cfg, float("nan"))
-    results["nan_grads"] = (optimizer_step(optimizer, chunks, loss_finite=True, scheduler=scheduler), _same(before, _snapshot(chunk, optimizer)))
+    results["nan_grads"] = (optimizer_step(optimizer, chunks, loss_finite=True, scheduler=scheduler),
+                            _same(before, _snapshot(chunk, optimizer)))
     # 2. One Inf element in the gradient buffer, the rest finite.
     _backward(chunk, hf_cfg, 1.0)
     chunk.buffers[0].grad_data[7] = float("inf")
-    results["one_inf"] = (optimizer_step(optimizer, chunks, loss_finite=True, scheduler=scheduler), _same(before, _snapshot(chunk, optimizer)))
+    results["one_inf"] = (optimizer_step(optimizer, chunks, loss_finite=True, scheduler=scheduler),
+                          _same(before, _snapshot(chunk, optimizer)))
     # 3. Finite gradients, but a loss reported as non-finite.
     _backward(chunk, hf_cfg, 1.0)
-    results["nan_loss"] = (optimizer_step(optimizer, chunks, loss_finite=False, scheduler=scheduler), _same(before, _snapshot(chunk, optimizer)))
+    results["nan_loss"] = (optimizer_step(optimizer, chunks, loss_finite=False, scheduler=scheduler),
+                           _same(before, _snapshot(chunk, optimizer)))
     # 4. Finite gradients whose squared norm overflows float32: megatron's clipping would see an
     #    Inf norm, zero the gradients and still step Adam.
     _backward(chunk, hf_cfg, 1.0)
     chunk.buffers[0].grad_data.fill_(1e20)
-    results["norm_overflow"] = (optimizer_step(optimizer, chunks, loss_finite=True, scheduler=scheduler), _same(before, _snapshot(chunk, optimizer)))
+    results["norm_overflow"] = (optimizer_step(optimizer, chunks, loss_finite=True, scheduler=scheduler),
+                                _same(before, _snapshot(chunk, optimizer)))
     # The skips did not advance the learning-rate schedule either.
     results["lr_after_skips"] = (lr_before, (scheduler.num_steps, [g["lr"] for g in optimizer.param_groups]))
     # 5. A finite step after the skips changes the parameters and the optimizer state.
@@ -123,7 +127,8 @@ def _check(dtype_name: str) -> None:
     (applied, norm), changed = r["finite"]
     assert applied and math.isfinite(norm)
     params = [k for k in changed if k.startswith("param/")]
-    assert len(params) >= r["n_params"] - 1, f"the finite step left parameters unchanged: {sorted(set(r) - set(params))}"
+    assert len(params) >= r["n_params"] - 1, ("the finite step left parameters unchanged: "
+                                              f"{sorted(set(r) - set(params))}")
     assert any(k.startswith("state/") and k.endswith("exp_avg") for k in changed)
     assert r["steps"] == [2.0]  # the skipped steps were not counted by Adam
     (steps_before, lrs_before), (steps_after, lrs_after) = r["lr_after_skips"]

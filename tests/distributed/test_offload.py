@@ -25,7 +25,8 @@ def _model(hf_cfg: dict, *, critic: bool, dtype: torch.dtype):
     from vapo_megatron.mcore.models import build_actor, build_critic
     from vapo_megatron.mcore.optimizer import build_optimizer
 
-    chunks = wrap_ddp([(build_critic if critic else build_actor)(hf_cfg, params_dtype=dtype)], distributed_optimizer=False)
+    chunks = wrap_ddp([(build_critic if critic else build_actor)(hf_cfg, params_dtype=dtype)],
+                      distributed_optimizer=False)
     optimizer = build_optimizer(chunks, OptimConfig(lr=1e-2, weight_decay=0.1), params_dtype=dtype)
     return TrainModel(chunks=chunks, optimizer=optimizer, scheduler=None, family=family_for(hf_cfg), hf_cfg=hf_cfg,
                       hf_dir=None, critic=critic, dtype=str(dtype).removeprefix("torch."))
@@ -74,7 +75,8 @@ def _round_trip() -> dict:
     _step(twins, hf_cfg, 1)
     device = torch.device("cpu")
     grads = grad_buffer_storages(models)
-    out = {"foreseen": foreseen, "after_step": sum(st.nbytes() for st in unique_storages(models, device) if st.data_ptr() not in grads)}
+    out = {"foreseen": foreseen,
+           "after_step": sum(st.nbytes() for st in unique_storages(models, device) if st.data_ptr() not in grads)}
 
     kinds = {"param": [], "main_grad": [], "grad_data": [], "main_param": [], "exp_avg": [], "exp_avg_sq": []}
     for m in models:
@@ -89,7 +91,8 @@ def _round_trip() -> dict:
                     kinds["exp_avg"].append(opt.optimizer.state[p]["exp_avg"])
                     kinds["exp_avg_sq"].append(opt.optimizer.state[p]["exp_avg_sq"])
     # Under bf16 the optimizer steps fp32 copies, storages of their own.
-    out["fp32_main_params"] = sum(p.dtype == torch.float32 for p in kinds["main_param"][:len(list(models[0].chunks[0].parameters()))])
+    out["fp32_main_params"] = sum(p.dtype == torch.float32
+                                  for p in kinds["main_param"][:len(list(models[0].chunks[0].parameters()))])
 
     # The gradient buffers, found independently of grad_buffer_storages: the storages of main_grad.
     is_grad = [t.untyped_storage().data_ptr() in {g.untyped_storage().data_ptr() for g in kinds["main_grad"]}
@@ -106,7 +109,8 @@ def _round_trip() -> dict:
         state.onload()
         after = _snapshot(models)
         out[f"bitwise_{rnd}"] = len(before) == len(after) and all(
-            a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8))
+            a.dtype == b.dtype and a.shape == b.shape
+            and torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8))
             for a, b, g in zip(before, after, is_grad) if not g)
         out[f"grads_zero_{rnd}"] = all(not bool(b.any()) for b, g in zip(after, is_grad) if g)
     out["line"] = state.bandwidth_line()
@@ -148,6 +152,8 @@ def test_host_memory_problem_names_the_setting_and_the_bytes_per_node():
     # n1's two ranks need 2 x 48 GiB of its 100 GiB: over the 90% the check allows.
     short = [("n0", 10 * GIB, 100 * GIB), ("n1", 48 * GIB, 100 * GIB), ("n1", 48 * GIB, 100 * GIB)]
     msg = host_memory_problem(short)
-    assert msg is not None and msg.startswith("trainer.offload_during_rollout=true needs 96.0 GiB of host memory on node n1")
-    assert f"({96 * GIB:,} bytes" in msg and "2 rank(s)" in msg and f"has 100.0 GiB available (MemAvailable, {100 * GIB:,} bytes" in msg
+    assert msg is not None and msg.startswith("trainer.offload_during_rollout=true needs 96.0 GiB of host "
+                                              "memory on node n1")
+    assert (f"({96 * GIB:,} bytes" in msg and "2 rank(s)" in msg
+            and f"has 100.0 GiB available (MemAvailable, {100 * GIB:,} bytes" in msg)
     assert "trainer.offload_during_rollout=false" in msg

@@ -124,7 +124,7 @@ def _planned() -> dict:
 
     cfg = load_config(str(Path(__file__).resolve().parents[2] / "configs" / "demo_cpu.yaml"),
                       ["parallel.tp=1", "actor_optim.distributed_optimizer=true",
-                                                           "critic_optim.distributed_optimizer=true"], check_paths=False)
+                       "critic_optim.distributed_optimizer=true"], check_paths=False)
     plan = make_plan(cfg, _hf(PRESET), _hf(PRESET), world_size=2, gpu_memory_gib=80.0)
     return plan.ranks[0].checkpoint_io
 

@@ -66,7 +66,8 @@ def _cli_and_shards(tiny_dir: str):
         base + ["--nodes", "1", "--gpus-per-node", "8"],
         base + ["--nodes", "1", "--gpus-per-node", "8", "parallel.pp=1"],
         ["--config", CONFIG_32B, "--nodes", "8", "--gpus-per-node", "8"],  # no --preset, no model files
-        base + ["--nodes", "8", "--gpus-per-node", "8", "rollout.sglang.mem_fraction=0.75", "trainer.offload_during_rollout=false"],
+        base + ["--nodes", "8", "--gpus-per-node", "8", "rollout.sglang.mem_fraction=0.75",
+                "trainer.offload_during_rollout=false"],
         # The CPU demo config, its model read from model.hf_path/config.json (embedded engine).
         ["--config", str(REPO / "configs" / "demo_cpu.yaml"), "--nodes", "1", "--gpus-per-node", "2",
          "--gpu-memory-gib", "8", "--reserve-gib", "1", f"model.hf_path={tiny_dir}"],
@@ -100,8 +101,8 @@ def test_vapo_plan_32b(tmp_path):
     rows = {line.split()[0]: float(line.split()[1]) for line in table.splitlines()[3:]
             if line.startswith("  ") and line.split()[0] in ("offload", "rollout", "onload", "score", "critic_update",
                                                               "actor_update", "sync", "checkpoint", "step")}
-    assert list(rows) == ["offload", "rollout", "onload", "score", "critic_update", "actor_update", "sync", "checkpoint",
-                          "step"], table
+    assert list(rows) == ["offload", "rollout", "onload", "score", "critic_update", "actor_update", "sync",
+                          "checkpoint", "step"], table
     assert abs(sum(v for k, v in rows.items() if k != "step") - rows["step"]) < 0.5
     assert "mean 5,120 tokens (the default of --mean-response-tokens: rollout.max_new_tokens / 4)" in table
     assert "tokens/s/GPU: " in table and "GPU-hours on 64 GPUs" in table and "33 evaluations" in table
@@ -128,7 +129,8 @@ def test_vapo_plan_32b(tmp_path):
     assert rc_kv == 1
     assert "rollout does not fit on rank" in out_kv and "training does not fit" not in out_kv
     assert "SGLang engine (rollout.sglang.mem_fraction x GPU) 60.0 GiB" in out_kv
-    assert "rollout: trainer.offload_during_rollout=true would move the trainer's 24.0 GiB per GPU to host memory" in out_kv
+    assert ("rollout: trainer.offload_during_rollout=true would move the trainer's 24.0 GiB per GPU "
+            "to host memory" in out_kv)
 
     # The config as shipped offloads the trainer's state during rollout, and its engine share uses
     # what that frees: a KV cache at least 1.5x the one with the state resident (same rollout
@@ -152,15 +154,18 @@ def test_vapo_plan_32b(tmp_path):
     assert "up to 127.9 GiB per node of 8 GPUs" in out8
 
     # The reserve, itemised per phase (worst rank): 5 NCCL communicators = world, TP, PP, DP and the
-    # engine's TP group; the allocator's share follows the activations (2.33 GiB with recompute and sequence parallelism).
+    # engine's TP group; the allocator's share follows the activations (2.33 GiB with recompute and
+    # sequence parallelism).
     assert "NCCL buffers (5 communicators)" in out8 and "CUDA context, engine" in out8
     assert "allocator cache (0.25 x activations)                  0.58" in out8
     # One checkpoint: every parameter of both models once, bf16 weights + fp32 master copy + Adam's
     # two fp32 moments (2 + 4 + 4 + 4 bytes); 2 kept + the next one being written.
     vocab8 = megatron_padded_vocab(QWEN25_32B["vocab_size"], 8)
-    ckpt = (naive_count(QWEN25_32B, vocab=vocab8, critic=False) + naive_count(QWEN25_32B, vocab=vocab8, critic=True)) * 14
+    ckpt = (naive_count(QWEN25_32B, vocab=vocab8, critic=False)
+            + naive_count(QWEN25_32B, vocab=vocab8, critic=True)) * 14
     assert 0.9e12 < ckpt < 0.91e12
-    assert f"checkpoints: {ckpt / 1e9:,.1f} GB per save" in out8 and f"{3 * ckpt / 1e12:,.2f} TB of disk at peak" in out8
+    assert (f"checkpoints: {ckpt / 1e9:,.1f} GB per save" in out8
+            and f"{3 * ckpt / 1e12:,.2f} TB of disk at peak" in out8)
 
     # Without the model files and without --preset: a clear error, not a guess.
     assert rc_nomodel == 2 and "model.hf_path=/path/to/Qwen2.5-32B has no config.json" in err_nomodel
@@ -243,8 +248,8 @@ def test_sequence_parallel_splits_the_replicated_activations_over_tp():
         layer = b * T * (replicated + sharded)
         assert layer_activation_bytes(hf, tokens=T, tp=t, dtype_bytes=b, sequence_parallel=sp) == layer
         kept = b * T * h // (t if sp else 1)
-        common = dict(tokens=T, tp=t, pp=4, vpp=None, inflight_microbatches=4, dtype_bytes=b, logits_vocab=0, chunk_tokens=1024,
-                      sequence_parallel=sp)
+        common = dict(tokens=T, tp=t, pp=4, vpp=None, inflight_microbatches=4, dtype_bytes=b, logits_vocab=0,
+                      chunk_tokens=1024, sequence_parallel=sp)
         assert activation_bytes(hf, recompute=True, **common) == 4 * 16 * kept + layer
         assert activation_bytes(hf, recompute=False, **common) == 4 * 16 * layer
 
@@ -268,7 +273,8 @@ def test_reserve_items_follow_the_phase_and_the_layout():
     # No colocated engine, one GPU: only the trainer's context and the allocator remain.
     solo = reserve_parts(parse_config(CONFIG_32B, ["rollout.engine=embedded", "parallel.tp=1", "parallel.pp=1"])[0],
                          world_size=1, dp=1, activations=0, phase="rollout")
-    assert set(solo) == {"CUDA context, trainer", "NCCL buffers (0 communicators)", "allocator: blocks pinned by live small tensors"}
+    assert set(solo) == {"CUDA context, trainer", "NCCL buffers (0 communicators)",
+                         "allocator: blocks pinned by live small tensors"}
 
 
 # ---- the rollout phase at KV resume, by name ---------------------------------------------------------
@@ -333,7 +339,8 @@ def test_offload_takes_the_trainer_state_out_of_the_rollout_phase():
         state = {k: v for k, v in m_off.kv_resume.items() if k.startswith(("actor ", "critic "))}
         assert len(state) == 6 and m_on.offloaded == state and not m_off.offloaded
         assert set(m_on.kv_resume) == set(m_off.kv_resume) - set(state)  # the reserve alone remains
-        assert sum(m_on.kv_resume.values()) + on.engine_share + m_on.reserve["rollout"][SGLANG_RUNTIME_ITEM] == m_on.rollout
+        assert (sum(m_on.kv_resume.values()) + on.engine_share + m_on.reserve["rollout"][SGLANG_RUNTIME_ITEM]
+                == m_on.rollout)
         assert m_on.training == m_off.training  # training holds the state either way
     # Same rollout peak: the 0.30 of the GPU the offload frees went to the engine's share.
     assert max(m.rollout for m in on.ranks) - max(m.rollout for m in off.ranks) < 0.05 * (1 << 30)

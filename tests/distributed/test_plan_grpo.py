@@ -40,7 +40,8 @@ def test_dapo_config_loads_with_dapos_settings():
     vapo = load_config(str(REPO / "configs" / "qwen2.5_32b_vapo.yaml"), [], check_paths=False)
     assert (cfg.data, cfg.parallel, cfg.eval) == (vapo.data, vapo.parallel, vapo.eval)
     # No critic: a critic-only key set on top of it is refused, naming it.
-    with pytest.raises(ConfigError, match=r"algo.gamma \(GAE's discount\) is set, but algo.estimator=grpo has no critic"):
+    with pytest.raises(ConfigError,
+                       match=r"algo.gamma \(GAE's discount\) is set, but algo.estimator=grpo has no critic"):
         load_config(DAPO, ["algo.gamma=0.99"], check_paths=False)
 
 
@@ -57,7 +58,8 @@ def _plans():
     # without a critic; the same with a critic does not.
     cfg = parse_config(DAPO, ["trainer.offload_during_rollout=false", "rollout.sglang.mem_fraction=0.70"])[0]
     resident = make_plan(cfg, QWEN25_32B, QWEN25_32B, world_size=64, gpu_memory_gib=80.0)
-    return rc, o.getvalue(), e.getvalue(), resident, format_plan(resident, cfg, model_source="test", nodes=8, gpus_per_node=8)
+    return rc, o.getvalue(), e.getvalue(), resident, format_plan(resident, cfg, model_source="test", nodes=8,
+                                                                 gpus_per_node=8)
 
 
 def test_grpo_plan_has_no_critic_and_more_kv_cache():
@@ -67,7 +69,8 @@ def test_grpo_plan_has_no_critic_and_more_kv_cache():
     assert rc == 0 and err == "", out + err
     assert "fits: training peak" in out and "DOES NOT FIT" not in out
     assert "x 1 model (actor);" in out and "distributed optimizer: actor on, critic none (algo.estimator=grpo)" in out
-    assert "critic: none (algo.estimator=grpo): no parameters, gradients, optimizer state or activations; not built" in out
+    assert ("critic: none (algo.estimator=grpo): no parameters, gradients, optimizer state or activations; "
+            "not built" in out)
     assert not [x for x in out.splitlines() if x.lstrip().startswith("critic ")]  # no critic line of state
     assert "actor parameters, gradients and optimizer state" in out and "actor and critic" not in out
     # A checkpoint is the actor's: bf16 weights + fp32 master + Adam's two moments, 14 bytes a parameter.

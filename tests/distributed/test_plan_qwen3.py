@@ -1,10 +1,11 @@
 """vapo-plan sizes the Qwen3 configs: configs/qwen3_32b_vapo.yaml (dense) and
-configs/qwen3_30b_a3b_vapo.yaml (mixture of experts at EP=2, each EP group in one node) fit on 8 nodes x 8 H100 80 GB; an
-invalid parallel.ep is refused in one line naming it; expert parallelism divides the routed
-experts' parameters per GPU by EP, against an independent count from the published config.json
-values (Qwen/Qwen3-30B-A3B: 48 layers, 128 experts of width 768, hidden 2048, 32 query / 4 KV
-heads of 128, vocab 151936, untied), written here without model_providers. vapo-plan runs in a
-spawned process (it activates cpu_compat and a fake process group, which must not leak into pytest).
+configs/qwen3_30b_a3b_vapo.yaml (mixture of experts at EP=2, each EP group in one node) fit on 8
+nodes x 8 H100 80 GB; an invalid parallel.ep is refused in one line naming it; expert parallelism
+divides the routed experts' parameters per GPU by EP, against an independent count from the
+published config.json values (Qwen/Qwen3-30B-A3B: 48 layers, 128 experts of width 768, hidden 2048,
+32 query / 4 KV heads of 128, vocab 151936, untied), written here without model_providers. vapo-plan
+runs in a spawned process (it activates cpu_compat and a fake process group, which must not leak
+into pytest).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def test_vapo_plan_accepts_the_qwen3_configs_and_names_a_bad_ep():
     # prompts x 16 samples / DP=16 sequences of 2048 + 20480 tokens x 48 layers x top-8, one byte each, twice.
     routes = 2 * (512 * 16 // 16) * 22528 * L * K
     assert "routing replay (rollout.routing_replay): host memory per rank, at most" in out
-    (line,) = [x for x in out.splitlines() if f"host: the step's routes (512 sequences x 22,528 tokens x {L} MoE layers x {K})" in x]
+    (line,) = [x for x in out.splitlines()
+               if f"host: the step's routes (512 sequences x 22,528 tokens x {L} MoE layers x {K})" in x]
     assert line.split()[-1] == f"{routes / 2**30:.2f}", line
     assert "routing replay ids [L, T/s, k], this stage" in out  # in the training reserve
     assert "routing replay" not in ok_dense[1]

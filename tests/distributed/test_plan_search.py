@@ -2,14 +2,12 @@
 exactly as vapo-plan sizes and times one config.
 
 References, each independent of the search's own arithmetic:
-  - megatron's per-stage builds on the meta device (sizing/shards.py, what vapo-plan builds for one
-    config) for the counts the search puts together from a few builds (sizing/layer_counts.py);
-  - vapo-plan's memory check and step time for the layout given as a config (make_plan with those
-    builds, the command itself) for the search's fits, peaks and seconds;
-  - the trainer's start-up checks (config/preflight.py startup_problems, with a real HF directory)
-    for the top layouts;
-  - a naive loop over every TP, PP, VPP and EP that layout_problems accepts, for the search's
-    candidates: none is missed.
+  - megatron's per-stage builds on the meta device (sizing/shards.py, what vapo-plan builds for one config) for the
+    counts the search puts together from a few builds (sizing/layer_counts.py);
+  - vapo-plan's memory check and step time for the layout given as a config (make_plan with those builds, the command
+    itself) for the search's fits, peaks and seconds;
+  - the trainer's start-up checks (config/preflight.py startup_problems, with a real HF directory) for the top layouts;
+  - a naive loop over every TP, PP, VPP and EP that layout_problems accepts, for the search's candidates: none missed.
 The searches run in spawned processes (megatron's fake process group and cpu_compat must not leak
 into pytest); models are tiny or small (Qwen2.5-0.5B on 12 GiB GPUs, where memory decides).
 """
@@ -30,8 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG_32B = str(ROOT / "configs" / "qwen2.5_32b_vapo.yaml")
 CONFIG_MOE = str(ROOT / "configs" / "qwen3_30b_a3b_vapo.yaml")
 CONFIG_DAPO = str(ROOT / "configs" / "qwen2.5_32b_dapo.yaml")
-# Qwen2.5-0.5B (tied embeddings, 24 layers, 14 heads, 2 KV heads) on 2 nodes x 4 GPUs of 12 GiB, with
-# sizes where memory separates layouts: some fit, some do not.
+# Qwen2.5-0.5B (tied embeddings, 24 layers, 14 heads, 2 KV heads) on 2 nodes x 4 GPUs of 12 GiB: only some layouts fit.
 SMALL = ["rollout.sglang.mem_fraction=0.5", "rollout.prompts_per_step=64", "data.max_prompt_tokens=1024",
          "rollout.max_new_tokens=3072", "trainer.micro_batch_tokens=8192"]
 SMALL_ARGS = ["--config", CONFIG_32B, "--nodes", "2", "--gpus-per-node", "4", "--preset", "qwen2.5-0.5b",
@@ -52,7 +49,8 @@ def _folded(shards: list, pp: int) -> list[tuple]:
     out = []
     for r in range(pp):
         stage = [s for s in shards if s.pp_rank == r]
-        same = {(s.actor_params, s.critic_params, s.actor_expert, s.critic_expert, s.inflight_microbatches) for s in stage}
+        same = {(s.actor_params, s.critic_params, s.actor_expert, s.critic_expert, s.inflight_microbatches)
+                for s in stage}
         assert len(same) == 1, same
         a, c, ae, ce, inflight = same.pop()
         out.append((a, c, sum(s.actor_unique for s in stage), sum(s.critic_unique for s in stage), inflight, ae, ce))
@@ -128,7 +126,8 @@ def _plans():
             "vapo-plan": (not plan.problems, max(m.training for m in plan.ranks), max(m.rollout for m in plan.ranks),
                           plan.kv_tokens, plan.problems, step)})
     top = records(result, 3)
-    table = format_search(result, cfg, top=3, model_source="preset", nodes=2, config_path=CONFIG_32B, rerun="vapo-plan ...")
+    table = format_search(result, cfg, top=3, model_source="preset", nodes=2, config_path=CONFIG_32B,
+                          rerun="vapo-plan ...")
     cli = [_cli(SMALL_ARGS + ["--search", "--json", "--top", "3"] + SMALL),
            (0, table, ""),
            _cli(SMALL_ARGS + SMALL + list(top[0]["overrides"])),
@@ -167,14 +166,14 @@ def test_search_counts_memory_and_time_are_vapo_plans():
     assert own["config"] and not own["fits"] and own["rank"] is None and own["dp"] is None
     assert own["problems"][0].startswith("parallel.tp * parallel.pp = 8 * 4 = 32 does not divide the world size 8")
 
-    # The table (format_search on the same search) says the same, with the config's own layout and the
-    # overrides that show the fastest in full.
+    # The table (format_search on the same search) agrees, with the config's layout and the fastest's full overrides.
     rc, table, _ = out["cli"][1]
     assert rc == 0
     assert "one layout for actor and critic: the trainer builds both on the same ranks" in table
     assert f"layouts: {out['tried']:,} tried" in table and f"{out['fit']:,} fit" in table
     assert "a model until a GPU run checks it" in table
-    assert "the config's layout (" + CONFIG_32B + ": TP=8 PP=4 VPP=- engine TP=8" in table and "refused: parallel.tp" in table
+    assert ("the config's layout (" + CONFIG_32B + ": TP=8 PP=4 VPP=- engine TP=8" in table
+            and "refused: parallel.tp" in table)
     assert "why the fastest is faster than the rank-3 layout" in table
     best = recs[0]
     assert "the fastest as vapo-plan sees one config, its memory and step time in full: vapo-plan ... " \
@@ -189,9 +188,9 @@ def test_search_counts_memory_and_time_are_vapo_plans():
     assert abs(float(step.split()[1]) - best["step_s"]) < 0.05, step
 
     # Bad use: one line each, exit 2, nothing searched.
-    for (rc, text, err), says in zip(out["cli"][3:], ("--search ranks layouts by modelled step time: give the GPU with --gpu",
-                                                       "--json needs --search",
-                                                       "this config's rollout.engine=embedded (set rollout.engine=sglang)")):
+    for (rc, text, err), says in zip(out["cli"][3:], (
+            "--search ranks layouts by modelled step time: give the GPU with --gpu", "--json needs --search",
+            "this config's rollout.engine=embedded (set rollout.engine=sglang)")):
         assert rc == 2 and text == "" and says in err, err
 
 
@@ -243,7 +242,8 @@ def _top_layouts_accepted(tmp: str):
 def test_top_layouts_pass_the_trainers_checks_and_build(tmp_path):
     (checked,) = run_ranks(1, _top_layouts_accepted, str(tmp_path))
     for name in ("qwen2", "moe"):  # the top four and the config's own (TP=2 PP=2), each
-        assert sum(n == name for n, _, _, _ in checked) == 5 and any(rec["config"] for n, rec, _, _ in checked if n == name)
+        assert (sum(n == name for n, _, _, _ in checked) == 5
+                and any(rec["config"] for n, rec, _, _ in checked if n == name))
     assert any(rec["ep"] > 1 for _, rec, _, _ in checked) and any(rec["vpp"] for _, rec, _, _ in checked)
     for name, rec, problems, same_counts in checked:
         assert problems == [], (name, rec["overrides"], problems)
@@ -267,8 +267,9 @@ def test_candidates_are_every_layout_the_checks_accept():
         hf = {**preset(name), "_source": name}
         cfg = parse_config(config, [])[0]
         a = Assumptions(gpu=GPUS["h100"], gpus_per_node=node, gpu_memory_gib=80.0)
-        searched = {(c.parallel.tp, c.parallel.pp, c.parallel.vpp, c.parallel.ep) for c in candidates(cfg, hf, world=world, a=a)
-                    if not layout_problems(world, c.parallel.tp, c.parallel.pp, c.parallel.vpp, model=hf, ep=c.parallel.ep)}
+        searched = {(c.parallel.tp, c.parallel.pp, c.parallel.vpp, c.parallel.ep)
+                    for c in candidates(cfg, hf, world=world, a=a) if not layout_problems(
+                        world, c.parallel.tp, c.parallel.pp, c.parallel.vpp, model=hf, ep=c.parallel.ep)}
         naive = set()
         for tp in (t for t in range(1, node + 1) if node % t == 0):  # a TP group inside one node
             for pp in range(1, world + 1):
@@ -295,17 +296,16 @@ def _search_tiny(tmp: str, actor_dir: str, critic_dir: str, moe: bool) -> list[d
             "data.eval_files=[]", f"trainer.run_dir={tmp}/run", "data.max_prompt_tokens=4", "rollout.max_new_tokens=20",
             "trainer.micro_batch_tokens=24", "rollout.prompts_per_step=8", "rollout.n_samples=2", "algo.mini_batches=2",
             "parallel.tp=1", "parallel.pp=1", "parallel.ep=1", "rollout.sglang.tp=1"]
-    rc, text, err = _cli(["--config", CONFIG_MOE if moe else CONFIG_32B, "--nodes", "1", "--gpus-per-node", "4", "--gpu",
-                          "h100", "--search", "--json", "--top", "8", *base])
+    rc, text, err = _cli(["--config", CONFIG_MOE if moe else CONFIG_32B, "--nodes", "1", "--gpus-per-node", "4",
+                          "--gpu", "h100", "--search", "--json", "--top", "8", *base])
     assert rc == 0, err + text[-3000:]
     return [r for r in json.loads(text) if r["fits"]]
 
 
 def test_the_top_layouts_run_the_trainers_step_on_uneven_data(tmp_path):
-    """For a tiny dense and a tiny MoE model, the search's two best distinct layouts at 4 GPUs run the trainer's
-    forwards and updates on data that is uneven across DP ranks (tests/helpers/micro_batch_step.py,
-    several micro-batches per rank), equal to a single-process run: no layout it ranks first crashes
-    or hangs at the first schedule call (issue 63: VPP layouts did)."""
+    """For tiny dense and MoE models, the search's two best distinct layouts at 4 GPUs run the trainer's forwards and
+    updates on data uneven across DP ranks (tests/helpers/micro_batch_step.py, several micro-batches per rank), equal to
+    a single-process run: none ranked first crashes or hangs at the first schedule call (issue 63: VPP layouts did)."""
     from tests.helpers.micro_batch_step import gathered, models, same, step
 
     ran = []
@@ -338,11 +338,11 @@ def _nothing_accepted():
     table = _cli(args + ["--search"])
     as_json = _cli(args + ["--search", "--json"])
     a = Assumptions(gpu=GPUS["h100"], gpus_per_node=7, gpu_memory_gib=80.0)
-    layouts = [(c.parallel.tp, c.parallel.pp, c.rollout.sglang.tp)
-               for c in candidates(parse_config(CONFIG_32B, [])[0], {**preset("qwen2.5-32b"), "_source": "p"}, world=56, a=a)]
+    layouts = [(c.parallel.tp, c.parallel.pp, c.rollout.sglang.tp) for c in candidates(
+        parse_config(CONFIG_32B, [])[0], {**preset("qwen2.5-32b"), "_source": "p"}, world=56, a=a)]
     closest = table[1].split("the closest refused")[1].splitlines()[1:] if "the closest refused" in table[1] else []
     verdicts = []
-    for line in closest:  # "  TP=2 PP=4 VPP=- engine TP=1, recompute on, offload on, micro_batch_tokens=22528: refused: ..."
+    for line in closest:  # TP=2 PP=4 VPP=- engine TP=1, recompute on, offload on, micro_batch_tokens=N: refused: ...
         m = re.match(r"  TP=(\d+) PP=(\d+) VPP=(\S+) engine TP=(\d+), recompute (on|off), offload (on|off), "
                      r"micro_batch_tokens=(\d+): refused: (.*)$", line)
         tp, pp, vpp, etp, rc, off, mbt, said = m.groups()
@@ -369,8 +369,8 @@ def test_no_layout_accepted_says_why_by_rule_and_names_the_closest():
         return int(line.split()[0].replace(",", ""))
 
     dp = [56 // (tp * pp) for tp, pp, _ in layouts]
-    assert count("rollout.prompts_per_step=512 must be divisible by data-parallel size * algo.mini_batches = {7,14,28,56}"
-                 " * 16 = {112,224,448,896}") == sum(512 % (d * 16) != 0 for d in dp) > 0
+    assert count("rollout.prompts_per_step=512 must be divisible by data-parallel size * algo.mini_batches "
+                 "= {7,14,28,56} * 16 = {112,224,448,896}") == sum(512 % (d * 16) != 0 for d in dp) > 0
     assert count("parallel.pp={7,14,28,56} does not divide num_hidden_layers=64") == sum(
         64 % pp != 0 for _, pp, _ in layouts) > 0
     assert count("parallel.tp=7 does not divide num_attention_heads=40") == sum(tp == 7 for tp, _, _ in layouts) > 0

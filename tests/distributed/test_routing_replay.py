@@ -162,8 +162,8 @@ def _layout(hf_dir, batch, tp, pp, ep, sp=False, recompute=False) -> dict:
     replay = RouteReplay(chunks, hf_cfg)
     settings = PolicyLossSettings(eps_low=EPS_LOW, eps_high=EPS_HIGH, dual_clip_c=None, loss_agg="token", nll_coef=MU,
                                   temperature=1.0, chunk_tokens=16)
-    actor = Actor(TrainModel(chunks, opt, None, family, hf_cfg, Path(hf_dir), False, "float32", replay=replay), settings,
-                  UpdateSettings(mini_batches=1, epochs=1, max_tokens=10**6, max_consecutive_skips=1))
+    actor = Actor(TrainModel(chunks, opt, None, family, hf_cfg, Path(hf_dir), False, "float32", replay=replay),
+                  settings, UpdateSettings(mini_batches=1, epochs=1, max_tokens=10**6, max_consecutive_skips=1))
     rows = list(range(batch.size)) if parallel.dp_size() == 1 else [range(4), range(4, 8)][parallel.dp_rank()]
     b = batch.select(list(rows))
     out = {}
@@ -177,8 +177,8 @@ def _layout(hf_dir, batch, tp, pp, ep, sp=False, recompute=False) -> dict:
         width = -(-mb.tokens.shape[1] // tp) * tp
         differ = [int((m != _engine_map(mb, c, width, 4)).any(-1).sum()) for c, m in seen]
         padding = sum((m[_unrouted(mb, width)].sum(0) for _, m in seen), torch.zeros(4, dtype=torch.long))  # [E]
-        out["on" if on else "off"] = dict(logp=logp, mismatch=logs["moe/routing_mismatch"], used=differ, rows=list(rows),
-                                          padding=padding.tolist())
+        out["on" if on else "off"] = dict(logp=logp, mismatch=logs["moe/routing_mismatch"], used=differ,
+                                          rows=list(rows), padding=padding.tolist())
     replay.enabled = True
     if sp:
         out["transfers"] = _transfers(replay, chunks[0], mb, width)
@@ -219,7 +219,8 @@ def _reference(hf_dir, batch) -> dict:
     forced(model, batch.routes)
     mask, A = batch.mask, batch.advantages
     N, N_pos = mask.sum(), (mask * batch.correct[:, None]).sum()
-    logp = torch.log_softmax(model(batch.tokens).logits.float(), -1).gather(-1, shifted_targets(batch.tokens)[..., None])[..., 0]
+    logp = (torch.log_softmax(model(batch.tokens).logits.float(), -1)
+            .gather(-1, shifted_targets(batch.tokens)[..., None])[..., 0])
     ratio = torch.exp(logp - batch.old_logp)
     term = -torch.minimum(ratio * A, torch.clamp(ratio, 1 - EPS_LOW, 1 + EPS_HIGH) * A)
     ((term * mask).sum() / N - MU * (logp * mask * batch.correct[:, None]).sum() / N_pos).backward()

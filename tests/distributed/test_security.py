@@ -30,7 +30,8 @@ def _state(seed: float, *, extra: dict | None = None) -> dict:
     state = {
         "model": {"w": ShardedTensor.from_rank_offsets("w", w, replica_id=0)},
         # Non-tensor state like the optimizer's: megatron stores it as pickled "common_state".
-        "optimizer": {"param_groups": [{"lr": 1e-4, "betas": (0.9, 0.999), "foreach": None}], "step": torch.tensor(3.0)},
+        "optimizer": {"param_groups": [{"lr": 1e-4, "betas": (0.9, 0.999), "foreach": None}],
+                      "step": torch.tensor(3.0)},
     }
     state.update(extra or {})
     return state
@@ -76,7 +77,8 @@ def _rank(work: str) -> dict:
 
     # 1. A crafted object inside the common state (a *.distcp byte item), written by the save itself.
     evil_common = work_p / "evil_common"
-    dist_io.save(evil_common, _state(2.0, extra={"note": Payload(str(work_p / "marker_common"))}), writer=CONVERT_HF_TO_MCORE)
+    dist_io.save(evil_common, _state(2.0, extra={"note": Payload(str(work_p / "marker_common"))}),
+                 writer=CONVERT_HF_TO_MCORE)
     out["common"] = _try(lambda: dist_io.load(evil_common, _template()))
     out["common_marker"] = (work_p / "marker_common").exists()
     # Control: DCP's own reading of that item (weights_only=False) runs the payload.
@@ -111,7 +113,8 @@ def _rank(work: str) -> dict:
     outside = work_p / "outside"
     shutil.copytree(clean, outside)
     md = FileSystemReader(str(clean)).read_metadata()
-    md.storage_data = {k: dataclasses.replace(v, relative_path="../clean/" + v.relative_path) for k, v in md.storage_data.items()}
+    md.storage_data = {k: dataclasses.replace(v, relative_path="../clean/" + v.relative_path)
+                       for k, v in md.storage_data.items()}
     with open(outside / ".metadata", "wb") as f:
         pickle.dump(md, f)
     out["outside"] = _try(lambda: dist_io.load(outside, _template()))
@@ -181,7 +184,8 @@ def test_source_has_no_eval_exec_or_unrestricted_unpickling():
             kwargs = {k.arg: k.value for k in node.keywords}
             if name in ("eval", "exec", "compile", "builtins.eval", "builtins.exec"):
                 offenders.append(where)
-            elif name in ("pickle.load", "pickle.loads", "marshal.loads", "marshal.load", "shelve.open", "dill.load", "dill.loads"):
+            elif name in ("pickle.load", "pickle.loads", "marshal.loads", "marshal.load", "shelve.open", "dill.load",
+                          "dill.loads"):
                 offenders.append(where)
             elif name == "torch.load":
                 wo = kwargs.get("weights_only")

@@ -99,7 +99,8 @@ def test_colocated_engines_sync_split_and_release(tmp_path):
             assert calls == [
                 ("release", ("weights", "kv_cache", "cuda_graph")),  # at start-up: room for the models
                 ("resume", ("weights",)), "begin", *["update"] * n_updates, "end", "flush",
-                ("resume", ("kv_cache", "cuda_graph")), ("generate", share * N), ("release", ("kv_cache", "cuda_graph")),
+                ("resume", ("kv_cache", "cuda_graph")), ("generate", share * N),
+                ("release", ("kv_cache", "cuda_graph")),
                 ("release", ("weights",)),  # before training
             ], (sglang_tp, rank, calls)
             assert "released and not loaded again" in res["refused"]

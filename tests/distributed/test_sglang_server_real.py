@@ -80,7 +80,8 @@ def push_and_compare(url: str, hf_dir: Path, tp: int = 1, pp: int = 1, ep: int =
     for step in range(syncs):
         random_update(chunks)
         stream_weights(chunks, family_for(hf_cfg), hf_cfg, engine, version=step + 1, bucket_bytes=8_000)
-        outs = engine.generate(PROMPTS, SamplingParams(n=1, temperature=1.0, max_new_tokens=6, seed=step)) if engine else None
+        outs = (engine.generate(PROMPTS, SamplingParams(n=1, temperature=1.0, max_new_tokens=6, seed=step)) if engine
+                else None)
         box = [None if outs is None else [(PROMPTS[o.prompt_index], o.token_ids, o.logprobs) for o in outs]]
         dist.broadcast_object_list(box, src=0)
         seqs = [(p, t) for p, t, _ in box[0]]
@@ -90,7 +91,8 @@ def push_and_compare(url: str, hf_dir: Path, tp: int = 1, pp: int = 1, ep: int =
             for prompt, answer in seqs:
                 from tests.helpers.megatron_ref import megatron_forward
 
-                megatron_forward(chunks, torch.tensor([list(prompt) + list(answer)]), critic=False, vocab=hf_cfg["vocab_size"])
+                megatron_forward(chunks, torch.tensor([list(prompt) + list(answer)]), critic=False,
+                                 vocab=hf_cfg["vocab_size"])
         res.append(([lp for _, _, lp in box[0]], trainer))
     return res
 

@@ -172,7 +172,8 @@ def back_in_the_local_world(te, work) -> dict:
         if not all(Path(c).exists() for c in ckpts.values()):
             out[kind] = {"error": f"the TE world wrote no {sorted(ckpts)} for {kind} (see its own tests)"}
             continue
-        (logits,) = [r for r in run_ranks(tp * ep, runs.load_rank, tp, ep, str(model_dir(work, kind)), ckpts, timeout=600)
+        (logits,) = [r
+                     for r in run_ranks(tp * ep, runs.load_rank, tp, ep, str(model_dir(work, kind)), ckpts, timeout=600)
                      if r is not None]
         ids = runs.model_ids(model_dir(work, kind))
         want = {"te_trainer": runs.transformers_logits(run / "hf", ids),

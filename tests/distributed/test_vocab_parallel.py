@@ -68,7 +68,8 @@ def test_tp2_matches_full_vocabulary_fp32_and_bf16():
 def test_single_process_and_bad_targets():
     full, targets, weights = inputs(torch.float32)
     x = full.detach().requires_grad_()
-    logp, entropy = vocab_parallel_logprobs_entropy(x, targets, tp_group=None, vocab_start=0, temperature=TEMP, chunk_tokens=5)
+    logp, entropy = vocab_parallel_logprobs_entropy(x, targets, tp_group=None, vocab_start=0, temperature=TEMP,
+                                                    chunk_tokens=5)
     (logp * weights).sum().backward()
     ref_logp, ref_entropy, ref_grad = reference(full, targets, weights)
     torch.testing.assert_close(logp.double(), ref_logp, rtol=1e-5, atol=1e-5)
@@ -104,7 +105,8 @@ def check_padded(real_vocab):
     torch.testing.assert_close(logp.double(), ref_logp, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(entropy.double(), ref_entropy, rtol=1e-5, atol=1e-5)
     padded_ref = torch.nn.functional.pad(ref_grad, (0, 2 * width - real_vocab))
-    torch.testing.assert_close(shard.grad.double(), padded_ref[..., rank * width : (rank + 1) * width], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(shard.grad.double(), padded_ref[..., rank * width : (rank + 1) * width], rtol=1e-5,
+                               atol=1e-6)
     return True
 
 

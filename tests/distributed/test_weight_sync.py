@@ -86,7 +86,8 @@ def _check(ref_logits, results, work: Path, *, tied: bool, with_export: bool, di
     for r in holders:
         res = results[r]
         assert res["version"] == 5
-        assert torch.allclose(res["engine_logits"], ref_logits, atol=1e-4, rtol=0), (r, (res["engine_logits"] - ref_logits).abs().max())
+        assert torch.allclose(res["engine_logits"], ref_logits, atol=1e-4, rtol=0), (
+            r, (res["engine_logits"] - ref_logits).abs().max())
         assert res["stats"].tensors == len(res["engine_state"]) - (1 if tied else 0)
         assert (res["stats"].buckets == 0) == direct
 

@@ -18,7 +18,8 @@ import torch
 
 @torch.no_grad()
 def adam_update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, lr: float, beta1: float,
-                beta2: float, eps: float, step: int, adam_w_mode: int, bias_correction: bool, weight_decay: float) -> None:
+                beta2: float, eps: float, step: int, adam_w_mode: int, bias_correction: bool,
+                weight_decay: float) -> None:
     """One kernel step on one tensor, in place (p in its own dtype; m, v float32)."""
     p32, g32 = p.float(), g.float()
     bc1 = 1 - beta1 ** step if bias_correction else 1.0

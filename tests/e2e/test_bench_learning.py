@@ -1,9 +1,10 @@
-"""The learning benchmark (python -m benchmarks.learning) end to end, as small as it gets (issues 31 and 45): one seed, two rows
-of the chain task with a tiny model, one RL step each, both at once (--jobs 2, one process each):
-a critic with a trunk of its own (vapo_critic_4x: the seed's bigger random-init model) and the
-positive control's oracle critic (vapo_oracle: scripts/bench_oracle.py, no critic model at all). The harness trains, evaluates each export once on all held-out prompts (the
-short/long figures from the same samples), runs the credit diagnostics on the critic's run, and
-writes a summary per run and the table. A second call redoes nothing; a third with another
+"""The learning benchmark (python -m benchmarks.learning) end to end, as small as it gets (issues 31
+and 45): one seed, two rows of the chain task with a tiny model, one RL step each, both at once
+(--jobs 2, one process each): a critic with a trunk of its own (vapo_critic_4x: the seed's bigger
+random-init model) and the positive control's oracle critic (vapo_oracle: scripts/bench_oracle.py,
+no critic model at all). The harness trains, evaluates each export once on all held-out prompts
+(the short/long figures from the same samples), runs the credit diagnostics on the critic's run,
+and writes a summary per run and the table. A second call redoes nothing; a third with another
 budget is refused before any work."""
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def test_two_rows_run_evaluate_tabulate_and_are_not_redone(tmp_path):
     # The oracle ran as the critic role: its values were logged as a critic's, and no critic model exists.
     oracle = tmp_path / "bench" / "vapo_oracle" / "seed0"
     metrics = [r for r in rows(oracle / "metrics.jsonl") if r.get("phase") == "vapo"]
-    assert metrics and "critic/explained_variance" in metrics[0] and "critic/oracle_carried_fraction" in metrics[0], metrics
+    assert (metrics and "critic/explained_variance" in metrics[0]
+            and "critic/oracle_carried_fraction" in metrics[0]), metrics
     assert "critic/value_loss" not in metrics[0] and not list(oracle.glob("checkpoints/iter_*/critic")), metrics[0]
     table = (tmp_path / "bench" / "table.md").read_text()
     assert "| vapo_critic_4x | 0 | 4 |" in table and "| vapo_oracle | 0 | 4 |" in table, table
@@ -67,7 +69,8 @@ def test_two_rows_run_evaluate_tabulate_and_are_not_redone(tmp_path):
     again = bench(tmp_path)
     assert again.returncode == 0 and "| vapo_oracle | 0 | 4 |" in again.stdout, again.stdout[-2000:]
     log = (tmp_path / "bench" / "vapo_oracle" / "seed0" / "bench.log").read_text()
-    assert log.count("bench_oracle.py --config") == 1 and log.count("vapo_megatron.eval") == 1, "a finished run was redone"
+    assert (log.count("bench_oracle.py --config") == 1
+            and log.count("vapo_megatron.eval") == 1), "a finished run was redone"
     other = bench(tmp_path, "--steps", "2")
     assert other.returncode == 2 and other.stderr.count("\n") == 1 and "steps=1" in other.stderr, other.stderr
     assert (tmp_path / "bench" / "vapo_oracle" / "seed0" / "bench.log").read_text() == log

@@ -137,8 +137,10 @@ def test_a_truncated_shard_is_named_before_eval_or_export(made, tmp_path, capsys
     shard.write_bytes(shard.read_bytes()[: full // 2])
     says = f"{shard} is truncated ({full // 2} bytes, the metadata needs {full})"
     code, message = answered(capsys, vapo_eval.main, eval_argv(root, ckpt), "vapo-eval")
-    assert code == 2 and message.startswith(f"vapo-eval: error: --model {ckpt}: unreadable checkpoint: ") and says in message
-    code, message = answered(capsys, convert.main, ["mcore-to-hf", "--ckpt", ckpt, "--out", tmp_path / "hf"], "vapo-convert")
+    assert (code == 2 and message.startswith(f"vapo-eval: error: --model {ckpt}: unreadable checkpoint: ")
+            and says in message)
+    code, message = answered(capsys, convert.main, ["mcore-to-hf", "--ckpt", ckpt, "--out", tmp_path / "hf"],
+                             "vapo-convert")
     assert code == 2 and says in message and not (tmp_path / "hf").exists()
 
 
@@ -202,14 +204,17 @@ def test_a_file_that_parses_but_does_not_load_is_one_line_in_every_command(
     (hf / name).write_text(text)
     code, message = answered(capsys, vapo_eval.main, eval_argv(root, hf), "vapo-eval")
     assert code == 2 and message.startswith(f"vapo-eval: error: --model {hf}: {hf / name} {says}"), message
-    code, message = answered(capsys, convert.main, ["hf-to-mcore", "--hf", hf, "--out", tmp_path / "mc"], "vapo-convert")
+    code, message = answered(capsys, convert.main, ["hf-to-mcore", "--hf", hf, "--out", tmp_path / "mc"],
+                             "vapo-convert")
     assert code == 2 and message.startswith(f"vapo-convert: error: {hf / name} {says}"), message
     ckpt = copy(root / "mc", tmp_path / "ckpt")
     (ckpt / "hf" / name).write_text(text)
-    code, message = answered(capsys, convert.main, ["mcore-to-hf", "--ckpt", ckpt, "--out", tmp_path / "back"], "vapo-convert")
+    code, message = answered(capsys, convert.main, ["mcore-to-hf", "--ckpt", ckpt, "--out", tmp_path / "back"],
+                             "vapo-convert")
     assert code == 2 and message.startswith(f"vapo-convert: error: {ckpt / 'hf' / name} {says}"), message
     code, message = answered(capsys, train.main, train_argv(root, tmp_path / "run", hf), "vapo-train")
-    assert code == 2 and message.startswith(f"vapo-train: configuration error: model.hf_path: {hf / name} {says}"), message
+    assert code == 2 and message.startswith("vapo-train: configuration error: model.hf_path: "
+                                            f"{hf / name} {says}"), message
     assert not [p for p in tmp_path.iterdir() if p.name not in ("hf", "ckpt")]  # no output, no run directory
 
 
@@ -223,10 +228,11 @@ def test_eval_refuses_sglang_without_cuda_as_the_trainer_does(made, capsys, no_e
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)  # SGLang's CPU engine: tests/e2e/test_sglang_eval.py
 
-    code, message = answered(capsys, vapo_eval.main, eval_argv(made[0], made[0] / "hf", "--engine", "sglang"), "vapo-eval")
+    code, message = answered(capsys, vapo_eval.main, eval_argv(made[0], made[0] / "hf", "--engine", "sglang"),
+                             "vapo-eval")
     assert code == 2 and message == ("vapo-eval: error: --engine sglang needs CUDA GPUs and none is visible; "
-                                     "allowed here: --engine embedded (or SGLang's CPU engine: SGLANG_USE_CPU_ENGINE=1, "
-                                     "with sgl-kernel's CPU build)")
+                                     "allowed here: --engine embedded (or SGLang's CPU engine: "
+                                     "SGLANG_USE_CPU_ENGINE=1, with sgl-kernel's CPU build)")
 
 
 @pytest.mark.parametrize("flag,value,says", [
@@ -268,9 +274,10 @@ def test_convert_and_train_refuse_numbers_out_of_range(made, tmp_path, capsys, n
     from vapo_megatron.config import parse_config
 
     for mb in ("0", "-1"):
-        code, message = answered(capsys, convert.main, ["mcore-to-hf", "--ckpt", made[0] / "mc", "--out", tmp_path / "hf",
-                                                        "--max-shard-mb", mb], "vapo-convert")
-        assert code == 2 and message == f"vapo-convert: error: --max-shard-mb={mb} must be >= 1 (MiB per safetensors shard)"
+        code, message = answered(capsys, convert.main, ["mcore-to-hf", "--ckpt", made[0] / "mc", "--out",
+                                                        tmp_path / "hf", "--max-shard-mb", mb], "vapo-convert")
+        assert (code == 2
+                and message == f"vapo-convert: error: --max-shard-mb={mb} must be >= 1 (MiB per safetensors shard)")
     _, problems = parse_config(str(ROOT / "configs" / "demo_cpu.yaml"), ["actor_optim.clip_grad=.inf",
                                                                          "rollout.wait_timeout_s=.inf"])
     assert problems == ["actor_optim.clip_grad must be a finite number, got inf",
@@ -314,7 +321,8 @@ def test_a_rerun_of_a_finished_run_builds_nothing(made, tmp_path, capsys, no_tra
     ckpt = finished_run(made, run_dir)
     assert train.main(train_argv(made[0], run_dir, made[0] / "hf")) == 0
     out = capsys.readouterr().out
-    assert f"[vapo] the run in {run_dir} has finished, at iteration 2 (trainer.total_steps=2 asks for 2): nothing to train" in out
+    assert (f"[vapo] the run in {run_dir} has finished, at iteration 2 (trainer.total_steps=2 asks for 2): "
+            "nothing to train" in out)
     with pytest.raises(Started):
         train.main(train_argv(made[0], run_dir, made[0] / "hf", "trainer.total_steps=3"))
     shard = next((ckpt / "critic").glob("*.distcp"))

@@ -85,7 +85,8 @@ def test_eval_never_writes_into_a_directory_it_did_not_write(model, capsys):
     assert sorted(p.name for p in project.iterdir()) == ["summary.json"]
 
 
-@pytest.mark.parametrize("text,says", [(None, "config file not found: "), ("model: [unclosed\n", "invalid YAML at line 2, column 1: "),
+@pytest.mark.parametrize("text,says", [(None, "config file not found: "),
+                                       ("model: [unclosed\n", "invalid YAML at line 2, column 1: "),
                                        ("- a list\n", "expected a mapping of sections, got list")])
 def test_train_names_an_unreadable_config_file_alone(tmp_path, capsys, text, says):
     """A missing or unparsable --config is the one error: the schema's defaults once stood in for
@@ -97,5 +98,6 @@ def test_train_names_an_unreadable_config_file_alone(tmp_path, capsys, text, say
         path.write_text(text)
     code, message, err = answer(capsys, train.main, ["--config", path, "trainer.total_steps=3"], "vapo-train")
     assert code == 2 and "Traceback" not in err
-    assert message.startswith(f"vapo-train: configuration error: {path}") or message == f"vapo-train: configuration error: {says}{path}"
+    assert (message.startswith(f"vapo-train: configuration error: {path}")
+            or message == f"vapo-train: configuration error: {says}{path}")
     assert says in message and "\n" not in message, message

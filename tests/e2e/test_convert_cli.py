@@ -81,9 +81,11 @@ def test_out_dot_in_a_project_directory_keeps_the_project(made, tmp_path, capsys
 
 def test_the_source_is_never_the_output(made, capsys):
     before = snapshot(made / "hf")
-    assert f"--out {made / 'hf'} is the input --hf" in refused(capsys, "hf-to-mcore", "--hf", made / "hf", "--out", made / "hf")
+    assert f"--out {made / 'hf'} is the input --hf" in refused(capsys, "hf-to-mcore", "--hf", made / "hf", "--out",
+                                                               made / "hf")
     assert "holds the input --hf" in refused(capsys, "hf-to-mcore", "--hf", made / "hf", "--out", made, "--overwrite")
-    assert "lies inside the input --ckpt" in refused(capsys, "mcore-to-hf", "--ckpt", made / "mc", "--out", made / "mc" / "x")
+    assert "lies inside the input --ckpt" in refused(capsys, "mcore-to-hf", "--ckpt", made / "mc", "--out",
+                                                     made / "mc" / "x")
     assert snapshot(made / "hf") == before
 
 
@@ -122,12 +124,13 @@ def test_run_checkpoints_directory_names_the_form_to_give(made, tmp_path, capsys
 
 def test_bad_input_is_one_line(made, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
-    assert f"{tmp_path / 'empty'} has no config.json" in refused(capsys, "hf-to-mcore", "--hf", tmp_path / "empty", "--out",
-                                                                 tmp_path / "o")
+    assert f"{tmp_path / 'empty'} has no config.json" in refused(capsys, "hf-to-mcore", "--hf", tmp_path / "empty",
+                                                                 "--out", tmp_path / "o")
     neox = tmp_path / "neox"
     shutil.copytree(made / "hf", neox)
     cfg = json.loads((neox / "config.json").read_text())
-    (neox / "config.json").write_text(json.dumps({**cfg, "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox"}))
+    (neox / "config.json").write_text(json.dumps({**cfg, "architectures": ["GPTNeoXForCausalLM"],
+                                                  "model_type": "gpt_neox"}))
     assert "unsupported architecture" in refused(capsys, "hf-to-mcore", "--hf", neox, "--out", tmp_path / "o")
     line = refused(capsys, "hf-to-mcore", "--hf", made / "hf", "--out", tmp_path / "o", "--tp", "3")
     assert "--tp=3 does not divide num_attention_heads=4" in line and "does not divide the world size 1" in line

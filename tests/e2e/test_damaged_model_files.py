@@ -80,7 +80,8 @@ def test_model_dir_problems_name_the_file(hf, tmp_path):
     wm = {n: "model-00001-of-00002.safetensors" for n in names}
     wm["extra.weight"] = "model-00002-of-00002.safetensors"
     (s / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
-    assert model_dir_problems(s) == [f"{s / 'model-00002-of-00002.safetensors'} is missing (model.safetensors.index.json lists it)"]
+    assert model_dir_problems(s) == [f"{s / 'model-00002-of-00002.safetensors'} is missing "
+                                     "(model.safetensors.index.json lists it)"]
     wm["extra.weight"] = "model-00001-of-00002.safetensors"
     (s / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
     assert model_dir_problems(s) == [f"{s / 'model-00001-of-00002.safetensors'} lacks 1 tensor(s) "
@@ -119,7 +120,8 @@ def test_vapo_eval_names_a_damaged_file_in_one_line(hf, tmp_path, data, capsys):
     d = _copy(hf, tmp_path / "tok")
     (d / "tokenizer.json").write_text("{\x01}")
     code, message, err = _eval(capsys, d, data)
-    assert code == 2 and message.startswith(f"vapo-eval: error: --model {d}: {d / 'tokenizer.json'} is not readable JSON"), err
+    assert code == 2 and message.startswith(f"vapo-eval: error: --model {d}: "
+                                            f"{d / 'tokenizer.json'} is not readable JSON"), err
     assert not (data / "out").exists()
 
 

@@ -33,8 +33,8 @@ def trained(tmp_path_factory) -> Path:
         f"trainer.run_dir={run_dir}", f"model.hf_path={data}/model", f"data.train_files=[{data}/train.jsonl]",
         f"data.eval_files=[{data}/eval.jsonl]", f"sft.files=[{data}/sft.jsonl]", "sft.steps=3", "sft.batch_size=16",
         "sft.target_accuracy=null", "algo.value_pretrain_steps=0", "rollout.prompts_per_step=4", "rollout.n_samples=2",
-        "eval.max_prompts=8", f"eval.n_samples={K}", "parallel.tp=1", "trainer.total_steps=1", "trainer.tensorboard=false",
-        f"trainer.seed={SEED}",
+        "eval.max_prompts=8", f"eval.n_samples={K}", "parallel.tp=1", "trainer.total_steps=1",
+        "trainer.tensorboard=false", f"trainer.seed={SEED}",
     ], nproc=1)
     return run_dir
 
@@ -58,7 +58,8 @@ def run_eval(args: list[str]) -> str:
 def eval_in_forks(args: list[str], *, nproc: int = 1) -> str:
     """vapo-eval's printed summary, from its main on `nproc` forked ranks (as torchrun would start them)."""
     run = command_in_forks("vapo_megatron.eval", args, nproc=nproc)
-    assert run.returncode == 0 and not run.failures, f"{run.codes} {run.failures}\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
+    assert (run.returncode == 0
+            and not run.failures), f"{run.codes} {run.failures}\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
     return run.stdout
 
 
@@ -103,7 +104,8 @@ def test_hf_export_and_checkpoint_agree_with_samples_and_training(trained, hf_ev
     hf, printed = hf_eval
     summary = json.loads((hf / "summary.json").read_text())
     rows = samples(hf)
-    assert len(rows) == 8 * K and {"prompt_index", "sample_index", "correct", "reward", "response", "answer", "length"} <= rows[0].keys()
+    assert (len(rows) == 8 * K
+            and {"prompt_index", "sample_index", "correct", "reward", "response", "answer", "length"} <= rows[0].keys())
     # The figures are those of the per-sample file, and printed as such.
     for key, value in figures_from_samples(rows).items():
         assert summary[key] == pytest.approx(value), key
@@ -148,7 +150,8 @@ def test_bad_input_is_one_line_naming_it(trained, tmp_path, capsys):
     data = trained.parent / "data"
     out = tmp_path / "out"
     assert "--model /no/such/model: does not exist" in _bad(capsys, eval_args(Path("/no/such/model"), data, out))
-    assert "--pass-k 8: pass@k needs 1 <= k <= --n-samples (4)" in _bad(capsys, eval_args(trained / "hf", data, out, "--pass-k", "8"))
+    assert ("--pass-k 8: pass@k needs 1 <= k <= --n-samples (4)"
+            in _bad(capsys, eval_args(trained / "hf", data, out, "--pass-k", "8")))
     zero = eval_args(trained / "hf", data, out)
     zero[zero.index("--n-samples") + 1] = "0"
     assert "--n-samples 0: must be >= 1" in _bad(capsys, zero)
@@ -172,7 +175,8 @@ def test_math_answers_vote_by_math_verify_equivalence():
 
     key = AnswerKey("math", timeout_s=30.0, num_workers=1)
     try:
-        responses = ["so \\boxed{3}", "the answer is \\boxed{0.5}", "\\boxed{3}", "\\boxed{\\frac{1}{2}}", "x = 1/2", "no idea"]
+        responses = ["so \\boxed{3}", "the answer is \\boxed{0.5}", "\\boxed{3}", "\\boxed{\\frac{1}{2}}", "x = 1/2",
+                     "no idea"]
         answers = key.extract(responses)
         assert answers[0] == "3" and answers[5] is None
         same = key.equivalence([answers])

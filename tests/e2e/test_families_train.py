@@ -99,7 +99,8 @@ def test_vapo_train_runs_with_the_embedded_engine(request, demo_data, tmp_path, 
         # Mean |engine - trainer| log-prob over response tokens, float32 on both sides: rounding
         # only (a wrong RoPE scaling, a misrouted token or a misplaced weight gives ~1e-2 and more).
         assert 0.0 <= r["rollout/logprob_diff"] < 1e-6, r["rollout/logprob_diff"]
-        assert all(math.isfinite(r[k]) for k in ("actor/pg_loss", "actor/grad_norm") + ("critic/value_loss",) * (len(roles) > 1))
+        assert all(math.isfinite(r[k])
+                   for k in ("actor/pg_loss", "actor/grad_norm") + ("critic/value_loss",) * (len(roles) > 1))
         assert ("moe/routing_mismatch" in r) == moe and all((f"{role}/moe_aux_loss" in r) == moe for role in roles)
         if moe:
             # Routing replay is on (a MoE model): the engine's routes reach each trainer router at

@@ -143,7 +143,8 @@ def _assert_same_run(want: Path, have: Path) -> None:
     """Same final checkpoint (all tensors of both dist checkpoints: weights, Adam moments and step;
     RNG states; run state) and the same metrics, each step once."""
     for model in ("actor", "critic"):
-        a, b = checkpoint_tensors(want / "checkpoints" / FINAL / model), checkpoint_tensors(have / "checkpoints" / FINAL / model)
+        a, b = (checkpoint_tensors(want / "checkpoints" / FINAL / model),
+                checkpoint_tensors(have / "checkpoints" / FINAL / model))
         assert a.keys() == b.keys() and any(k.startswith("optimizer.") for k in a)
         differ = {k: float((a[k].double() - b[k].double()).abs().max()) for k in a if not torch.equal(a[k], b[k])}
         assert not differ, f"{model}: tensors differ from the uninterrupted run (max abs difference): {differ}"
@@ -266,14 +267,16 @@ def test_a_damaged_carry_over_file_falls_back_and_sigterm_to_torchrun_checkpoint
     last = len(carry_over.read_groups(reference / "checkpoints" / FINAL / carry_over.FILE)[1]) - 1
     assert (f"[vapo] checkpoint {root / FINAL} is damaged, falling back to an older one: {damaged} is damaged: "
             f"group {last} (key ") in run.stdout, run.output[-3000:]
-    assert f"token id {vocab} is outside the vocabulary [0, {vocab}) of model.hf_path\n" in run.stdout, run.output[-3000:]
+    assert (f"token id {vocab} is outside the vocabulary [0, {vocab}) of model.hf_path\n"
+            in run.stdout), run.output[-3000:]
     previous = f"iter_{VAPO_STEPS:07d}"
     assert _resumed_from(run, root, previous), run.output[-3000:]
     # The redone iteration wrote the newest checkpoint again, as the uninterrupted run had it.
     for model in ("actor", "critic"):
         a, b = checkpoint_tensors(reference / "checkpoints" / FINAL / model), checkpoint_tensors(root / FINAL / model)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), model
-    assert [carry_over.to_plain([g]) for _, g in carry_over.read_groups(reference / "checkpoints" / FINAL / carry_over.FILE)[1]] \
+    assert [carry_over.to_plain([g])
+            for _, g in carry_over.read_groups(reference / "checkpoints" / FINAL / carry_over.FILE)[1]] \
         == [carry_over.to_plain([g]) for _, g in carry_over.read_groups(damaged)[1]]
     # SIGTERM to torchrun: the workers' checkpoint and exit 3; torchrun's own exit 1.
     stopped = f"iter_{2 + VAPO_STEPS:07d}"
@@ -301,7 +304,8 @@ def test_nan_losses_are_skipped_and_counted_then_stop_the_run(reference, demo_da
     assert not run.leftovers
     for role in ("critic", "actor"):
         for n in (1, 2, 3, 4):
-            assert f"[vapo] {role}: optimizer step skipped (non-finite loss or gradient norm), {n} in a row\n" in run.stdout
+            assert (f"[vapo] {role}: optimizer step skipped (non-finite loss or gradient norm), "
+                    f"{n} in a row\n" in run.stdout)
     # Iteration 5 (step 6) is logged with its skips; iteration 6 stopped before its log and checkpoint.
     assert _train_steps(run_dir) == list(range(1, 2 + VAPO_STEPS + 1))
     recs = {r["step"]: r for r in records(run_dir) if r["phase"] in ("value_pretrain", "vapo")}

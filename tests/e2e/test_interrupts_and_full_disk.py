@@ -41,7 +41,8 @@ def _overrides(demo: Path, run_dir: Path, *extra: str) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
@@ -97,7 +98,8 @@ def _can_mount_tmpfs() -> bool:
     return probe.returncode == 0
 
 
-@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs a private mount namespace (root or user namespaces) for a small tmpfs")
+@pytest.mark.skipif(not _can_mount_tmpfs(),
+                    reason="needs a private mount namespace (root or user namespaces) for a small tmpfs")
 def test_a_full_disk_fails_the_save_in_one_line_and_leaves_the_previous_checkpoint(demo, tmp_path):
     # The size of one checkpoint of this model, from a run on the ordinary disk.
     train_in_forks(CONFIG, *_overrides(demo, tmp_path / "sized", "trainer.total_steps=1"), nproc=1)
@@ -117,8 +119,10 @@ def test_a_full_disk_fails_the_save_in_one_line_and_leaves_the_previous_checkpoi
         target = run_dir / "checkpoints" / f"iter_{steps:07d}"
         assert line.startswith(f"vapo-train: checkpoint save error: saving {target} failed: rank 0: "), line
         if steps == 2:
-            assert f"not enough space for a checkpoint of this run ({one / 2**20:.1f} MiB, the size of iter_0000001) (errno 28)" in line
-        assert re.search(rf"; \d+\.\d MiB free of [\d.]+ MiB on the file system of {run_dir}/checkpoints when it failed", line), line
+            assert (f"not enough space for a checkpoint of this run ({one / 2**20:.1f} MiB, the size of iter_0000001) "
+                    "(errno 28)" in line)
+        assert re.search(rf"; \d+\.\d MiB free of [\d.]+ MiB on the file system of {run_dir}/checkpoints "
+                         r"when it failed", line), line
         assert f"{run_dir}/checkpoints/latest still names the last complete checkpoint" in line
         listing = out.split("EXIT=5\n", 1)[1].split()
         assert [n for n in listing if n.startswith(".iter")] == [], listing  # no partial directory keeps the disk full

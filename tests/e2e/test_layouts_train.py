@@ -43,9 +43,11 @@ def test_a_chain_step_at_each_layout_with_several_micro_batches_per_rank(chain_d
     model, layout = LAYOUTS[name]
     d, run_dir = chain_data, tmp_path / "run"
     train_in_forks("chain_cpu.yaml", f"trainer.run_dir={run_dir}", f"model.hf_path={d / model}",
-                   f"data.train_files=[{d}/train.jsonl]", f"data.eval_files=[{d}/eval.jsonl]", f"sft.files=[{d}/sft.jsonl]",
+                   f"data.train_files=[{d}/train.jsonl]", f"data.eval_files=[{d}/eval.jsonl]",
+                   f"sft.files=[{d}/sft.jsonl]",
                    "sft.steps=0", "algo.value_pretrain_steps=1", "trainer.total_steps=1", "rollout.prompts_per_step=8",
-                   "rollout.n_samples=2", "algo.mini_batches=2", "rollout.max_new_tokens=12", "data.max_prompt_tokens=48",
+                   "rollout.n_samples=2", "algo.mini_batches=2", "rollout.max_new_tokens=12",
+                   "data.max_prompt_tokens=48",
                    "trainer.micro_batch_tokens=64", "eval.every=100", "eval.max_prompts=2", "eval.n_samples=1",
                    "trainer.save_every=100", "trainer.tensorboard=false", "trainer.export_hf=false", *layout,
                    timeout=240)  # a hang (the defect) fails in minutes, not at gloo's 30-minute timeout

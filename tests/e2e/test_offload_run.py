@@ -32,7 +32,8 @@ def _settings(data: Path, run_dir: Path, offload: bool) -> list[str]:
         "sft.files=[]", "sft.steps=0", "algo.value_pretrain_steps=1",
         "rollout.prompts_per_step=8", "rollout.n_samples=2", "rollout.max_new_tokens=4",
         f"trainer.total_steps={VAPO_STEPS}", "trainer.save_every=1", "trainer.deterministic=true",
-        "trainer.export_hf=false", "trainer.tensorboard=false", f"trainer.offload_during_rollout={str(offload).lower()}",
+        "trainer.export_hf=false", "trainer.tensorboard=false",
+        f"trainer.offload_during_rollout={str(offload).lower()}",
     ]
 
 
@@ -48,10 +49,12 @@ def test_offload_gives_bitwise_the_same_run_across_a_kill_and_resume(tmp_path):
 
     killed = launch_in_forks(CONFIG, _settings(data, have, True), env={"VAPO_FAULT": "nan_loss@1,rollout@2"},
                              module=faults.ENTRY)
-    assert killed.returncode != 0 and "[vapo] VAPO_FAULT: killing rank 0 at rollout@2\n" in killed.stdout, killed.output[-3000:]
+    assert (killed.returncode != 0
+            and "[vapo] VAPO_FAULT: killing rank 0 at rollout@2\n" in killed.stdout), killed.output[-3000:]
     assert (have / "checkpoints" / "latest").read_text().strip() == "iter_0000002"
     run = train_in_forks(CONFIG, *_settings(data, have, True), env=nan, module=faults.ENTRY)
-    assert f"[vapo] resumed from {have / 'checkpoints' / 'iter_0000002'} at iteration 2\n" in run.stdout, run.output[-3000:]
+    assert (f"[vapo] resumed from {have / 'checkpoints' / 'iter_0000002'} at iteration 2\n"
+            in run.stdout), run.output[-3000:]
     assert "[vapo] trainer state offloaded during rollout (rank 0): offload " in run.stdout, run.output[-3000:]
 
     for model in ("actor", "critic"):

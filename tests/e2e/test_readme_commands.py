@@ -5,8 +5,9 @@ that starts with vapo-train, vapo-convert, vapo-plan, vapo-eval or torchrun is f
 run as written, from a directory that looks like the clone after `make demo`:
 - configs/ is the repository's; runs/demo/data is what `make demo` writes
   (scripts/make_demo_data.py, seed 0), runs/chain/data what the chain task's command writes
-  (`make_demo_data.py --task chain`, fewer prompts: only the files' presence is checked), and runs/demo/config.yaml is the configuration
-  scripts/run_demo.sh starts the demo with (its overrides are read from the script itself);
+  (`make_demo_data.py --task chain`, fewer prompts: only the files' presence is checked), and
+  runs/demo/config.yaml is the configuration scripts/run_demo.sh starts the demo with (its
+  overrides are read from the script itself);
 - runs/demo/checkpoints/iter_0000210/actor, the demo's last actor, is stood in for by the demo
   model converted with hf-to-mcore (training it takes minutes);
 - Qwen2.5-7B-Instruct/ (a model to download) is the demo's tiny model, copied.

@@ -86,7 +86,8 @@ def test_a_changed_configuration_on_resume_is_refused_or_logged(demo, tmp_path):
     proc = _cli(*base, "trainer.seed=0", "trainer.total_steps=3", "trainer.save_every=5")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (f"[vapo] resuming {run_dir} with a changed configuration: trainer.allow_config_change: True in the run, "
-            "False now; trainer.save_every: 20 in the run, 5 now; trainer.total_steps: 2 in the run, 3 now\n") in proc.stdout
+            "False now; trainer.save_every: 20 in the run, 5 now; "
+            "trainer.total_steps: 2 in the run, 3 now\n") in proc.stdout
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_0000003"
 
 

@@ -36,7 +36,8 @@ def _base(demo: Path, run_dir: Path, steps: int) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
@@ -118,7 +119,8 @@ def test_a_second_trainer_is_refused_and_workers_die_with_their_launcher(demo, t
                     fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except OSError:
-                    assert time.monotonic() < deadline, f"the lock outlived its holder: {Path('/proc/locks').read_text()}"
+                    assert time.monotonic() < deadline, ("the lock outlived its holder: "
+                                                         f"{Path('/proc/locks').read_text()}")
                     time.sleep(0.2)
         finally:
             os.close(fd)
@@ -146,8 +148,10 @@ def test_a_resume_with_another_model_is_a_mismatch_and_leaves_the_run_as_it_was(
     proc = _forked(*base, f"model.hf_path={other}/model", "trainer.total_steps=2", "trainer.allow_config_change=true")
     assert proc.returncode == 2, proc.stderr[-3000:]
     ckpt = run_dir / "checkpoints" / "iter_0000001"
-    assert f"vapo-train: checkpoint error: {ckpt}/actor holds another model than the one built from {other}/model: " in proc.stderr
-    assert "decoder.layers.mlp.linear_fc2.weight is [2, 64, 256] in the checkpoint, [2, 64, 128] in the model" in proc.stderr
+    assert (f"vapo-train: checkpoint error: {ckpt}/actor holds another model than the one built from "
+            f"{other}/model: " in proc.stderr)
+    assert ("decoder.layers.mlp.linear_fc2.weight is [2, 64, 256] in the checkpoint, "
+            "[2, 64, 128] in the model" in proc.stderr)
     assert "the checkpoints are intact" in proc.stderr and "damaged" not in proc.stdout + proc.stderr
     assert (run_dir / "config.yaml").read_bytes() == record  # the run's record is untouched
 

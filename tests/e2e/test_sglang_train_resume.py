@@ -85,7 +85,8 @@ def _processes_with(marker: str) -> list[str]:
     out = []
     for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
-            if marker.encode() in environ.read_bytes() and (environ.parent / "stat").read_text().rsplit(") ", 1)[1][0] != "Z":
+            if (marker.encode() in environ.read_bytes()
+                    and (environ.parent / "stat").read_text().rsplit(") ", 1)[1][0] != "Z"):
                 out.append((environ.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
         except (OSError, IndexError):
             continue  # gone meanwhile, or not ours to read
@@ -121,7 +122,8 @@ def _run(data: Path, run_dir: Path, logs: Path, name: str, *, signum: int | None
         if signum is not None:
             deadline = time.monotonic() + 900
             while "[vapo] resumed from " not in out.read_text():
-                assert proc.poll() is None, f"{name}: exit {proc.returncode} before the signal:\n{err.read_text()[-4000:]}"
+                assert proc.poll() is None, (f"{name}: exit {proc.returncode} before the signal:\n"
+                                             f"{err.read_text()[-4000:]}")
                 assert time.monotonic() < deadline, f"{name}: did not resume:\n{err.read_text()[-4000:]}"
                 time.sleep(0.1)
             os.killpg(proc.pid, signum)  # the trainer, its engine's scheduler and detokenizer, its helpers
@@ -161,7 +163,8 @@ def test_a_run_with_sglang_killed_and_stopped_by_each_signal_resumes_to_the_unin
         name = signal.Signals(signum).name
         requeue = logs / f"requeue_{name}"
         code, out, err = _run(data, run_dir, logs, name, signum=signum, env={"VAPO_REQUEUE_FILE": str(requeue)})
-        assert f"[vapo] resumed from {run_dir / 'checkpoints' / f'iter_{at:07d}'} at iteration {at}\n" in out, out[-3000:]
+        assert (f"[vapo] resumed from {run_dir / 'checkpoints' / f'iter_{at:07d}'} at iteration {at}\n"
+                in out), out[-3000:]
         assert code == 3, f"{name} to the process group: exit {code} (None: still running {STOP_WAIT_S} s after it)\n" \
                           f"{out[-2000:]}\n{err[-6000:]}"
         at += 1  # one iteration, then the stop at its end

@@ -105,7 +105,8 @@ def test_deadline_saves_and_requeues_before_the_time_limit(
     fields = wait_done(job_id, slurm_env, timeout=300)
     text = log.read_text(errors="replace")
     assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), text[-4000:]
-    assert "s left before the job's end" in text and "[vapo] stop (deadline): checkpoint at iteration" in text, text[-4000:]
+    assert ("s left before the job's end" in text
+            and "[vapo] stop (deadline): checkpoint at iteration" in text), text[-4000:]
     assert "asking for a requeue" in text and "DUE TO TIME LIMIT" not in text, text[-4000:]
     resumed = re.findall(r"resumed from .+ at iteration (\d+)", text)
     assert len(resumed) == 1 and 1 <= int(resumed[0]) < FINAL_ITER, text[-4000:]

@@ -96,7 +96,8 @@ def logged_once(run_dir: Path) -> None:
 
 def completed(fields: dict[str, str], log: Path, restarts: int = 0) -> str:
     text = log.read_text(errors="replace")
-    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", str(restarts)), text[-4000:]
+    assert ((fields["JobState"], fields["ExitCode"], fields["Restarts"])
+            == ("COMPLETED", "0:0", str(restarts))), text[-4000:]
     return text
 
 

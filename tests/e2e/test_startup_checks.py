@@ -32,14 +32,16 @@ def base_overrides(demo: Path, run_dir: Path) -> list[str]:
     return [
         f"trainer.run_dir={run_dir}", f"model.hf_path={demo}/model", f"data.train_files=[{demo}/train.jsonl]",
         f"data.eval_files=[{demo}/eval.jsonl]", f"sft.files=[{demo}/sft.jsonl]", "sft.steps=0",
-        "parallel.tp=1", "algo.value_pretrain_steps=0", "algo.mini_batches=1", "rollout.prompts_per_step=4", "rollout.n_samples=2",
+        "parallel.tp=1", "algo.value_pretrain_steps=0", "algo.mini_batches=1", "rollout.prompts_per_step=4",
+        "rollout.n_samples=2",
         "trainer.total_steps=1", "trainer.tensorboard=false", "trainer.export_hf=false", "eval.max_prompts=4",
     ]
 
 
 def startup_report(demo: Path, tmp_path: Path, *overrides: str, world_size: int = 1, cuda: bool = False) -> list[str]:
     """What vapo-train's start-up reports (vapo_megatron/train.py's checked_config, both passes)."""
-    cfg, problems = parse_config(str(ROOT / "configs" / "demo_cpu.yaml"), [*base_overrides(demo, tmp_path / "run"), *overrides])
+    cfg, problems = parse_config(str(ROOT / "configs" / "demo_cpu.yaml"),
+                                 [*base_overrides(demo, tmp_path / "run"), *overrides])
     return problems + startup_problems(cfg, world_size) + hardware_problems(cfg, cuda=cuda)
 
 
@@ -58,19 +60,24 @@ CASES = [
     (["parallel.pp=4"], 4, "parallel.pp=4 does not divide num_hidden_layers=2 of model.hf_path"),
     (["parallel.pp=2", "parallel.vpp=2"], 2, "parallel.pp * parallel.vpp = 2 * 2 does not divide num_hidden_layers=2"),
     (["parallel.vpp=2"], 1, "parallel.vpp=2 must be null, or >= 1 with parallel.pp >= 2"),
-    (["rollout.prompts_per_step=6"], 4, "rollout.prompts_per_step=6 must be divisible by data-parallel size * algo.mini_batches = 4 * 1 = 4"),
+    (["rollout.prompts_per_step=6"], 4,
+     "rollout.prompts_per_step=6 must be divisible by data-parallel size * algo.mini_batches = 4 * 1 = 4"),
     (["rollout.prompts_per_step=8", "algo.mini_batches=4"], 4, "= 4 * 4 = 16"),
-    (["rollout.prompts_per_step=6", "algo.mini_batches=4"], 1, "rollout.prompts_per_step=6 is not divisible by algo.mini_batches=4"),
+    (["rollout.prompts_per_step=6", "algo.mini_batches=4"], 1,
+     "rollout.prompts_per_step=6 is not divisible by algo.mini_batches=4"),
     (["sft.steps=2", "sft.batch_size=3"], 2, "sft.batch_size=3 must be divisible by the data-parallel size 2"),
-    (["rollout.max_new_tokens=120", "trainer.micro_batch_tokens=4096"], 1, "= 152 exceeds max_position_embeddings=128 of model.hf_path"),
+    (["rollout.max_new_tokens=120", "trainer.micro_batch_tokens=4096"], 1,
+     "= 152 exceeds max_position_embeddings=128 of model.hf_path"),
     (["trainer.micro_batch_tokens=16"], 1, "trainer.micro_batch_tokens=16 must hold one full sequence"),
     (["data.max_prompt_tokens=0"], 1, "data.max_prompt_tokens=0 must be >= 1"),
     (["trainer.logprob_chunk_tokens=0"], 1, "trainer.logprob_chunk_tokens=0 must be >= 1"),
     (["rollout.top_k=0"], 1, "rollout.top_k=0 must be -1 (off) or >= 1"),
     (["actor_optim.adam_beta2=1.0"], 1, "actor_optim.adam_beta2=1.0 must be in [0, 1)"),
     (["critic_optim.min_lr=1.0"], 1, "critic_optim.min_lr=1.0 must be in [0, critic_optim.lr="),
-    (["reward.correct_score=0", "reward.incorrect_score=0"], 1, "reward.correct_score=0.0 must be greater than reward.incorrect_score=0.0"),
-    (["reward.fn=no_such_module_xyz:score"], 1, "reward.fn='no_such_module_xyz:score': reward function spec 'no_such_module_xyz:score': cannot import module"),
+    (["reward.correct_score=0", "reward.incorrect_score=0"], 1,
+     "reward.correct_score=0.0 must be greater than reward.incorrect_score=0.0"),
+    (["reward.fn=no_such_module_xyz:score"], 1,
+     "reward.fn='no_such_module_xyz:score': reward function spec 'no_such_module_xyz:score': cannot import module"),
     (["reward.fn=tests.helpers.reward_fns:missing"], 1, "has no callable 'missing'"),
     (["rollout.engine=sglang"], 1, "rollout.engine=sglang needs CUDA GPUs"),
     (["actor_optim.distributed_optimizer=true"], 1, "actor_optim.distributed_optimizer=true needs CUDA GPUs"),
@@ -94,7 +101,8 @@ def test_an_unknown_engine_is_one_line_naming_the_key(demo, tmp_path):
 def test_moved_keys_name_their_new_place(demo, tmp_path):
     for old, new in (("trainer.eval_every", "eval.every"), ("data.eval_max_prompts", "eval.max_prompts"),
                      ("rollout.sglang_tp", "rollout.sglang.tp")):
-        assert startup_report(demo, tmp_path, f"{old}=5") == [f"command-line override '{old}=5': {old} was moved to {new}"]
+        assert startup_report(demo, tmp_path, f"{old}=5") == [f"command-line override '{old}=5': "
+                                                              f"{old} was moved to {new}"]
 
 
 def test_routing_replay_is_refused_for_a_dense_model_in_one_line(demo, tmp_path):
@@ -110,7 +118,8 @@ def test_the_shipped_dapo_config_runs_with_partial_rollout_from_the_command_line
     vapo-train's start-up checks on that command line (only the files moved to the test's demo data,
     at its world size of 2 ranks for parallel.tp=2), and --print-config's (vapo-plan's) checks."""
     dapo = str(ROOT / "configs" / "dapo.yaml")
-    files = [f"trainer.run_dir={tmp_path / 'run'}", f"model.hf_path={demo}/model", f"data.train_files=[{demo}/train.jsonl]",
+    files = [f"trainer.run_dir={tmp_path / 'run'}", f"model.hf_path={demo}/model",
+             f"data.train_files=[{demo}/train.jsonl]",
              f"data.eval_files=[{demo}/eval.jsonl]", f"sft.files=[{demo}/sft.jsonl]"]
     cfg, problems = parse_config(dapo, [*files, "rollout.partial.enabled=true"])
     assert cfg.rollout.partial.enabled and cfg.rollout.dynamic_sampling and cfg.rollout.max_sampling_rounds == 3
@@ -142,7 +151,8 @@ def test_files_and_model_dirs_are_checked_for_what_they_hold(demo, tmp_path):
     odd_arch = tmp_path / "odd_arch"
     odd_arch.mkdir()
     hf = json.loads((demo / "model" / "config.json").read_text())
-    (odd_arch / "config.json").write_text(json.dumps({**hf, "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox"}))
+    (odd_arch / "config.json").write_text(json.dumps({**hf, "architectures": ["GPTNeoXForCausalLM"],
+                                                      "model_type": "gpt_neox"}))
     (tmp_path / "run_is_a_file").write_text("")
     problems = startup_report(
         demo, tmp_path, f"data.train_files=[{tmp_path}/data_dir.jsonl]", f"data.eval_files=[{tmp_path}/t.csv]",
@@ -178,13 +188,14 @@ def test_what_a_setting_needs_of_the_machine_is_listed_with_the_other_problems(d
                        [*base_overrides(demo, tmp_path / "run"), "rollout.engine=sglang", "rollout.sglang.tp=2"])
     msg = str(e.value)
     assert msg.startswith("2 invalid settings:"), msg
-    assert "rollout.sglang.tp=2 must divide parallel.tp=1" in msg and "rollout.engine=sglang needs CUDA GPUs" in msg, msg
+    assert ("rollout.sglang.tp=2 must divide parallel.tp=1" in msg
+            and "rollout.engine=sglang needs CUDA GPUs" in msg), msg
 
 
 def test_unknown_keys_and_wrong_types_are_all_listed():
     with pytest.raises(ConfigError) as e:
-        load_config(str(ROOT / "configs" / "demo_cpu.yaml"), ["algo.alpah=0.1", "rollout.n_samples=many", "model.dtype=fp8"],
-                    check_paths=False)
+        load_config(str(ROOT / "configs" / "demo_cpu.yaml"),
+                    ["algo.alpah=0.1", "rollout.n_samples=many", "model.dtype=fp8"], check_paths=False)
     msg = str(e.value)
     assert msg.startswith("3 invalid settings:")
     assert "unknown config key algo.alpah (allowed: " in msg and "alpha" in msg
@@ -195,7 +206,8 @@ def test_unknown_keys_and_wrong_types_are_all_listed():
 # ---- the real CLI ----------------------------------------------------------------------------
 
 def _cli(*args: str, env_extra: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
     env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env_extra or {})})
     cmd = [sys.executable, "-m", "vapo_megatron.train", "--config", str(ROOT / "configs" / "demo_cpu.yaml"), *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
@@ -236,9 +248,11 @@ def test_cli_reports_an_unknown_key_and_a_bad_value_at_once_without_torch(demo, 
     code = ("import sys; from vapo_megatron.train import main; rc = main(sys.argv[1:]); "
             "heavy = sorted(m for m in ('torch', 'megatron', 'transformers') if m in sys.modules); "
             "print('HEAVY', heavy, file=sys.stderr); sys.exit(rc)")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
     proc = subprocess.run(
-        [sys.executable, "-c", code, "--config", str(ROOT / "configs" / "demo_cpu.yaml"), *base_overrides(demo, tmp_path / "run"),
+        [sys.executable, "-c", code, "--config", str(ROOT / "configs" / "demo_cpu.yaml"),
+         *base_overrides(demo, tmp_path / "run"),
          "algo.alpah=0.1", "algo.gamma=1.5", "rollout.n_samples=many", "algo.value_clip"],
         cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -253,7 +267,8 @@ def test_cli_reports_an_unknown_key_and_a_bad_value_at_once_without_torch(demo, 
 
 
 def test_cli_heads_against_tp_with_a_matching_world(demo, tmp_path):
-    proc = _cli(*base_overrides(demo, tmp_path / "run"), "parallel.tp=4", env_extra={"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0"})
+    proc = _cli(*base_overrides(demo, tmp_path / "run"), "parallel.tp=4",
+                env_extra={"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0"})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "parallel.tp=4 does not divide num_key_value_heads=2 of model.hf_path" in proc.stderr
     assert "allowed parallel.tp: 1, 2" in proc.stderr
@@ -264,7 +279,8 @@ def test_cli_all_bad_training_data_stops_with_the_file_named(demo, tmp_path):
     bad.write_bytes(b'{"prompt": "1+1=", "answer": null}\n{"prompt": 5, "answer": "2"}\n\xff\xfe\n')
     proc = _forked(*base_overrides(demo, tmp_path / "run"), f"data.train_files=[{bad}]")
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert f"vapo-train: data error: {bad}: no usable prompt in 3 rows (non_utf8=1, null_answer=1, wrong_type=1)" in proc.stderr
+    assert (f"vapo-train: data error: {bad}: no usable prompt in 3 rows (non_utf8=1, null_answer=1, "
+            "wrong_type=1)" in proc.stderr)
     for line in (1, 2, 3):
         assert f"{bad}:{line}:" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -325,11 +341,13 @@ def test_cli_refuses_bad_baseline_settings_at_once_without_torch(demo, tmp_path)
     code = ("import sys; from vapo_megatron.train import main; rc = main(sys.argv[1:]); "
             "heavy = sorted(m for m in ('torch', 'megatron', 'transformers') if m in sys.modules); "
             "print('HEAVY', heavy, file=sys.stderr); sys.exit(rc)")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
 
     def run(config: str, *overrides: str) -> str:
         proc = subprocess.run(
-            [sys.executable, "-c", code, "--config", str(ROOT / "configs" / config), *base_overrides(demo, tmp_path / "run"),
+            [sys.executable, "-c", code, "--config", str(ROOT / "configs" / config),
+             *base_overrides(demo, tmp_path / "run"),
              *overrides], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr[-3000:]
         assert "HEAVY []" in proc.stderr, proc.stderr[-3000:]

@@ -69,7 +69,8 @@ def test_sigusr1_during_the_final_step_finishes_the_run_without_a_requeue(tmp_pa
         f"data.train_files=[{data}/train.jsonl]", "data.eval_files=[]", "sft.files=[]", "sft.steps=0",
         "algo.value_pretrain_steps=1", "rollout.prompts_per_step=4", "rollout.n_samples=2",
         "rollout.max_new_tokens=4", "trainer.total_steps=1", "trainer.tensorboard=false",
-        env={"VAPO_FAULT": "usr1@1", "VAPO_REQUEUE_FILE": str(marker)},  # iteration 1 is the last (0: value pretraining)
+        # iteration 1 is the last (0: value pretraining)
+        env={"VAPO_FAULT": "usr1@1", "VAPO_REQUEUE_FILE": str(marker)},
         module=faults.ENTRY, reap=True,
     )
     assert "[vapo] SIGUSR1 during the final step: finishing the run" in run.output, run.output[-3000:]

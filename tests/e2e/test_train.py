@@ -49,8 +49,8 @@ def _scheduled_lr(s: int, *, lr: float, min_lr: float, warmup: int, decay: int, 
         return min_lr
     r = (s - warmup) / (decay - warmup)
     return min_lr + (lr - min_lr) * ((1 - r) if style == "linear" else (1 + math.cos(math.pi * r)) / 2)
-PHASE_TIMES = [f"perf/{p}_s" for p in ("offload", "rollout", "onload", "reward", "score", "critic_update", "actor_update",
-                                       "sync", "eval", "checkpoint", "other")]
+PHASE_TIMES = [f"perf/{p}_s" for p in ("offload", "rollout", "onload", "reward", "score", "critic_update",
+                                       "actor_update", "sync", "eval", "checkpoint", "other")]
 
 
 @pytest.fixture(scope="module")
@@ -116,11 +116,13 @@ def test_demo_config_runs_end_to_end(full_run):
 
     tok = AutoTokenizer.from_pretrained(full_run / "hf")
     model = AutoModelForCausalLM.from_pretrained(full_run / "hf")
-    ids = tok.apply_chat_template([{"role": "user", "content": "12+34="}], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = tok.apply_chat_template([{"role": "user", "content": "12+34="}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)
     out = model.generate(**ids, max_new_tokens=4, do_sample=False)
     assert out.shape[1] > ids["input_ids"].shape[1]
     # The plot script reads the run.
-    subprocess.run([sys.executable, "-m", "benchmarks.plot_metrics", str(full_run)], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "benchmarks.plot_metrics", str(full_run)], cwd=ROOT, check=True,
+                   capture_output=True)
     assert (full_run / "curves.png").stat().st_size > 10_000
 
 
@@ -169,7 +171,8 @@ def test_numerics_match_the_golden_records_of_this_cpu_kind(full_run):
     sft = lambda recs: [(r["sft/nll_loss"], r["sft/grad_norm"]) for r in recs if r.get("phase") == "sft"]  # noqa: E731
     assert len(sft(got)) == len(sft(want)) > 0
     for (loss, norm), (w_loss, w_norm) in zip(sft(got), sft(want)):
-        assert loss == pytest.approx(w_loss, rel=SFT_RTOL) and norm == pytest.approx(w_norm, rel=SFT_RTOL), (other, sft(got))
+        assert (loss == pytest.approx(w_loss, rel=SFT_RTOL)
+                and norm == pytest.approx(w_norm, rel=SFT_RTOL)), (other, sft(got))
     warnings.warn(f"no golden records for {kind}: only the SFT records were checked, against {other}'s")
 
 
@@ -242,7 +245,8 @@ TP_CHANGE_RTOL = 1e-4
 # config/resume.py): TP=2 -> TP=1 on one rank, and TP=2 -> TP=1 x PP=2 (each stage one of the two layers).
 LAYOUT_CHANGES = {
     "tp1": (["parallel.tp=1"], 1, ["parallel.tp: 2 in the run, 1 now"]),
-    "tp1_pp2": (["parallel.tp=1", "parallel.pp=2"], 2, ["parallel.tp: 2 in the run, 1 now", "parallel.pp: 1 in the run, 2 now"]),
+    "tp1_pp2": (["parallel.tp=1", "parallel.pp=2"], 2,
+                ["parallel.tp: 2 in the run, 1 now", "parallel.pp: 1 in the run, 2 now"]),
 }
 
 

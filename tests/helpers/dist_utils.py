@@ -23,8 +23,8 @@ from tests.helpers.ports import free_port
 
 # Imported once by the forkserver; every rank forked from it starts with them loaded.
 # tests.helpers.preload first: megatron-core imported as the commands import it (import_megatron).
-PRELOAD = ["tests.helpers.preload", "torch", "torch.distributed", "megatron.core", "megatron.core.models.gpt", "transformers",
-           "vapo_megatron.mcore.models", "vapo_megatron.mcore.parallel", "vapo_megatron.mcore.schedule"]
+PRELOAD = ["tests.helpers.preload", "torch", "torch.distributed", "megatron.core", "megatron.core.models.gpt",
+           "transformers", "vapo_megatron.mcore.models", "vapo_megatron.mcore.parallel", "vapo_megatron.mcore.schedule"]
 
 
 def _worker(rank, world_size, port, fn, args, queue, env):
@@ -97,7 +97,8 @@ def end_ranks(world_size: int, fn, *args, timeout: float = 600.0, grace: float =
             failures[rank] = f"rank {rank}:\n{value}"
             deadline = min(deadline, time.monotonic() + grace)
     if not failures and len(results) < world_size:  # the time ran out
-        failures.update({r: f"rank {r}: no result within {timeout:.0f} s" for r in range(world_size) if r not in results})
+        failures.update({r: f"rank {r}: no result within {timeout:.0f} s" for r in range(world_size)
+                         if r not in results})
     killed = set()
     for r, p in enumerate(procs):
         p.join(timeout=max(1.0, deadline - time.monotonic()))

@@ -76,7 +76,8 @@ def result(report: Path, timeout_s: float = 900) -> tuple[int, str]:
         deadline = time.monotonic() + timeout_s
         while not rc.exists():
             if time.monotonic() > deadline:
-                raise AssertionError(f"the GPU install's resolution started at session start did not end in {timeout_s:.0f} s")
+                raise AssertionError("the GPU install's resolution started at session start did not end in "
+                                     f"{timeout_s:.0f} s")
             time.sleep(0.5)
         if (Path(folder) / "report.json").exists():
             shutil.copy(Path(folder) / "report.json", report)

@@ -7,8 +7,9 @@ is vapo-train (its main, the same arguments; under torchrun as well) with this m
 installed, which fires `point` while the trainer works on iteration N (0-based: the step that the
 metrics log as step N+1; a checkpoint point fires while writing the checkpoint saved right after
 that step). The hook learns N from the trainer itself: it wraps `Trainer.train_step` to read
-`state.iteration` as each step starts (-1 before the first RL step: the SFT warm start). Every rank fires at the same point, as a whole-job crash would. vapo-train itself
-never installs the hook: VAPO_FAULT does nothing there.
+`state.iteration` as each step starts (-1 before the first RL step: the SFT warm start). Every rank
+fires at the same point, as a whole-job crash would. vapo-train itself never installs the hook:
+VAPO_FAULT does nothing there.
 
 Kill points (the process SIGKILLs itself: no handler, no cleanup, no flush):
     rollout          after the rollout engine returned its samples

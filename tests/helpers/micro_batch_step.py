@@ -92,8 +92,9 @@ def step(actor_dir, critic_dir, tp, pp, vpp, ep, moe, sp=False):
 
     optim = OptimConfig(lr=1e-3, adam_eps=1.0, clip_grad=0.0)  # eps 1: Adam's first step ~ lr * g, scale-sensitive
     cfg = Config(model=ModelConfig(hf_path=actor_dir, critic_hf_path=critic_dir, dtype="float32"),
-                 parallel=ParallelConfig(tp=tp, pp=pp, vpp=vpp, ep=ep, sequence_parallel=sp), actor_optim=optim, critic_optim=optim,
-                 algo=AlgoConfig(mini_batches=2, alpha=1.0), rollout=RolloutConfig(routing_replay=True if moe else False),
+                 parallel=ParallelConfig(tp=tp, pp=pp, vpp=vpp, ep=ep, sequence_parallel=sp), actor_optim=optim,
+                 critic_optim=optim, algo=AlgoConfig(mini_batches=2, alpha=1.0),
+                 rollout=RolloutConfig(routing_replay=True if moe else False),
                  trainer=TrainerConfig(micro_batch_tokens=BUDGET, seed=5))
     parallel.init_distributed(tp, pp, vpp, ep=ep, seed=5)
     batch = batch_of(moe)
@@ -132,7 +133,8 @@ def same(got: dict, ref: dict) -> None:
     for key in ("logp", "values"):
         for row, want in ref[key].items():
             width = min(len(want), len(got[key][row]))
-            torch.testing.assert_close(got[key][row][:width], want[:width], rtol=1e-5, atol=1e-6, msg=f"{key} row {row}")
+            torch.testing.assert_close(got[key][row][:width], want[:width], rtol=1e-5, atol=1e-6,
+                                       msg=f"{key} row {row}")
     for role in ("actor", "critic"):
         assert set(got["weights"][role]) == set(ref["weights"][role])
         for name, want in ref["weights"][role].items():

@@ -16,7 +16,8 @@ def plan_outputs(arg_lists: list[list[str]]) -> list[tuple[int, str, str]]:
     out = []
     for args in arg_lists:
         o, e = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e), warnings.catch_warnings(record=True) as caught:
+        with (contextlib.redirect_stdout(o), contextlib.redirect_stderr(e),
+              warnings.catch_warnings(record=True) as caught):
             rc = main(args)
         out.append((rc, o.getvalue(), e.getvalue() + "".join(f"{w.category.__name__}: {w.message}\n" for w in caught)))
     return out

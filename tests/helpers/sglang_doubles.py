@@ -221,7 +221,8 @@ class FakeColocatedSGLangEngineForTests(FakeSGLangEngineForTests):
             for ids, sp in zip(args["input_ids"], args["sampling_params"]):
                 nxt = int(self.model(torch.tensor([ids])).logits[0, -1].argmax())
                 outs.append({"output_ids": [nxt, sp["sampling_seed"]],
-                             "meta_info": {"finish_reason": {"type": "length", "length": 2}, "weight_version": "default"}})
+                             "meta_info": {"finish_reason": {"type": "length", "length": 2},
+                                           "weight_version": "default"}})
         return outs
 
 
@@ -303,6 +304,8 @@ class SeededSamplingEngineForTests(FakeSGLangEngineForTests):
                         reason = "stop"
                         break
                 outs.append({"output_ids": new, "meta_info": {
-                    "finish_reason": {"type": reason} | ({"matched": new[-1]} if reason == "stop" else {"length": len(new)}),
-                    "output_token_logprobs": [(lp, t, None) for lp, t in zip(logps, new)], "weight_version": "default"}})
+                    "finish_reason": {"type": reason} | ({"matched": new[-1]} if reason == "stop"
+                                                         else {"length": len(new)}),
+                    "output_token_logprobs": [(lp, t, None) for lp, t in zip(logps, new)],
+                    "weight_version": "default"}})
         return outs

@@ -1,11 +1,10 @@
 """SGLang's real API, read from the installed sglang package's own source files.
 
-`sglang.Engine`, the request structs of `sglang.srt.managers.io_struct` and the Qwen2/Qwen3/
-Qwen3-MoE/Llama model classes do not import on this CPU machine (they pull in uvloop, torchvision, tvm_ffi and
-SGLang's CUDA kernels), so their definitions are read with `ast` from the installed files
-instead of being imported. Nothing here is copied or recorded: a new SGLang version that renames
-an argument, a request field or a weight name changes what these functions return, and the tests
-that use them fail here instead of on a cluster.
+`sglang.Engine`, the request structs of `sglang.srt.managers.io_struct` and the Qwen2/Qwen3/Qwen3-MoE/Llama model
+classes do not import on this CPU machine (they pull in uvloop, torchvision, tvm_ffi and SGLang's CUDA kernels), so
+their definitions are read with `ast` from the installed files instead of being imported. Nothing here is copied or
+recorded: a new SGLang version that renames an argument, a request field or a weight name changes what these
+functions return, and the tests that use them fail here instead of on a cluster.
 """
 
 from __future__ import annotations
@@ -148,9 +147,8 @@ def sglang_param_names(hf_names, mapping) -> set[str]:
 
 
 def legacy_load_target(name: str, params: set[str], mapping) -> tuple[str, str | int | None] | None:
-    """Where SGLang's Qwen2 `_legacy_load_weights` loop puts tensor `name`: (param, shard_id),
-    or None when it drops it (it only logs "not found"). Follows the loop's own steps: the first
-    mapping row whose shard name is in `name` rewrites it; a miss tries the next row."""
+    """Where SGLang's Qwen2 `_legacy_load_weights` loop puts tensor `name`: (param, shard_id), or None when it drops it
+    (logs "not found"). As the loop: the first row whose shard name is in `name` rewrites it; a miss tries the next."""
     for param_name, shard_name, shard_id in mapping:
         if shard_name not in name:
             continue
@@ -162,9 +160,8 @@ def legacy_load_target(name: str, params: set[str], mapping) -> tuple[str, str |
 
 
 def engine_method(fn):
-    """Give a test double's method sglang.Engine's real signature: inspect.signature reports it,
-    and every call is bound against it (a TypeError for an argument the real Engine does not
-    take), then passed on by keyword with the real defaults filled in."""
+    """Give a test double's method sglang.Engine's real signature: inspect.signature reports it, and every call is
+    bound to it (a TypeError for an argument Engine lacks), then passed by keyword with the real defaults filled in."""
     sig = engine_signature(fn.__name__)
 
     @functools.wraps(fn)
@@ -192,12 +189,12 @@ def first_call_signals() -> list[str]:
                 and node.func.attr == "add_signal_handler" and isinstance(node.args[0], ast.Attribute)):
             names.append(node.args[0].attr)
     if not names:
-        raise LookupError(f"no add_signal_handler call in TokenizerManager.auto_create_handle_loop ({TOKENIZER_MANAGER_PY})")
+        raise LookupError("no add_signal_handler call in TokenizerManager.auto_create_handle_loop "
+                          f"({TOKENIZER_MANAGER_PY})")
     return names
 
 
-# Qwen3-MoE: Qwen3MoeForCausalLM.load_weights folds q/k/v and a dense MLP's gate/up like Qwen3,
-# and sends each expert's gate/up/down tensor into its layer's FusedMoE (w13_weight / w2_weight).
+# Qwen3-MoE: load_weights folds q/k/v and dense gate/up like Qwen3, experts' gate/up/down into FusedMoE's w13/w2_weight
 QWEN3_MOE_PY = SRT / "models" / "qwen3_moe.py"
 QWEN2_MOE_PY = SRT / "models" / "qwen2_moe.py"
 FUSED_MOE_PY = SRT / "layers" / "moe" / "fused_moe_triton" / "layer.py"
@@ -219,7 +216,8 @@ def _run_source(fn: ast.FunctionDef, path: Path):
 
 def sglang_function(path: Path, name: str, cls: str | None = None, **names):
     """Function `name` (a method of `cls`) of an SGLang source file, run as plain Python with `names` as its globals."""
-    node = method_node(class_node(path, cls), name) if cls else next(n for n in _tree(path).body if getattr(n, "name", "") == name)
+    node = (method_node(class_node(path, cls), name) if cls
+            else next(n for n in _tree(path).body if getattr(n, "name", "") == name))
     fn = _run_source(node, path)
     fn.__globals__.update(names)
     return fn
@@ -258,19 +256,20 @@ def qwen3_moe_layer_is_sparse(config, layer_id: int) -> bool:
     expression of Qwen3MoeDecoderLayer.stage_facts, evaluated for the HF config object `config`."""
     fn = method_node(class_node(QWEN3_MOE_PY, "Qwen3MoeDecoderLayer"), "stage_facts")
     for node in ast.walk(fn):
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "is_layer_sparse" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "is_layer_sparse"
+                                                for t in node.targets):
             expr = compile(ast.Expression(body=node.value), str(QWEN3_MOE_PY), "eval")
             return bool(eval(expr, {"__builtins__": {}}, {"config": config, "layer_id": layer_id}))
     raise LookupError(f"no is_layer_sparse in Qwen3MoeDecoderLayer.stage_facts ({QWEN3_MOE_PY})")
 
 
 def qwen3_moe_expert_mapping(config) -> list[tuple[str, str, int, str]]:
-    """(param_name, weight_name, expert_id, shard_id) rows of Qwen3MoeForCausalLM.load_weights'
-    expert_params_mapping: the call's arguments read from there (`self.config.X` taken from
-    `config`), FusedMoE.make_expert_params_mapping run from its own source."""
+    """(param_name, weight_name, expert_id, shard_id) rows of Qwen3MoeForCausalLM.load_weights' expert_params_mapping:
+    its call's arguments (`self.config.X` from `config`), FusedMoE.make_expert_params_mapping run from its source."""
     fn = method_node(class_node(QWEN3_MOE_PY, "Qwen3MoeForCausalLM"), "load_weights")
     for node in ast.walk(fn):
-        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "expert_params_mapping" for t in node.targets)
+        if (isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "expert_params_mapping" for t in node.targets)
                 and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute)):
             call = node.value
             break
@@ -289,9 +288,8 @@ def qwen3_moe_expert_mapping(config) -> list[tuple[str, str, int, str]]:
 
 
 def fused_moe_params(with_bias: bool) -> list[str]:
-    """The parameters UnquantizedFusedMoEMethod.create_weights registers on a FusedMoE layer (the
-    bf16 path): the names of its `layer.register_parameter(...)` calls, those under
-    `if self.with_bias:` only when `with_bias`."""
+    """The parameters UnquantizedFusedMoEMethod.create_weights registers on a FusedMoE layer (the bf16 path): the
+    names of its `layer.register_parameter(...)` calls, those under `if self.with_bias:` only when `with_bias`."""
     fn = method_node(class_node(UNQUANT_PY, "UnquantizedFusedMoEMethod"), "create_weights")
     names = []
 
@@ -302,7 +300,8 @@ def fused_moe_params(with_bias: bool) -> list[str]:
             for child in node.orelse:
                 visit(child, in_bias)
             return
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register_parameter"
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "register_parameter"
                 and (with_bias or not in_bias)):
             names.append(ast.literal_eval(node.args[0]))
         for child in ast.iter_child_nodes(node):
@@ -315,15 +314,16 @@ def fused_moe_params(with_bias: bool) -> list[str]:
 
 
 def qwen3_moe_params(config) -> set[str]:
-    """Parameter names of SGLang's Qwen3MoeForCausalLM for the HF config object `config`
-    (unquantized, one pipeline stage): every module attribute used here is checked to be set in
-    the class's __init__; the layer kind comes from stage_facts, the experts' parameters from
-    FusedMoE's create_weights."""
+    """Parameter names of SGLang's Qwen3MoeForCausalLM for the HF config object `config` (unquantized, one pipeline
+    stage): every module attribute used here is checked to be set in the class's __init__; the layer kind comes
+    from stage_facts, the experts' parameters from FusedMoE's create_weights."""
     if "tie_word_embeddings" in ast.unparse(class_node(QWEN3_MOE_PY, "Qwen3MoeForCausalLM")):
-        raise LookupError(f"Qwen3MoeForCausalLM ({QWEN3_MOE_PY}) now reads tie_word_embeddings: update qwen3_moe_params")
+        raise LookupError(f"Qwen3MoeForCausalLM ({QWEN3_MOE_PY}) now reads tie_word_embeddings: "
+                          "update qwen3_moe_params")
     _require_attrs(QWEN3_MOE_PY, "Qwen3MoeForCausalLM", ("model", "lm_head"))  # lm_head: never tied (checked above)
     _require_attrs(QWEN2_MOE_PY, "Qwen2MoeModel", ("embed_tokens", "layers", "norm"))  # Qwen3MoeModel's base
-    _require_attrs(QWEN3_MOE_PY, "Qwen3MoeDecoderLayer", ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm"))
+    _require_attrs(QWEN3_MOE_PY, "Qwen3MoeDecoderLayer",
+                   ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm"))
     _require_attrs(QWEN3_MOE_PY, "Qwen3MoeAttention", ("qkv_proj", "o_proj", "q_norm", "k_norm"))
     _require_attrs(QWEN2_MOE_PY, "Qwen2MoeMLP", ("gate_up_proj", "down_proj"))  # a dense layer's MLP
     block = _require_attrs(QWEN3_MOE_PY, "Qwen3MoeSparseMoeBlock", ("gate", "experts"))
@@ -332,12 +332,14 @@ def qwen3_moe_params(config) -> set[str]:
     try:
         with_bias = _keyword(block["experts"], "with_bias")
     except LookupError:  # not passed: FusedMoE.__init__'s default
-        with_bias = _signature(method_node(class_node(FUSED_MOE_PY, "FusedMoE"), "__init__")).parameters["with_bias"].default
+        with_bias = (_signature(method_node(class_node(FUSED_MOE_PY, "FusedMoE"), "__init__"))
+                     .parameters["with_bias"].default)
     params = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
     for layer in range(config.num_hidden_layers):
         p = f"model.layers.{layer}."
-        params |= {p + n for n in ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.qkv_proj.weight",
-                                   "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight")}
+        params |= {p + n for n in ("input_layernorm.weight", "post_attention_layernorm.weight",
+                                   "self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
+                                   "self_attn.k_norm.weight")}
         if qwen3_moe_layer_is_sparse(config, layer):
             params |= {p + "mlp.gate.weight"} | {p + "mlp.experts." + n for n in fused_moe_params(with_bias)}
         else:
@@ -345,12 +347,12 @@ def qwen3_moe_params(config) -> set[str]:
     return params
 
 
-def qwen3_moe_load_target(name: str, params: set[str], stacked, experts) -> tuple[str, str | int | None, int | None] | None:
-    """Where Qwen3MoeForCausalLM.load_weights puts tensor `name`: (param, shard_id, expert_id), or
-    None when it skips it (silently: no log line). Follows the loop's own steps: the stacked rows
-    skip expert names; a stacked row whose result is no parameter falls through to the next;
-    with no stacked hit, the first expert row whose weight name is in `name` rewrites it, and a
-    name that matched an expert row but reached no parameter is skipped."""
+def qwen3_moe_load_target(name: str, params: set[str], stacked,
+                          experts) -> tuple[str, str | int | None, int | None] | None:
+    """Where Qwen3MoeForCausalLM.load_weights puts tensor `name`: (param, shard_id, expert_id), or None when it
+    skips it (silently: no log line). Follows the loop's own steps: the stacked rows skip expert names; a stacked
+    row whose result is no parameter falls through to the next; with no stacked hit, the first expert row whose
+    weight name is in `name` rewrites it, and a name that matched an expert row but reached no parameter is skipped."""
     if "mtp" in name or "rotary_emb.inv_freq" in name:
         return None
     for param_name, weight_name, shard_id in stacked:
@@ -373,11 +375,11 @@ def qwen3_moe_load_target(name: str, params: set[str], stacked, experts) -> tupl
 
 
 def fused_moe_local_expert(expert_id: int, *, ep_rank: int, ep_size: int, num_experts: int) -> int:
-    """The local slot FusedMoE.weight_loader gives global expert `expert_id` on expert-parallel
-    rank `ep_rank` (-1: not this rank's, the tensor is dropped there): SGLang's own
-    _map_global_expert_id_to_local_expert_id, run from its source, without EPLB, shared-expert
-    fusion or redundant experts (FusedMoE.__init__'s fields for that case)."""
-    fn = _run_source(method_node(class_node(FUSED_MOE_PY, "FusedMoE"), "_map_global_expert_id_to_local_expert_id"), FUSED_MOE_PY)
+    """The local slot FusedMoE.weight_loader gives global expert `expert_id` on expert-parallel rank `ep_rank` (-1:
+    not this rank's, the tensor is dropped there): SGLang's own _map_global_expert_id_to_local_expert_id, run from
+    its source, without EPLB, shared-expert fusion or redundant experts (FusedMoE.__init__'s fields for that case)."""
+    fn = _run_source(method_node(class_node(FUSED_MOE_PY, "FusedMoE"), "_map_global_expert_id_to_local_expert_id"),
+                     FUSED_MOE_PY)
     local = num_experts // ep_size
     layer = type("FusedMoEFields", (), dict(_expert_storage_rank=ep_rank, _num_local_routed=local,
                                             _has_fused_shared=False, _num_global_routed=num_experts))()
@@ -385,10 +387,9 @@ def fused_moe_local_expert(expert_id: int, *, ep_rank: int, ep_size: int, num_ex
 
 
 def engine_start_nccl_env(server_args, environ: dict, **names) -> None:
-    """What sglang.Engine's start does to the NCCL_* variables of `environ` for `server_args`:
-    the statements of engine.py's _set_envs_and_config that name an NCCL_ variable, and the plain
-    assignments before them (`cfg = ...`, the conditions), run from SGLang's source with `os.environ`
-    = `environ`. `names`: what they call besides (resolving_view, envs, ...; a missing one is a NameError)."""
+    """What sglang.Engine's start does to `environ`'s NCCL_* variables for `server_args`: the statements of engine.py's
+    _set_envs_and_config that name an NCCL_ variable and the plain assignments before them (`cfg = ...`, the
+    conditions), run from its source, `os.environ` = `environ`; `names`: what else they call (resolving_view, ...)."""
     fn = next(n for n in _tree(ENGINE_PY).body if isinstance(n, ast.FunctionDef) and n.name == "_set_envs_and_config")
     nccl = [i for i, s in enumerate(fn.body) if "NCCL_" in ast.unparse(s)]
     if not nccl:

@@ -70,12 +70,14 @@ def start_server(model_path: str | Path, log: Path, *, port: int, extra: tuple[s
     args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path), "--host", "127.0.0.1",
             "--port", str(port), *SERVER_ARGS, *extra]
     out = open(log, "wb")
-    proc = subprocess.Popen(args, cwd=ROOT, env=sglang_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(args, cwd=ROOT, env=sglang_env(), stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
-            raise AssertionError(f"sglang.launch_server exited {proc.returncode} while starting:\n{log.read_text()[-6000:]}")
+            raise AssertionError(f"sglang.launch_server exited {proc.returncode} while starting:\n"
+                                 f"{log.read_text()[-6000:]}")
         try:
             with urllib.request.urlopen(f"{url}/server_info", timeout=5) as r:
                 json.loads(r.read())
@@ -84,7 +86,8 @@ def start_server(model_path: str | Path, log: Path, *, port: int, extra: tuple[s
             pass
         if time.monotonic() > deadline:
             stop_process_tree(proc)
-            raise AssertionError(f"sglang.launch_server did not answer within {timeout:.0f} s:\n{log.read_text()[-6000:]}")
+            raise AssertionError(f"sglang.launch_server did not answer within {timeout:.0f} s:\n"
+                                 f"{log.read_text()[-6000:]}")
         time.sleep(1.0)
 
 

@@ -47,13 +47,14 @@ def slurm_env(slurm_lock) -> dict[str, str]:
 
 
 def job_fields(job_id: str, env: dict[str, str]) -> dict[str, str]:
-    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, env=env, check=True).stdout
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, env=env,
+                         check=True).stdout
     return dict(item.split("=", 1) for item in out.split() if "=" in item)
 
 
 def wait_done(job_id: str, env: dict[str, str], timeout: float) -> dict[str, str]:
-    return wait_for(lambda: (f := job_fields(job_id, env))["JobState"] in FINAL_STATES and f, timeout, f"job {job_id} to end",
-                    poll=JOB_POLL)
+    return wait_for(lambda: (f := job_fields(job_id, env))["JobState"] in FINAL_STATES and f, timeout,
+                    f"job {job_id} to end", poll=JOB_POLL)
 
 
 def sbatch(script: Path, args: list[str], env: dict[str, str], log: Path, extra_env: dict[str, str],

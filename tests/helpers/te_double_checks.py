@@ -46,7 +46,8 @@ def check_package():
 
     assert transformer_engine.__version__ == "2.20.2" and str(utils.get_te_version()) == "2.20.2"
     assert mte.HAVE_TE and Adam is FusedAdam
-    assert clip_grads.l2_norm_impl is multi_tensor_l2norm and clip_grads.multi_tensor_scale_tensor_impl is multi_tensor_scale_tensor
+    assert (clip_grads.l2_norm_impl is multi_tensor_l2norm
+            and clip_grads.multi_tensor_scale_tensor_impl is multi_tensor_scale_tensor)
     # attention/__init__.py (2.20) exports neither _SplitAlongDim nor apply_rotary_pos_emb: megatron
     # splits Q/K/V with torch.split and takes RoPE from attention/rope.py.
     assert attention.SplitAlongDim is None and rope_utils.fused_apply_rotary_pos_emb is not None

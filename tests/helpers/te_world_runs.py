@@ -93,7 +93,8 @@ def train(model: Path, data: Path, run_dir: Path, layout: list[str]) -> dict:
         run = train_in_forks("demo_cpu.yaml", *small_run_overrides(data, run_dir), f"model.hf_path={model}", *layout,
                              *SAVE_BOTH)
     vapo = [r for r in records(run_dir) if r["phase"] == "vapo"]
-    return {"vapo": [{k: r[k] for k in ("rollout/logprob_diff", "actor/pg_loss", "critic/value_loss", "actor/grad_norm")}
+    return {"vapo": [{k: r[k]
+                      for k in ("rollout/logprob_diff", "actor/pg_loss", "critic/value_loss", "actor/grad_norm")}
                      for r in vapo], "fused": FUSED_LINE in run.stdout,
             "extra_state": object_keys(run_dir / "checkpoints" / "iter_0000002" / "actor"), "tail": run.stdout[-2000:]}
 

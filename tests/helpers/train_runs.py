@@ -66,7 +66,8 @@ def _children() -> dict[int, str]:
         try:
             pid, rest = stat.read_text().split(" (", 1)
             if int(rest.rsplit(") ", 1)[1].split()[1]) == os.getpid():
-                out[int(pid)] = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+                out[int(pid)] = ((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ")
+                                 .decode(errors="replace")[:200])
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
     return out
@@ -174,7 +175,8 @@ def command_in_forks(module: str, argv: list[str], *, env: dict[str, str] | None
             ended = end_ranks(nproc, _rank_main, argv, out, dict(env or {}), nproc, module, timeout=timeout)
         finally:
             leftovers = _end_orphans(before) if reaping else []
-        text = {k: "".join(Path(out, f"rank{r}.{k}").read_text() for r in range(nproc) if Path(out, f"rank{r}.{k}").exists())
+        text = {k: "".join(Path(out, f"rank{r}.{k}").read_text() for r in range(nproc)
+                           if Path(out, f"rank{r}.{k}").exists())
                 for k in ("out", "err")}
     codes = [(ended.results[r] or 0) if r in ended.results else 1 if r in ended.raised else ended.exitcodes[r]
              for r in range(nproc)]
@@ -225,7 +227,8 @@ def exported(ckpt: Path, out: Path) -> dict[str, torch.Tensor]:
     """A trainer checkpoint's weights, through `vapo-convert mcore-to-hf` (its main on one forked rank)."""
     if not out.exists():
         run = command_in_forks("vapo_megatron.convert", ["mcore-to-hf", "--ckpt", str(ckpt), "--out", str(out)])
-        assert run.returncode == 0 and not run.failures, f"vapo-convert failed ({run.codes}): {run.failures}\n{run.stderr[-3000:]}"
+        assert (run.returncode == 0
+                and not run.failures), f"vapo-convert failed ({run.codes}): {run.failures}\n{run.stderr[-3000:]}"
     return hf_weights(out)
 
 
@@ -239,6 +242,7 @@ def checkpoint_tensors(ckpt: Path) -> dict[str, torch.Tensor]:
 
     reader = FileSystemReader(str(ckpt))
     meta = reader.read_metadata().state_dict_metadata
-    out = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items() if isinstance(m, TensorStorageMetadata)}
+    out = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items()
+           if isinstance(m, TensorStorageMetadata)}
     load(out, storage_reader=reader, no_dist=True)
     return out

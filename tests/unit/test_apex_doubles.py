@@ -56,7 +56,8 @@ def megatron_takes_its_apex_branches():
 
     assert Adam is apex.optimizers.FusedAdam and SGD is apex.optimizers.FusedSGD
     assert distrib_optimizer.USING_APEX_OPTIMIZER and distrib_optimizer.HAVE_APEX_OR_TE
-    assert clip_grads.l2_norm_impl is amp_C.multi_tensor_l2norm and optimizer.multi_tensor_scale_impl is amp_C.multi_tensor_scale
+    assert (clip_grads.l2_norm_impl is amp_C.multi_tensor_l2norm
+            and optimizer.multi_tensor_scale_impl is amp_C.multi_tensor_scale)
     assert transformer_block.LayerNormImpl is mfln.FusedLayerNorm
     assert mfln.HAVE_PERSIST_LAYER_NORM and mfln.HAVE_FUSED_LAYER_NORM and layers._grad_accum_fusion_available
     assert "fused_layer_norm_cuda" not in sys.modules and "apex.contrib" in sys.modules  # contrib: megatron's import
@@ -113,7 +114,8 @@ def multi_tensor_l2norm_returns_the_float32_norm_and_per_tensor_norms():
     torch.testing.assert_close(per.double(), torch.stack([t.double().norm() for t in ts]), rtol=1e-6, atol=0)
     bf = [t.to(torch.bfloat16) for t in ts]
     total, _ = amp_C.multi_tensor_l2norm(2048, flag, [bf], False)
-    assert total.dtype == torch.float32 and abs(total.item() - sum(float(t.double().square().sum()) for t in bf) ** 0.5) < 1e-5
+    assert (total.dtype == torch.float32
+            and abs(total.item() - sum(float(t.double().square().sum()) for t in bf) ** 0.5) < 1e-5)
     amp_C.multi_tensor_l2norm(2048, flag, [[torch.tensor([float("nan")])]], False)
     assert flag.item() == 1
     raises(amp_C.multi_tensor_l2norm, 2048, flag, [[ts[0], bf[1]]], False, match="mixed dtypes")
@@ -183,15 +185,16 @@ def fused_layer_norm_affine_function_is_torch_layer_norm():
         for got, want in zip((xs.grad, ws.grad, bs.grad), grads_ref):
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
     x64 = x.double()
-    torch.testing.assert_close(F.apply(x64, w.double(), b.double(), torch.Size([8]), 1e-5), y_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(F.apply(x64, w.double(), b.double(), torch.Size([8]), 1e-5), y_ref, rtol=1e-12,
+                               atol=1e-12)
     xb, wb, bb = x.to(torch.bfloat16), w.to(torch.bfloat16), b.to(torch.bfloat16)
     out, mean, invvar = fused_layer_norm_cuda.forward_affine(xb, [8], wb, bb, 1e-5)
     assert out.dtype == torch.bfloat16 and mean.dtype == invvar.dtype == torch.float32 and mean.shape == (12,)
     raises(fused_layer_norm_cuda.forward_affine, xb, [8], w.float(), b.float(), 1e-5, match="expected scalar type")
     raises(fused_layer_norm_cuda.forward_affine, x, [4], w, b, 1e-5, match="Given normalized_shape=[4], expected input")
     raises(fused_layer_norm_cuda.forward_affine, x.transpose(0, 1), [8], w, b, 1e-5, match="input must be contiguous")
-    raises(fused_layer_norm_cuda.backward_affine, x64, mean.double(), invvar.double(), x64, [8], w.double(), b.double(), 1e-5, False,
-           match="not implemented for 'torch.float64'")
+    raises(fused_layer_norm_cuda.backward_affine, x64, mean.double(), invvar.double(), x64, [8], w.double(), b.double(),
+           1e-5, False, match="not implemented for 'torch.float64'")
 
 
 @check
@@ -331,7 +334,8 @@ def megatron_linear_accumulates_its_weight_gradient_through_apex():
     acc = torch.zeros(6, 8, dtype=torch.bfloat16)
     wgrad.wgrad_gemm_accum_fp16(x.detach().bfloat16(), dy.bfloat16(), acc)
     torch.testing.assert_close(acc.float(), (want - start.double()).float(), rtol=2e-2, atol=5e-2)
-    raises(wgrad.wgrad_gemm_accum_fp16, x.detach().bfloat16(), dy.bfloat16(), torch.zeros(6, 8), match="expected scalar type")
+    raises(wgrad.wgrad_gemm_accum_fp16, x.detach().bfloat16(), dy.bfloat16(), torch.zeros(6, 8),
+           match="expected scalar type")
     raises(wgrad.wgrad_gemm_accum_fp32, x.detach(), dy.bfloat16(), torch.zeros(6, 8), match="expected scalar type")
 
 

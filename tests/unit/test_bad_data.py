@@ -58,7 +58,8 @@ def test_corpus_has_at_least_20_kinds():
 
 
 @pytest.mark.parametrize("kind,line,reason,word,good", ALL_BAD_ROWS, ids=[k for k, *_ in ALL_BAD_ROWS])
-def test_each_bad_row_is_skipped_counted_and_logged_with_file_line_and_field(kind, line, reason, word, good, tmp_path, tok, caplog):
+def test_each_bad_row_is_skipped_counted_and_logged_with_file_line_and_field(kind, line, reason, word,
+                                                                             good, tmp_path, tok, caplog):
     # The good row first fixes the file's schema; the bad row sits on line 2, another good row on 3.
     p = _write(tmp_path / f"{kind}.jsonl", [good, line, good])
     with caplog.at_level(logging.WARNING, logger="vapo_megatron.data.prompts"):
@@ -93,7 +94,8 @@ def test_mixed_corpus_counts_every_reason_and_summarizes_long_runs(tmp_path, tok
     assert dict(stats.skipped) == want
     # More than 10 rows of one reason: the first 10 one by one, then one summary line.
     assert want["wrong_type"] > 10
-    one_by_one = [r for r in caplog.records if r.getMessage().startswith(f"skipping {p}:") and "must be" in r.getMessage()]
+    one_by_one = [r for r in caplog.records
+                  if r.getMessage().startswith(f"skipping {p}:") and "must be" in r.getMessage()]
     assert len(one_by_one) == 10
     assert f"{p}: {want['wrong_type']} rows skipped as wrong_type (first 10 logged)" in caplog.text
 
@@ -105,7 +107,8 @@ def test_rows_that_look_odd_but_are_valid_are_kept(tmp_path, tok):
         + _j({"prompt": "1+2=", "answer": "3", "extra": {"x": [1, 2]}}) + b"\n"           # unknown fields
         + _j({"prompt": "1+2=", "answer": 3}) + b"\n"                                     # integer answer
         + b"\n   \n"                                                                       # blank lines
-        + _j({"prompt": "\u202e\u0000\u00e9\U0001f600 1+2=", "answer": "\u0663"}) + b"\n"  # RTL mark, NUL, emoji, Arabic digit
+        # RTL mark, NUL, emoji, Arabic digit
+        + _j({"prompt": "\u202e\u0000\u00e9\U0001f600 1+2=", "answer": "\u0663"}) + b"\n"
     )
     recs, stats = _load([str(p)], tok)
     assert [r.answer for r in recs] == ["3", "3", "3", "\u0663"] and not stats.skipped

@@ -65,7 +65,8 @@ def test_grpo_estimator_puts_the_response_value_on_every_response_token():
     tokens, pl, rl = pack_sequences([[5, 6], [5, 6], [7], [7]], [[1, 2, 3], [1], [4, 4], [9, 9, 9, 9]])
     batch = RolloutBatch(tokens=tokens, prompt_lens=pl, response_lens=rl, rewards=torch.tensor([1.0, -1.0, 1.0, 1.0]),
                          correct=torch.tensor([True, False, True, True]), group_ids=torch.tensor([0, 0, 1, 1]))
-    adv, returns, logs = ESTIMATORS["grpo"].function()(batch, AlgoConfig(estimator="grpo"), value_pretrain=False, dp_sum=lambda t: t)
+    adv, returns, logs = ESTIMATORS["grpo"].function()(batch, AlgoConfig(estimator="grpo"), value_pretrain=False,
+                                                       dp_sum=lambda t: t)
     assert returns is None and logs == {}
     per = group_relative_advantages(batch.rewards, batch.group_ids, std_norm=True, eps=1e-6)
     torch.testing.assert_close(adv, per[:, None] * batch.mask)

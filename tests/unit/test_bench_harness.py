@@ -74,7 +74,8 @@ def test_the_study_runs_its_primary_arms_over_every_seed_first(capsys, tmp_path,
     study = STUDIES["critic"]
     runs = [line[2:].split(":")[0] for line in out.splitlines() if line.startswith("# ") and ", seed " in line
             and "warm start" not in line and "data of" not in line and "vapo-eval" not in line]
-    assert runs == [f"{v}, seed {s}" for block in ("primary", "mechanism") for s in study["seeds"] for v in study[block]]
+    assert runs == [f"{v}, seed {s}" for block in ("primary", "mechanism") for s in study["seeds"]
+                    for v in study[block]]
     lines = out.splitlines()
     evals = [w for w in lines if "-m vapo_megatron.eval" in w]
     assert len(evals) == 9 * 5 + 5 and all("--n-samples 8 " in w and "/eval.jsonl " in w for w in evals)
@@ -82,7 +83,8 @@ def test_the_study_runs_its_primary_arms_over_every_seed_first(capsys, tmp_path,
     k = next(i for i, w in enumerate(lines) if w.startswith("# vapo_critic_4x, seed 103:"))
     assert f"model.critic_hf_path={tmp_path}/warm/seed103_critic4x/hf" in lines[k + 1]
     warm = lines[lines.index("# warm start of seed 103, the 4x critic's model") + 1]
-    assert f"model.hf_path={tmp_path}/data/seed103_critic4x/model" in warm and f"{tmp_path}/data/seed103/sft.jsonl" in warm
+    assert (f"model.hf_path={tmp_path}/data/seed103_critic4x/model" in warm
+            and f"{tmp_path}/data/seed103/sft.jsonl" in warm)
     data = lines[lines.index("# data of seed 103, the 4x critic's model") + 1]
     assert data.endswith("--seed 103 --out " + f"{tmp_path}/data/seed103_critic4x --hidden-size 128 --ffn-size 512")
 
@@ -141,16 +143,18 @@ def test_t_intervals_and_the_paired_table_against_hand_computed_values(tmp_path,
     rows = [summary(b, "vapo", s, 0.5 + g) for s, g in zip(STUDIES["critic"]["seeds"], gains)]
     rows += [summary(b, "vapo_no_critic", s, 0.5) for s in STUDIES["critic"]["seeds"]]
     rows[3] = rows[3] | {"status": "failed"}  # vapo seed 104 failed: its pair is left out
-    assert paired(rows, "vapo", "vapo_no_critic", "heldout_avg@K") == pytest.approx({101: 0.02, 102: 0.05, 103: 0.03, 105: 0.06})
+    assert (paired(rows, "vapo", "vapo_no_critic", "heldout_avg@K")
+            == pytest.approx({101: 0.02, 102: 0.05, 103: 0.03, 105: 0.06}))
     rows[3] = summary(b, "vapo", 104, 0.54)
     text = study_report(rows, STUDIES["critic"], ["vapo", "vapo_no_critic"])
-    assert ("| vapo - vapo_no_critic | 5 | +0.040 | [+0.020, +0.060] | above 0 | 101: +0.020, 102: +0.050, 103: +0.030, "
-            "104: +0.040, 105: +0.060 |") in text, text
+    assert ("| vapo - vapo_no_critic | 5 | +0.040 | [+0.020, +0.060] | above 0 | 101: +0.020, 102: +0.050, "
+            "103: +0.030, 104: +0.040, 105: +0.060 |") in text, text
     sums = tmp_path / "sums"  # --report builds it from the committed summaries alone
     sums.mkdir()
     for r in rows:
         (sums / f"{r['variant']}_seed{r['seed']}.json").write_text(json.dumps(r))
-    rc, out, err = call(["--study", "critic", "--report", "--out", str(tmp_path / "out"), "--summaries", str(sums)], capsys)
+    rc, out, err = call(["--study", "critic", "--report", "--out", str(tmp_path / "out"), "--summaries", str(sums)],
+                        capsys)
     assert rc == 0 and "| vapo - vapo_no_critic | 5 | +0.040 | [+0.020, +0.060] | above 0 |" in out, out + err
     assert "| dapo |  | - | not run |" in out and (sums / "report.md").read_text() == out, out
     assert (sums / "curves.png").stat().st_size > 0
@@ -173,19 +177,24 @@ def test_the_critic_studys_decision_rules_are_applied_as_written():
             for v, xs in arms.items() for i, (s, x) in enumerate(zip(seeds, xs))]
     text = decisions(rows, STUDIES["critic"])
     assert "1. `vapo - vapo_no_critic` = +0.040 [+0.020, +0.060]: the critic helps." in text, text
-    assert "`vapo_whiten` explains the gap (`vapo_whiten - vapo` below 0, `vapo_whiten - vapo_no_critic` unresolved)" in text
-    assert "`vapo_lambda1` partly explains the gap (`vapo_lambda1 - vapo` below 0, `vapo_lambda1 - vapo_no_critic` above 0)" in text
+    assert ("`vapo_whiten` explains the gap (`vapo_whiten - vapo` below 0, "
+            "`vapo_whiten - vapo_no_critic` unresolved)" in text)
+    assert ("`vapo_lambda1` partly explains the gap (`vapo_lambda1 - vapo` below 0, "
+            "`vapo_lambda1 - vapo_no_critic` above 0)" in text)
     assert "`vapo_vp0` does not explain the gap (`vapo_vp0 - vapo` unresolved" in text
     assert "`vapo_vp50` does not explain the gap (`vapo_vp50 - vapo` above 0" in text
-    assert "3. Critic capacity: no paired runs." in text and "`vapo_critic_4x` does not explain" not in text  # not run: not read
+    # not run: not read
+    assert "3. Critic capacity: no paired runs." in text and "`vapo_critic_4x` does not explain" not in text
     assert "4. Value-pretraining length matters: `vapo_vp50 - vapo` above 0." in text
     assert "`vapo_whiten - vapo` below 0: long-chain avg@K -0.040 [" in text and "moves the same way: a finding" in text
-    assert "`vapo_vp50 - vapo` above 0: long-chain avg@K -0.010 [-0.010, -0.010] does not move the same way: reported, not a finding" in text
+    assert ("`vapo_vp50 - vapo` above 0: long-chain avg@K -0.010 [-0.010, -0.010] does not move the same way: "
+            "reported, not a finding" in text)
     # Rule 1 unresolved: nothing explains; the mechanism arms are read against vapo alone.
     rows = [r | {"heldout_avg@K": free + n} if r["variant"] == "vapo" else r for r, n in zip(rows, noise * 6)]
     text = decisions(rows, STUDIES["critic"])
     # noise: sd 0.01, t(0.975, 4) = 2.776: ± 0.0124
-    assert "the critic is unresolved at this scale (the interval rules out effects outside [-0.012, +0.012])." in text, text
+    assert ("the critic is unresolved at this scale "
+            "(the interval rules out effects outside [-0.012, +0.012])." in text), text
     assert "2. Rule 1 does not resolve: no arm explains anything" in text and "explains the gap" not in text
     assert "4. Value-pretraining length matters: `vapo_vp0 - vapo` above 0, `vapo_vp50 - vapo` above 0." in text
     assert "- vapo_no_critic` above 0:" not in text  # rule 5 reads M - vapo alone
@@ -201,39 +210,47 @@ def test_the_partial_study_reads_each_row_with_minus_without_on_the_critic_study
     for r, n in zip(rows[-3:], (6300, 6400, 6500)):  # dapo_partial: dynamic sampling left steps short or long
         r["samples"] = n
     text = study_report(rows, study, study["primary"])
-    assert "| vapo | 101,102,103 | 6400 |" in text and "| dapo_partial | 101,102,103 | 6400 ± 100 [6300, 6500] |" in text, text
+    assert ("| vapo | 101,102,103 | 6400 |" in text
+            and "| dapo_partial | 101,102,103 | 6400 ± 100 [6300, 6500] |" in text), text
     # vapo_partial - vapo: +0.02, -0.03, +0.01; mean 0, sd 0.0264575, t(0.975, 2) = 4.303: ± 0.06573
-    assert "| vapo_partial - vapo | 3 | +0.000 | [-0.066, +0.066] | unresolved | 101: +0.020, 102: -0.030, 103: +0.010 |" in text
+    assert ("| vapo_partial - vapo | 3 | +0.000 | [-0.066, +0.066] | unresolved | "
+            "101: +0.020, 102: -0.030, 103: +0.010 |" in text)
     assert "| dapo_partial - dapo | 3 |" in text and "| vapo - " not in text, text
 
 
 def test_eval_and_curve_figures_against_hand_computed_values(tmp_path):
     prompts = ["a1+b2=", "a3+b4=", "a1+b1+c1+d1+e1=", "a1+b1+c1+d1+e1+f1+g1="]
-    write = lambda name, ps: (tmp_path / name).write_text("".join(json.dumps({"prompt": p, "answer": "x"}) + "\n" for p in ps))  # noqa: E731
+    write = lambda name, ps: (tmp_path / name).write_text(  # noqa: E731
+        "".join(json.dumps({"prompt": p, "answer": "x"}) + "\n" for p in ps))
     write("eval.jsonl", prompts)
     write("eval_short.jsonl", prompts[:2])
     write("eval_long.jsonl", prompts[3:])
     ev = tmp_path / "ev"
     ev.mkdir()
-    (ev / "summary.json").write_text(json.dumps({"samples_per_prompt": 2, "prompts": 4, "avg@2": 0.5, "greedy_accuracy": 0.25}))
+    (ev / "summary.json").write_text(json.dumps({"samples_per_prompt": 2, "prompts": 4, "avg@2": 0.5,
+                                                 "greedy_accuracy": 0.25}))
     (ev / "per_prompt.csv").write_text("prompt_index,source,samples,correct\n" + "".join(
         f"{i},/x/eval.jsonl:{i + 1},2,{c}\n" for i, c in enumerate([2, 1, 0, 1])))
     got = eval_figures(ev, tmp_path)
-    assert (got["heldout_avg@K"], got["heldout_accuracy"], got["short_prompts"], got["short_avg@K"], got["long_prompts"],
-            got["long_avg@K"]) == (0.5, 0.25, 2, 0.75, 1, 0.5)
+    assert (got["heldout_avg@K"], got["heldout_accuracy"], got["short_prompts"], got["short_avg@K"],
+            got["long_prompts"], got["long_avg@K"]) == (0.5, 0.25, 2, 0.75, 1, 0.5)
     records = ([{"step": 0, "phase": "eval", "eval/accuracy": 0.2}]
                + [{"step": i, "phase": "value_pretrain"} for i in range(1, 11)]
-               + [{"step": i, "phase": "vapo"} | ({"rollout/prompts_consumed": 32} if i in (12, 13) else {}) for i in range(11, 31)]
-               + [{"step": 20, "phase": "eval", "eval/accuracy": 0.4}, {"step": 30, "phase": "eval", "eval/accuracy": 0.5}])
+               + [{"step": i, "phase": "vapo"} | ({"rollout/prompts_consumed": 32} if i in (12, 13) else {})
+                  for i in range(11, 31)]
+               + [{"step": 20, "phase": "eval", "eval/accuracy": 0.4},
+                  {"step": 30, "phase": "eval", "eval/accuracy": 0.5}])
     got = curve_figures(records, value_pretrain=10, steps=20, prompts=16, n_samples=8)
     # RL steps 0/10/20 at 0.2/0.4/0.5: (10 x 0.3 + 10 x 0.45) / 20; 30 steps x 16 x 8, two of them 32 prompts
     assert got["auc"] == pytest.approx(0.375) and got["samples_generated"] == 30 * 16 * 8 + 2 * 16 * 8
     assert got["samples"] == 20 * 16 * 8
     # Partial rollout: the groups admitted (and samples restarted) are generated, the groups trained trained;
     # the trainer's own rollout/samples_generated wins where logged.
-    part = [{"step": 1, "phase": "vapo", "partial/groups_admitted": 32, "partial/samples_restarted": 3, "partial/groups_trained": 15},
+    part = [{"step": 1, "phase": "vapo", "partial/groups_admitted": 32, "partial/samples_restarted": 3,
+             "partial/groups_trained": 15},
             {"step": 2, "phase": "vapo", "partial/groups_admitted": 16, "partial/groups_trained": 16},
-            {"step": 3, "phase": "vapo", "partial/groups_admitted": 0, "rollout/samples_generated": 5, "partial/groups_trained": 14}]
+            {"step": 3, "phase": "vapo", "partial/groups_admitted": 0, "rollout/samples_generated": 5,
+             "partial/groups_trained": 14}]
     got = curve_figures(part, value_pretrain=0, steps=3, prompts=16, n_samples=8)
     assert (got["samples_generated"], got["samples"]) == (32 * 8 + 3 + 16 * 8 + 5, (15 + 16 + 14) * 8)
 
@@ -242,7 +259,8 @@ def test_a_kill_9_of_the_harness_kills_its_children(tmp_path):
     pidfile = tmp_path / "child.pid"
     child = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
     harness = (f"import os, sys; sys.path.insert(0, {str(ROOT)!r}); from pathlib import Path; "
-               f"from benchmarks.learning.runs import spawn; spawn([sys.executable, '-c', {child!r}], Path({str(tmp_path / 'log')!r}), "
+               f"from benchmarks.learning.runs import spawn; spawn([sys.executable, '-c', {child!r}], "
+               f"Path({str(tmp_path / 'log')!r}), "
                "dict(os.environ), Path('.'))")
     p = subprocess.Popen([sys.executable, "-c", harness])
     pid = None

@@ -124,9 +124,11 @@ def test_the_oracle_studys_rules_are_applied_as_written():
             "vapo": [f + h for f, h in zip(free, half)], "dr_grpo": free, "dapo_paper": free,
             "vapo_dapo_volume": free}
     text = oracle_decisions([r for r in rows_of(arms, seeds)], study)
-    assert "1. `vapo_oracle - vapo_no_critic` = +0.094 [" in text and "resolved above 0. A value function can help" in text, text
+    assert ("1. `vapo_oracle - vapo_no_critic` = +0.094 [" in text
+            and "resolved above 0. A value function can help" in text), text
     ratio, low, high = fieller(half, gain)
-    assert f"2. The learned critic captures {ratio:+.2f} of the oracle's gain, 95% Fieller interval [{low:+.2f}, {high:+.2f}]" in text
+    assert (f"2. The learned critic captures {ratio:+.2f} of the oracle's gain, 95% Fieller interval [{low:+.2f}, "
+            f"{high:+.2f}]" in text)
     assert "`dr_grpo - vapo_no_critic` unresolved" in text  # identical arms: every difference 0, p = 1
     # The oracle's gain unresolved: no share, the task is called unable to show it.
     arms["vapo_oracle"] = [f + (0.01 if i % 2 else -0.01) for i, f in enumerate(free)]
@@ -156,10 +158,11 @@ def test_the_single_answer_studys_rules_are_applied_as_written():
     free = [0.30 + 0.01 * (i % 3) for i in range(10)]
     gain = [0.08, 0.10, 0.09, 0.11, 0.07, 0.10, 0.12, 0.09, 0.08, 0.10]
     noise = [0.01 if i % 2 else -0.01 for i in range(10)]
-    arms = {"batch_n1": free, "vapo_n1": [f + g for f, g in zip(free, gain)], "grpo": [f + g for f, g in zip(free, gain)],
-            "vapo": [f + g + 2 * g for f, g in zip(free, gain)]}
+    arms = {"batch_n1": free, "vapo_n1": [f + g for f, g in zip(free, gain)],
+            "grpo": [f + g for f, g in zip(free, gain)], "vapo": [f + g + 2 * g for f, g in zip(free, gain)]}
     text = single_decisions(rows_of(arms, seeds), study)
-    assert "1. `vapo_n1 - batch_n1` = +0.094 [" in text and "above 0. The learned critic pays at one answer" in text, text
+    assert ("1. `vapo_n1 - batch_n1` = +0.094 [" in text
+            and "above 0. The learned critic pays at one answer" in text), text
     assert "2. `vapo_n1 - grpo` (equal answers per step) = +0.000" in text and "Neither is shown to beat" in text, text
     assert "3. `vapo_n1 - vapo` = -0.188" in text and "group sampling (component 7) pays" in text, text
     arms["vapo_n1"] = [f + n for f, n in zip(free, noise)]
@@ -167,7 +170,8 @@ def test_the_single_answer_studys_rules_are_applied_as_written():
     assert "unresolved. The critic is not shown to pay at one answer per prompt" in text, text
     arms["vapo_n1"] = [f - g for f, g in zip(free, gain)]
     text = single_decisions(rows_of(arms, seeds), study)
-    assert "below 0. A learned critic that loses to the batch-mean baseline" in text and "2. The other comparisons are not read" in text
+    assert ("below 0. A learned critic that loses to the batch-mean baseline" in text
+            and "2. The other comparisons are not read" in text)
     assert "3." not in text
     report = study_report(rows_of(arms, seeds), study, study["primary"])
     assert "| vapo_n1 - batch_n1 | 10 | -0.094 |" in report and "| vapo - grpo | heldout_avg@K | 10 |" in report, report

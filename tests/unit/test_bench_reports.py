@@ -48,14 +48,16 @@ def test_the_committed_reports_are_all_found():  # an empty parametrization abov
 
 
 def test_the_oracle_studys_tables_and_rules_keep_their_bytes_on_the_critic_studys_summaries():
-    named = {"vapo_oracle": "vapo_whiten", "dr_grpo": "grpo_paper", "dapo_paper": "dapo", "vapo_dapo_volume": "vapo_lambda1"}
+    named = {"vapo_oracle": "vapo_whiten", "dr_grpo": "grpo_paper", "dapo_paper": "dapo",
+             "vapo_dapo_volume": "vapo_lambda1"}
     arm = lambda v: named.get(v, v)  # noqa: E731
     study = {k: [arm(v) for v in x] if k in ("primary", "mechanism") else [(arm(a), arm(b)) for a, b in x]
              if k in ("pairs", "secondary_pairs") else tuple(map(arm, x)) if k == "share" else x
              for k, x in STUDIES["oracle"].items()}
     runs = ROOT / STUDIES["critic"]["summaries"]
     rows = [json.loads((runs / f"{v}_seed{s}.json").read_text()) if (runs / f"{v}_seed{s}.json").exists()
-            else {"variant": v, "seed": s, "status": "missing"} for v, s in bench.order(study, study["primary"], study["seeds"])]
+            else {"variant": v, "seed": s, "status": "missing"}
+            for v, s in bench.order(study, study["primary"], study["seeds"])]
     want = (ROOT / "tests" / "unit" / "data" / "oracle_rules_on_critic_runs.md").read_text()
     assert bench.report_text(rows, study["primary"], study) == want
 

@@ -1,5 +1,5 @@
-"""The learning benchmark's variant table (benchmarks/learning/studies.yaml; issue 31): every row is a valid configuration on the
-base config, switches what it names and nothing else, and the grpo rows drop the base's
+"""The learning benchmark's variant table (benchmarks/learning/studies.yaml; issue 31): every row is a valid
+configuration on the base config, switches what it names and nothing else, and the grpo rows drop the base's
 critic-only keys (which a grpo config refuses) by writing the base YAML without them."""
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def test_each_row_switches_only_its_component_and_keeps_the_sample_budget(tmp_pa
     for variant in bench.VARIANTS:
         got = resolved(variant, tmp_path)
         changed = {k for k in vapo if got[k] != vapo[k]}
-        if variant in ("grpo_dapo_volume", "vapo_dapo_volume"):  # the rows that double the budget, on purpose (DAPO's generation)
+        # the rows that double the budget, on purpose (DAPO's generation)
+        if variant in ("grpo_dapo_volume", "vapo_dapo_volume"):
             assert got["rollout.prompts_per_step"] * got["rollout.n_samples"] == 2 * budget
             continue  # what else it changes: test_the_volume_follow_up_...
         assert got["rollout.prompts_per_step"] * got["rollout.n_samples"] == budget, variant
@@ -80,7 +81,8 @@ def test_the_volume_follow_up_shares_the_critic_studys_warm_starts_and_runs(tmp_
     study, critic = STUDIES["volume"], STUDIES["critic"]
     assert study["seeds"] == critic["seeds"] and set(study["primary"]) - {"grpo_dapo_volume"} <= set(critic["primary"])
     no_critic, got = resolved("vapo_no_critic", tmp_path), resolved("grpo_dapo_volume", tmp_path)
-    assert {k: got[k] for k in no_critic if got[k] != no_critic[k]} == {"rollout.prompts_per_step": 2 * no_critic["rollout.prompts_per_step"]}
+    assert ({k: got[k] for k in no_critic if got[k] != no_critic[k]}
+            == {"rollout.prompts_per_step": 2 * no_critic["rollout.prompts_per_step"]})
 
 
 def test_partial_rollout_rows_are_their_rows_with_partial_rollout_on(tmp_path):
@@ -103,7 +105,8 @@ def test_the_positive_controls_arms_change_only_what_they_name(tmp_path):
     assert changed("vapo_oracle", vapo) == {} and bench.VARIANTS["vapo_oracle"]["entry"] == "scripts/bench_oracle.py"
     assert [v for v in bench.VARIANTS if "entry" in bench.VARIANTS[v]] == ["vapo_oracle"]
     assert changed("dr_grpo", no_critic) == {"algo.grpo_std_norm": False}
-    assert changed("dapo_paper", dapo) == {"algo.nll_coef": 0.0, "reward.overlong_buffer": vapo["rollout.max_new_tokens"] // 5}
+    assert changed("dapo_paper", dapo) == {"algo.nll_coef": 0.0,
+                                           "reward.overlong_buffer": vapo["rollout.max_new_tokens"] // 5}
     assert changed("vapo_dapo_volume", vapo) == {"rollout.prompts_per_step": 2 * vapo["rollout.prompts_per_step"]}
     study = STUDIES["oracle"]
     assert all(v in bench.VARIANTS for v in study["primary"]) and study["primary"][:2] == ["vapo", "vapo_no_critic"]
@@ -114,7 +117,8 @@ def test_the_single_answer_studys_arms_change_only_what_they_name(tmp_path):
     """docs/benchmarks.md, "Where should a critic pay?": vapo_n1 is vapo at one answer per prompt,
     batch_n1 the value-free batch baseline at the same shape, both at 128 answers a step as grpo and vapo."""
     vapo, grpo = resolved("vapo", tmp_path), resolved("grpo", tmp_path)
-    n1 = {"rollout.n_samples": 1, "rollout.prompts_per_step": vapo["rollout.prompts_per_step"] * vapo["rollout.n_samples"]}
+    n1 = {"rollout.n_samples": 1,
+          "rollout.prompts_per_step": vapo["rollout.prompts_per_step"] * vapo["rollout.n_samples"]}
 
     def changed(variant, base):
         got = resolved(variant, tmp_path)
@@ -132,7 +136,8 @@ def test_the_single_answer_studys_arms_change_only_what_they_name(tmp_path):
 @pytest.mark.parametrize("old, new, names", [
     ("primary: [vapo, vapo_no_critic, grpo_paper, dapo]", "primary: [vapo, vapo_no_critc, grpo_paper, dapo]",
      "studies.critic: arms vapo_no_critc are not variants"),
-    ("vapo_critic_4x: {set: [], critic: 4x}", "vapo_critic_4x: {set: [], critic: 8x}", "variants.vapo_critic_4x.critic: '8x'"),
+    ("vapo_critic_4x: {set: [], critic: 4x}", "vapo_critic_4x: {set: [], critic: 8x}",
+     "variants.vapo_critic_4x.critic: '8x'"),
     ("pairs: [[vapo_partial, vapo], [dapo_partial, dapo]]", "pairs: [[vapo_partial, grpo], [dapo_partial, dapo]]",
      "studies.partial.pairs: every pair is [a, b], two of the study's arms"),
     ("entry: scripts/bench_oracle.py", "entry: scripts/no_such.py", "variants.vapo_oracle.entry"),

@@ -20,7 +20,8 @@ from vapo_megatron.data import carry_over
 from vapo_megatron.data.carry_over import Bounds, Group, Sample
 
 VOCAB, N = 96, 2
-BOUNDS = Bounds(vocab_size=VOCAB, prompts=10, admitted=8, version=5, pretrain_iterations=1, n_samples=N, max_new_tokens=6)
+BOUNDS = Bounds(vocab_size=VOCAB, prompts=10, admitted=8, version=5, pretrain_iterations=1, n_samples=N,
+                max_new_tokens=6)
 
 
 def groups() -> list[Group]:
@@ -75,10 +76,12 @@ def test_each_thing_a_resume_cannot_continue_is_damage_naming_its_group_and_fiel
         ({"tokens": torch.where(tokens == 8, -1, tokens)}, "group 0 (key 4): token id -1 is outside the vocabulary"),
         ({"versions": torch.where(versions == 3, 2**31 - 1, versions)},
          "group 0 (key 4): weight version 2147483647 is outside [0, 5] (the checkpoint's policy version)"),
-        ({"versions": torch.where(versions == 3, -1, versions)}, "group 0 (key 4): weight version -1 is outside [0, 5]"),
+        ({"versions": torch.where(versions == 3, -1, versions)},
+         "group 0 (key 4): weight version -1 is outside [0, 5]"),
         ({"versions": torch.tensor([3, 4, 4, 4, 4, 5, 5, 5, 5, 5, 4], dtype=torch.int32)},
          "group 1 (key 6): weight versions decrease along a response (5, then 4)"),
-        ({"logprobs": torch.where(logprobs == -2.0, float("nan"), logprobs)}, "group 1 (key 6): log-prob nan is no sampled token's"),
+        ({"logprobs": torch.where(logprobs == -2.0, float("nan"), logprobs)},
+         "group 1 (key 6): log-prob nan is no sampled token's"),
         ({"table": edited(lambda t: t[1].__setitem__(2, 10))},
          "group 1 (key 6): prompt row 10 is outside the training set's 10 rows"),
         ({"table": edited(lambda t: t[1].__setitem__(1, 8))},

@@ -26,11 +26,12 @@ TORCHRUN = dict(RANK="0", WORLD_SIZE="4", LOCAL_WORLD_SIZE="4")
 
 
 @pytest.mark.parametrize("argv,env,says", [
-    (["--ranks"], {}, ["vapo-check: --ranks runs one rank per GPU of the node (no launcher): torchrun --nproc-per-node N"]),
+    (["--ranks"], {},
+     ["vapo-check: --ranks runs one rank per GPU of the node (no launcher): torchrun --nproc-per-node N"]),
     (["--ranks"], dict(RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1"), ["vapo-check: --ranks runs one rank per GPU of "
                                                                         "the node (WORLD_SIZE=1)"]),
-    (["--ranks"], dict(RANK="0", WORLD_SIZE="8", LOCAL_WORLD_SIZE="4"), ["vapo-check: --ranks checks one node: "
-                                                                        "WORLD_SIZE=8 over nodes of LOCAL_WORLD_SIZE=4"]),
+    (["--ranks"], dict(RANK="0", WORLD_SIZE="8", LOCAL_WORLD_SIZE="4"),
+     ["vapo-check: --ranks checks one node: WORLD_SIZE=8 over nodes of LOCAL_WORLD_SIZE=4"]),
     (["--ranks", "--engine-tp", "3"], TORCHRUN, ["vapo-check: --engine-tp=3 must be >= 1 and divide the 4 ranks"]),
     (["--ranks", "--engine-tp", "0"], TORCHRUN, ["vapo-check: --engine-tp=0 must be >= 1 and divide the 4 ranks"]),
     (["--engine-tp", "2"], {}, ["vapo-check: --engine-tp=2 is a flag of the multi-rank checks: add --ranks"]),
@@ -60,4 +61,5 @@ def test_without_a_gpu_per_rank_it_says_so_in_one_line_and_exits_2(capsys, monke
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same answer on a GPU machine
     rc, lines, out = _main(capsys, monkeypatch, ["--ranks"], RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
-    assert (rc, out) == (2, "") and lines == ["vapo-check: --ranks needs a GPU per rank: 2 ranks, 0 CUDA GPU(s) visible"]
+    assert (rc, out) == (2, "") and lines == ["vapo-check: --ranks needs a GPU per rank: 2 ranks, "
+                                              "0 CUDA GPU(s) visible"]

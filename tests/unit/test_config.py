@@ -39,16 +39,18 @@ def test_structural_and_value_problems_are_reported_together():
                            "rollout.sglang.max_total_tokens=0"], check_paths=False)
     msg = str(e.value)
     assert msg.startswith("5 invalid settings:"), msg
-    for text in ("unknown config key algo.alpah", "algo.gamma=1.5 must be in [0, 1]", "trainer.save_every=0 must be >= 1",
-                 "parallel.vpp=2 must be null, or >= 1 with parallel.pp >= 2",
+    for text in ("unknown config key algo.alpah", "algo.gamma=1.5 must be in [0, 1]",
+                 "trainer.save_every=0 must be >= 1", "parallel.vpp=2 must be null, or >= 1 with parallel.pp >= 2",
                  "rollout.sglang.max_total_tokens=0 must be >= 1 (or null)"):
         assert text in msg, (text, msg)
 
 
 def test_lr_schedule_settings_are_checked():
-    with pytest.raises(ConfigError, match=r"actor_optim.lr_decay_steps=5 must be greater than actor_optim.warmup_steps=5"):
+    with pytest.raises(ConfigError,
+                       match=r"actor_optim.lr_decay_steps=5 must be greater than actor_optim.warmup_steps=5"):
         load_config(DEMO, ["actor_optim.warmup_steps=5", "actor_optim.lr_decay_steps=5"], check_paths=False)
-    with pytest.raises(ConfigError, match=r"critic_optim.lr_decay_style='step' is not allowed \(choose one of: constant, linear, cosine\)"):
+    with pytest.raises(ConfigError, match=r"critic_optim.lr_decay_style='step' is not allowed \(choose one of: "
+                                          r"constant, linear, cosine\)"):
         load_config(DEMO, ["critic_optim.lr_decay_style=step"], check_paths=False)
 
 
@@ -64,7 +66,8 @@ def test_a_resume_may_not_move_a_schedule_that_decays_over_the_run(tmp_path):
     with pytest.raises(ConfigError) as e:
         resume.check_resume(parse_config(DEMO, [*base, "trainer.total_steps=300"])[0], announce=False)
     assert "  - trainer.total_steps: 200 in the run, 300 now" in str(e.value)
-    assert "actor_optim.lr_decay_style=linear with actor_optim.lr_decay_steps=null decays the learning rate" in str(e.value)
+    assert ("actor_optim.lr_decay_style=linear with actor_optim.lr_decay_steps=null decays the "
+            "learning rate" in str(e.value))
     fixed = [f"trainer.run_dir={run_dir}", "actor_optim.lr_decay_style=linear", "actor_optim.lr_decay_steps=500"]
     resume.save(parse_config(DEMO, fixed)[0])
     resume.check_resume(parse_config(DEMO, [*fixed, "trainer.total_steps=300"])[0], announce=False)  # passes
@@ -100,7 +103,8 @@ def test_settings_that_train_nothing_with_groups_of_one_are_refused():
     assert "rollout.n_samples=1 with algo.estimator=grpo trains nothing" in str(e.value), str(e.value)
     assert str(e.value).count("\n") == 0, str(e.value)  # one problem, one line
     for base in (grpo, DEMO):
-        with pytest.raises(ConfigError, match="rollout.dynamic_sampling=true with rollout.n_samples=1 drops every group"):
+        with pytest.raises(ConfigError,
+                           match="rollout.dynamic_sampling=true with rollout.n_samples=1 drops every group"):
             load_config(base, ["rollout.n_samples=1", "rollout.dynamic_sampling=true"], check_paths=False)
     load_config(DEMO, ["rollout.n_samples=1"], check_paths=False)  # GAE learns from one response per prompt
     load_config(grpo, ["rollout.n_samples=2"], check_paths=False)
@@ -164,7 +168,8 @@ def test_a_resume_never_changes_the_expert_parallel_size(tmp_path):
     resume.check_resume(ep2, announce=False)  # the same EP passes
     assert resume.ep_change(to_dict(ep2), to_dict(ep2)) is None
     assert resume.ep_change({}, to_dict(ep2)).startswith("written at parallel.ep=1, not 2: a checkpoint cannot take")
-    assert resume.ep_change(to_dict(ep2), to_dict(cfg)).endswith("(megatron lays the optimizer state out by EP); resume with parallel.ep=2")
+    assert resume.ep_change(to_dict(ep2), to_dict(cfg)).endswith("(megatron lays the optimizer state out by EP); "
+                                                                 "resume with parallel.ep=2")
 
 
 def test_partial_rollout_settings_are_checked_at_start_up():
@@ -181,7 +186,8 @@ def test_partial_rollout_settings_are_checked_at_start_up():
         assert text in msg, (text, msg)
     cfg = load_config(DEMO, ["rollout.partial.enabled=true", "rollout.partial.round_tokens=8",
                              "rollout.partial.max_decode_steps=16"], check_paths=False)
-    assert cfg.rollout.partial.enabled and cfg.rollout.partial.round_tokens == 8 and cfg.rollout.partial.max_staleness == 1
+    assert (cfg.rollout.partial.enabled and cfg.rollout.partial.round_tokens == 8
+            and cfg.rollout.partial.max_staleness == 1)
 
 
 def test_more_spare_batches_than_max_staleness_is_refused_naming_both():
@@ -190,7 +196,8 @@ def test_more_spare_batches_than_max_staleness_is_refused_naming_both():
     (8, 24, 8, 24 at prompts_per_step=8, spare_batches=3, max_staleness=1), with no word."""
     for enabled in ("true", "false"):  # a resume may turn it on
         with pytest.raises(ConfigError) as e:
-            load_config(DEMO, [f"rollout.partial.enabled={enabled}", "rollout.partial.spare_batches=3"], check_paths=False)
+            load_config(DEMO, [f"rollout.partial.enabled={enabled}", "rollout.partial.spare_batches=3"],
+                        check_paths=False)
         assert str(e.value) == (
             "rollout.partial.spare_batches=3 must be <= rollout.partial.max_staleness=1: a group trains at most "
             "max_staleness steps after its first token, so more spare batches in flight than that make steps train "
@@ -215,7 +222,8 @@ def test_max_sampling_rounds_with_partial_rollout_is_a_bound_a_step_keeps():
     assert str(e.value) == (
         "rollout.max_sampling_rounds=2 bounds a step's prompts at 2 x rollout.prompts_per_step, but with "
         "rollout.partial.enabled a step takes up to 1 + rollout.partial.spare_batches = 3 batches of prompts (to fill "
-        "the groups in flight): set rollout.max_sampling_rounds >= 3 or rollout.partial.spare_batches <= 1"), str(e.value)
+        "the groups in flight): set rollout.max_sampling_rounds >= 3 or "
+        "rollout.partial.spare_batches <= 1"), str(e.value)
     load_config(DEMO, [*on[1:], "rollout.max_sampling_rounds=1"], check_paths=False)  # synchronous: its own rule
 
 
@@ -253,7 +261,8 @@ def test_the_demo_data_hint_is_only_for_that_directorys_files(tmp_path, monkeypa
         (tmp_path / "runs" / "demo" / "data" / f"{name}.jsonl").write_text("")
     from vapo_megatron.config.checks import config_problems
 
-    problems = config_problems(parse_config(DEMO, ["trainer.run_dir=run", "data.eval_files=[/elsewhere/eval.jsonl]"])[0])
+    problems = config_problems(parse_config(DEMO,
+                                            ["trainer.run_dir=run", "data.eval_files=[/elsewhere/eval.jsonl]"])[0])
     assert problems == ["data.eval_files: /elsewhere/eval.jsonl does not exist"], problems
 
 
@@ -266,12 +275,14 @@ def test_a_moved_key_is_refused_naming_its_new_place_but_read_from_a_runs_own_re
     path = _write(tmp_path, "trainer:\n  eval_every: 7\n")
     cfg, problems = parse_config(path, ["data.eval_max_prompts=3"])
     assert problems == [f"{path}: trainer.eval_every was moved to eval.every",
-                        "command-line override 'data.eval_max_prompts=3': data.eval_max_prompts was moved to eval.max_prompts"]
+                        "command-line override 'data.eval_max_prompts=3': "
+                        "data.eval_max_prompts was moved to eval.max_prompts"]
     assert cfg.eval.every == 10 and cfg.eval.max_prompts == 512  # nothing read from an old key
     run_dir = tmp_path / "run"
     new = parse_config(DEMO, [f"trainer.run_dir={run_dir}", "eval.every=7"])[0]
     saved = resume.save(new)
-    saved.write_text(saved.read_text().replace("eval:\n  every: 7\n", "eval:\n").replace("trainer:\n", "trainer:\n  eval_every: 7\n"))
+    saved.write_text(saved.read_text().replace("eval:\n  every: 7\n", "eval:\n")
+                     .replace("trainer:\n", "trainer:\n  eval_every: 7\n"))
     assert "eval_every: 7" in saved.read_text()
     assert parse_recorded(str(saved)) == (new, [])
     (run_dir / "checkpoints" / "iter_0000001").mkdir(parents=True)

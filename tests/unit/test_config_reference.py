@@ -32,7 +32,8 @@ def _rows() -> dict[str, list[str]]:
 
 def test_docs_config_md_is_what_the_schema_generates():
     assert DOC.read_text() == render(), (
-        "docs/config.md is out of date with vapo_megatron/config/schema.py: run python -m vapo_megatron.config.reference")
+        "docs/config.md is out of date with vapo_megatron/config/schema.py: "
+        "run python -m vapo_megatron.config.reference")
 
 
 def test_every_key_is_listed_with_its_default_and_a_meaning():
@@ -57,8 +58,8 @@ def _print_config(*args: str) -> subprocess.CompletedProcess:
 
 def test_print_config_prints_the_resolved_yaml_and_builds_nothing(tmp_path):
     run_dir = tmp_path / "never-created"
-    proc = _print_config("--config", "configs/demo_cpu.yaml", f"trainer.run_dir={run_dir}", "trainer.wandb.mode=offline",
-                         "model.hf_path=/nonexistent/model")
+    proc = _print_config("--config", "configs/demo_cpu.yaml", f"trainer.run_dir={run_dir}",
+                         "trainer.wandb.mode=offline", "model.hf_path=/nonexistent/model")
     assert proc.returncode == 0, proc.stderr
     assert "torch imported" not in proc.stderr
     printed = yaml.safe_load(proc.stdout)

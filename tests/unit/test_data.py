@@ -32,7 +32,8 @@ def test_demo_tokenizer_roundtrip_and_chat_template(tok):
     assert text == _template(tok, [{"role": "user", "content": "37+45="}])
     ids = tok(text, add_special_tokens=False)["input_ids"]
     toks = tok.convert_ids_to_tokens(ids)
-    assert toks == ["<|im_start|>", "user", "\n", "3", "7", "+", "4", "5", "=", "<|im_end|>", "\n", "<|im_start|>", "assistant", "\n"]
+    assert toks == ["<|im_start|>", "user", "\n", "3", "7", "+", "4", "5", "=", "<|im_end|>", "\n", "<|im_start|>",
+                    "assistant", "\n"]
     assert tok.decode(tok("82")["input_ids"] + [tok.eos_token_id], skip_special_tokens=True) == "82"
     assert tok.eos_token == "<|im_end|>" and tok.pad_token_id is not None and tok.pad_token_id != tok.eos_token_id
 
@@ -125,7 +126,8 @@ def test_unreadable_missing_all_bad_and_unknown_schema_name_the_file(tmp_path, t
 
     allbad = str(tmp_path / "allbad.jsonl")
     _write_jsonl(allbad, [json.dumps({"prompt": "1", "answer": None}), "{oops"])
-    with pytest.raises(PromptDataError, match=r"allbad.jsonl: no usable prompt in 2 rows \(invalid_json=1, null_answer=1\)"):
+    with pytest.raises(PromptDataError,
+                       match=r"allbad.jsonl: no usable prompt in 2 rows \(invalid_json=1, null_answer=1\)"):
         load_prompts([allbad], tok, max_prompt_tokens=64, apply_chat_template=True)
 
     odd = str(tmp_path / "odd.jsonl")
@@ -166,7 +168,8 @@ def test_demo_dir_is_deterministic_and_loads_with_transformers(tmp_path):
 
     from vapo_megatron.tasks.demo_task import TinyModelSpec, write_demo_dir
 
-    spec = TinyModelSpec(hidden_size=32, num_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
+    spec = TinyModelSpec(hidden_size=32, num_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64)
     kw = dict(seed=3, task="add", n_train=50, n_eval=20, n_sft=30, sft_noise=0.0, spec=spec)
     a = write_demo_dir(str(tmp_path / "a"), **kw)
     b = write_demo_dir(str(tmp_path / "b"), **kw)
@@ -184,7 +187,7 @@ def test_demo_dir_is_deterministic_and_loads_with_transformers(tmp_path):
     assert digest(c["model"] + "/model.safetensors") != digest(a["model"] + "/model.safetensors")
 
     # Held-out: no eval problem appears in train or sft; every answer is right (noise 0).
-    rows = {n: [json.loads(l) for l in open(a[n])] for n in ("train", "eval", "sft")}
+    rows = {n: [json.loads(line) for line in open(a[n])] for n in ("train", "eval", "sft")}
     ev = {r["prompt"] for r in rows["eval"]}
     assert not ev & {r["prompt"] for r in rows["train"] + rows["sft"]}
     for r in rows["train"] + rows["eval"] + rows["sft"]:
@@ -226,6 +229,7 @@ def test_a_batch_larger_than_its_data_is_said_once():
     assert problems == []
     recs = [PromptRecord(prompt_ids=[i], answer="1", source=f"f.jsonl:{i}", prompt_text=f"p{i}") for i in range(5)]
     assert repeat_warnings(cfg, Datasets(None, recs, [], recs[:3])) == [
-        "[vapo] warning: data.train_files hold 5 usable prompts, fewer than rollout.prompts_per_step=8: every batch repeats prompts",
+        "[vapo] warning: data.train_files hold 5 usable prompts, fewer than rollout.prompts_per_step=8: "
+        "every batch repeats prompts",
         "[vapo] warning: sft.files hold 3 usable prompts, fewer than sft.batch_size=4: every batch repeats prompts"]
     assert repeat_warnings(cfg, Datasets(None, recs * 2, [], [])) == []

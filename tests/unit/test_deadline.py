@@ -81,4 +81,5 @@ def test_the_launchers_run_dir_applies_only_when_none_is_set(tmp_path):
     assert parse_config(str(bare), [], fallbacks=job)[0].trainer.run_dir == "/scratch/job-7"
     # the config file's and the command line's win (configs/demo_cpu.yaml sets runs/demo)
     assert parse_config("configs/demo_cpu.yaml", [], fallbacks=job)[0].trainer.run_dir == "runs/demo"
-    assert parse_config(str(bare), ["trainer.run_dir=/scratch/run1"], fallbacks=job)[0].trainer.run_dir == "/scratch/run1"
+    assert (parse_config(str(bare), ["trainer.run_dir=/scratch/run1"], fallbacks=job)[0].trainer.run_dir
+            == "/scratch/run1")

@@ -35,7 +35,8 @@ def test_a_demo_that_learned_passes_however_slow_the_machine(tmp_path):
     assert "gain +0.462" in proc.stdout and "learned (targets met)" in proc.stdout
     assert "wall time 1500 s" in proc.stdout and "time is not a target" in proc.stdout
     # The phase split over the RL steps: 4 steps x 5 s, rollout 60%, actor 20%, critic 10%, other 10%.
-    assert "4 RL steps took 20 s (5.00 s each): rollout 60%, actor_update 20%, critic_update 10%, other 10%" in proc.stdout
+    assert ("4 RL steps took 20 s (5.00 s each): rollout 60%, actor_update 20%, critic_update 10%, "
+            "other 10%" in proc.stdout)
 
 
 def test_a_demo_that_did_not_learn_fails_however_fast(tmp_path):

@@ -51,5 +51,6 @@ def test_vapo_train_answers_it_as_a_configuration_error():
 
     src = Path(trainer.__file__).read_text()
     assert "self.planner.check_engine_share(cfg, list(self.models.values()))" in src
-    assert "Planner(check_engine_share, predict_on_this_gpu)" in (Path(trainer.__file__).parents[1] / "train.py").read_text()
+    assert ("Planner(check_engine_share, predict_on_this_gpu)"
+            in (Path(trainer.__file__).parents[1] / "train.py").read_text())
     assert "raise ConfigError(problem)" in Path(plan.__file__).read_text().split("def check_engine_share")[1]

@@ -170,8 +170,8 @@ def _old_form(tree: dict) -> dict:
 
 def test_a_run_recorded_before_the_move_reads_in_the_new_form_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
-    cfg = parse_config(QWEN, [f"trainer.run_dir={run_dir}", "rollout.sglang.tp=4", "rollout.sglang.max_total_tokens=9000",
-                              "rollout.sglang_http.urls=[http://h:1]"])[0]
+    cfg = parse_config(QWEN, [f"trainer.run_dir={run_dir}", "rollout.sglang.tp=4",
+                              "rollout.sglang.max_total_tokens=9000", "rollout.sglang_http.urls=[http://h:1]"])[0]
     saved = resume.save(cfg)
     new = yaml.safe_load(saved.read_text())
     saved.write_text(yaml.safe_dump(_old_form(yaml.safe_load(saved.read_text())), sort_keys=False))

@@ -22,7 +22,8 @@ def test_every_estimator_has_a_record_and_a_function():
 
 
 def test_batch_estimator_equals_a_hand_computation():
-    # rewards 1, -1, -1, 1, 1: mean 0.2; sample variance (4 * 0.64 ... ) = sum((r - 0.2)^2) / 4 = (0.64*3 + 1.44*2) / 4 = 1.2
+    # rewards 1, -1, -1, 1, 1: mean 0.2; sample variance (4 * 0.64 ... ) = sum((r - 0.2)^2) / 4
+    # = (0.64*3 + 1.44*2) / 4 = 1.2
     rewards = torch.tensor([1.0, -1.0, -1.0, 1.0, 1.0])
     adv, mean, std = batch_relative_advantages(rewards, lambda t: t, eps=0.0)
     assert mean == pytest.approx(0.2) and std == pytest.approx(1.2 ** 0.5)
@@ -90,5 +91,5 @@ def test_the_critics_own_settings_are_checked_and_refused_without_a_critic():
     zero = Config(critic=CriticConfig(updates_per_step=0))
     assert "critic.updates_per_step=0 must be >= 1" in config_problems(zero, check_paths=False)
     grpo = Config(algo=AlgoConfig(estimator="grpo", value_pretrain_steps=0), critic=CriticConfig(updates_per_step=2))
-    assert "critic (the critic's own settings) is set, but algo.estimator=grpo has no critic: remove it from the config" \
-        in estimator_problems(grpo)
+    assert ("critic (the critic's own settings) is set, but algo.estimator=grpo has no critic: "
+            "remove it from the config" in estimator_problems(grpo))

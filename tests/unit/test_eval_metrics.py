@@ -90,4 +90,5 @@ def test_summarize_agrees_with_its_parts():
     assert s["pass@2"] == pytest.approx((brute_force_pass_at_k(prompts[0].correct, 2) + 0) / 2)
     assert s["pass@4"] == pytest.approx(0.5)
     assert s["maj@4"] == pytest.approx(0.5)  # prompt 0: "1" and "2" tie, "1" came first and is right
-    assert (s["response_length/mean"], s["response_length/max"], s["response_length/clip_ratio"]) == (34 / 8, 8.0, 1 / 8)
+    assert ((s["response_length/mean"], s["response_length/max"], s["response_length/clip_ratio"])
+            == (34 / 8, 8.0, 1 / 8))

@@ -79,16 +79,17 @@ BAD = [
     (dict(rope_scaling={**LLAMA3, "high_freq_factor": 8}), "rope_scaling.high_freq_factor=8 is not supported",
      "fixes high_freq_factor=4"),
     (dict(rope_scaling={**LLAMA3, "original_max_position_embeddings": 4096}),
-     "rope_scaling.original_max_position_embeddings=4096 is not supported", "fixes original_max_position_embeddings=8192"),
+     "rope_scaling.original_max_position_embeddings=4096 is not supported",
+     "fixes original_max_position_embeddings=8192"),
     (dict(rope_scaling={k: v for k, v in LLAMA3.items() if k != "high_freq_factor"}),
      "rope_scaling.high_freq_factor='(absent)' is not supported", "fixes high_freq_factor=4"),
     (dict(rope_scaling={**LLAMA3, "factor": 0}), "rope_scaling.factor=0 is not supported", "a positive number"),
-    (dict(rope_scaling={**LLAMA3, "partial_rotary_factor": 0.5}), "rope_scaling.partial_rotary_factor=0.5 is not supported",
-     "takes only"),
-    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling={'rope_type': 'yarn', 'factor': 4.0} is not supported",
-     "only 'llama3' or the default RoPE"),
-    (dict(rope_scaling={"type": "linear", "factor": 2.0}), "rope_scaling={'type': 'linear', 'factor': 2.0} is not supported",
-     "only 'llama3'"),
+    (dict(rope_scaling={**LLAMA3, "partial_rotary_factor": 0.5}),
+     "rope_scaling.partial_rotary_factor=0.5 is not supported", "takes only"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+     "rope_scaling={'rope_type': 'yarn', 'factor': 4.0} is not supported", "only 'llama3' or the default RoPE"),
+    (dict(rope_scaling={"type": "linear", "factor": 2.0}),
+     "rope_scaling={'type': 'linear', 'factor': 2.0} is not supported", "only 'llama3'"),
     (dict(attention_bias=True), "attention_bias=True is not supported for Llama", "only false"),
     (dict(mlp_bias=True), "mlp_bias=True is not supported for Llama", "only false"),
     (dict(hidden_act="gelu"), "hidden_act='gelu' is not supported", "silu"),
@@ -108,7 +109,8 @@ def test_what_megatron_cannot_express_is_one_line_naming_the_file_and_value(tmp_
 def test_qwen_still_refuses_any_rope_scaling(tmp_path):
     cfg = {**preset("tiny-qwen2"), "rope_scaling": LLAMA3}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(HFConfigError, match=r"config.json: rope_scaling=.*llama3.*only the default RoPE, without scaling"):
+    with pytest.raises(HFConfigError,
+                       match=r"config.json: rope_scaling=.*llama3.*only the default RoPE, without scaling"):
         check_supported(read_hf_config(tmp_path))
     assert check_supported(preset("tiny-qwen2") | {"_source": "p"}) is QWEN2
 

@@ -105,8 +105,8 @@ def test_clip_higher_is_asymmetric():
     symmetric, _ = policy_loss_sum(logp, old, adv, mask, eps_low=0.2, eps_high=0.2, dual_clip_c=None, loss_agg="token")
     assert higher.item() == pytest.approx(-1.25) and symmetric.item() == pytest.approx(-1.2)
     # A < 0, ratio 0.75: clipped at 1 - eps_low = 0.8 either way.
-    low, _ = policy_loss_sum(torch.tensor([[math.log(0.75)]]), old, -adv, mask, eps_low=0.2, eps_high=0.28, dual_clip_c=None,
-                             loss_agg="token")
+    low, _ = policy_loss_sum(torch.tensor([[math.log(0.75)]]), old, -adv, mask, eps_low=0.2, eps_high=0.28,
+                             dual_clip_c=None, loss_agg="token")
     assert low.item() == pytest.approx(0.8)
 
 
@@ -210,8 +210,8 @@ def test_sample_level_m_skips_empty_responses():
     logp, old, adv, mask = batch()
     B = len(LENGTHS)
     rb = RolloutBatch(tokens=torch.zeros(B, T + 1, dtype=torch.long), prompt_lens=torch.ones(B, dtype=torch.long),
-                      response_lens=torch.tensor(LENGTHS), rewards=torch.zeros(B), correct=torch.zeros(B, dtype=torch.bool),
-                      group_ids=torch.zeros(B, dtype=torch.long))
+                      response_lens=torch.tensor(LENGTHS), rewards=torch.zeros(B),
+                      correct=torch.zeros(B, dtype=torch.bool), group_ids=torch.zeros(B, dtype=torch.long))
     assert torch.equal(rb.mask[:, :T].bool(), mask)  # the same responses as `batch()`, prompt length 1
     counts = GlobalCounts.from_sums(count_sums(rb.mask, rb.correct))  # one rank: its sums are the totals
     assert counts.responses == sum(n > 0 for n in LENGTHS) == B - 1 and counts.tokens == sum(LENGTHS)

@@ -21,7 +21,8 @@ import vapo_megatron.trainer.trainer, vapo_megatron.weights.convert, vapo_megatr
 import megatron.core.transformer.moe.moe_layer, megatron.core.dist_checkpointing  # loaded after the import
 from megatron.core import jit
 from megatron.core.fusions.fused_bias_swiglu import bias_swiglu, swiglu
-inductor = sorted(m for m in sys.modules if m.startswith("torch._inductor.compile_fx") or m == "torch._dynamo.convert_frame")
+inductor = sorted(m for m in sys.modules
+                  if m.startswith("torch._inductor.compile_fx") or m == "torch._dynamo.convert_frame")
 assert not inductor, inductor
 assert torch.compile is real, "torch.compile was not restored"
 assert jit.jit_fuser is jit.noop_decorator

@@ -53,13 +53,13 @@ def test_padding_ratio_by_hand():
 def test_min_micro_batches_gives_equal_counts_across_ranks():
     # Two "DP ranks" with different token loads: plan, take the max count, plan again.
     ranks = [_long_tailed(100, 10), _long_tailed(37, 11)]
-    first = [len(plan_micro_batches(l, 8192)) for l in ranks]
+    first = [len(plan_micro_batches(lens, 8192)) for lens in ranks]
     assert first[0] != first[1]
     target = max(first)
-    plans = [plan_micro_batches(l, 8192, min_micro_batches=target) for l in ranks]
+    plans = [plan_micro_batches(lens, 8192, min_micro_batches=target) for lens in ranks]
     assert [len(p) for p in plans] == [target, target]
-    for p, l in zip(plans, ranks):
-        _check_partition(p, l, 8192)
+    for p, lens in zip(plans, ranks):
+        _check_partition(p, lens, 8192)
 
 
 def test_num_groups_rounds_up_and_too_few_sequences_raises():

@@ -54,8 +54,10 @@ def test_unsupported_settings_are_one_line_naming_the_config(change, says):
 
 
 @pytest.mark.parametrize("rest, per_rank, ep_rank, want", [
-    ("mlp.experts.local_experts.1.linear_fc1.weight", 64, 1, ("mlp.experts.local_experts.{expert}.linear_fc1.weight", 65)),
-    ("mlp.experts.local_experts.0.linear_fc2.weight", 2, 0, ("mlp.experts.local_experts.{expert}.linear_fc2.weight", 0)),
+    ("mlp.experts.local_experts.1.linear_fc1.weight", 64, 1,
+     ("mlp.experts.local_experts.{expert}.linear_fc1.weight", 65)),
+    ("mlp.experts.local_experts.0.linear_fc2.weight", 2, 0,
+     ("mlp.experts.local_experts.{expert}.linear_fc2.weight", 0)),
     # Transformer Engine's grouped GEMM keeps a rank's experts as weight0, weight1, ...
     ("mlp.experts.linear_fc2.weight3", 16, 2, ("mlp.experts.local_experts.{expert}.linear_fc2.weight", 35)),
     ("mlp.router.weight", 16, 2, ("mlp.router.weight", None)),

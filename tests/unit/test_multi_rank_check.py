@@ -93,7 +93,8 @@ def test_routes_sglang_could_not_have_routed_are_named():
     s = _sampled(prompts, answers, [good, unwritten])
     assert route_problems(s, k=2) == ["answer 1: 5 tokens with an expert twice in one layer"]
     # A row count that is not the answer's (decoding checks only the size): the check names the answer.
-    short = Sampled(prompts=s.prompts, tokens=s.tokens, logprobs=s.logprobs, routes=[good[:4], good], engines=1, errors=[])
+    short = Sampled(prompts=s.prompts, tokens=s.tokens, logprobs=s.logprobs, routes=[good[:4], good], engines=1,
+                    errors=[])
     assert route_problems(short, k=2) == ["answer 0: routes (4, 2, 2) for 3 prompt + 3 answer tokens, top-2"]
     # SGLang's own size check when decoding: too few ids for prompt + answer - 1 rows.
     with pytest.raises(RuntimeError, match="expected 5 tokens x 2 MoE layers x top-2"):
@@ -114,7 +115,8 @@ def test_the_verdicts_on_hand_built_numbers():
     mask = torch.tensor([[0.0, 1, 1, 0]])
     trainer = torch.tensor([[0.0, -1.0, -2.0, 0.0]])
     tol = LOGP_TOL[torch.bfloat16]
-    assert logprob_verdict(trainer, trainer + torch.tensor([[9.0, 0.05, -0.08, 9.0]]), mask, tol)[0] == "PASS"  # off-mask ignored
+    # off-mask ignored
+    assert logprob_verdict(trainer, trainer + torch.tensor([[9.0, 0.05, -0.08, 9.0]]), mask, tol)[0] == "PASS"
     status, figures = logprob_verdict(trainer, trainer + torch.tensor([[0.0, 0.05, 0.3, 0.0]]), mask, tol)
     assert status == "FAIL" and "max |engine - trainer log-prob| 0.3" in figures and "2 answer tokens" in figures
     assert logprob_verdict(trainer, trainer, torch.zeros_like(mask), tol)[0] == "FAIL"  # nothing compared
@@ -138,9 +140,9 @@ def test_the_model_written_for_each_family_is_the_reshaped_preset_with_peaked_pr
         want = ranks_model(name, 2)
         write_model(want, tmp_path / name)
         got = model_providers.read_hf_config(str(tmp_path / name))
-        shapes = [k for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
-                              "moe_intermediate_size", "num_hidden_layers", "vocab_size", "num_experts_per_tok",
-                              "mlp_only_layers", "tie_word_embeddings") if k in want]
+        shapes = [k for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                              "intermediate_size", "moe_intermediate_size", "num_hidden_layers", "vocab_size",
+                              "num_experts_per_tok", "mlp_only_layers", "tie_word_embeddings") if k in want]
         # (transformers 5 writes rope_theta inside rope_parameters, num_experts as num_local_experts)
         assert {k: got[k] for k in shapes} == {k: want[k] for k in shapes}, name
         assert route_shape(got) == ((4, 2, 4) if "num_experts" in want else None), name

@@ -58,8 +58,8 @@ def test_without_stale_tokens_the_weights_are_one_and_the_loss_is_todays_bitwise
     runs = []
     for weights in (None, w):
         lp = logp.clone().requires_grad_()
-        loss, metrics = policy_loss_sum(lp, prox, adv, mask, dual_clip_c=dual_clip_c, loss_agg=loss_agg, weights=weights,
-                                        **CLIP)
+        loss, metrics = policy_loss_sum(lp, prox, adv, mask, dual_clip_c=dual_clip_c, loss_agg=loss_agg,
+                                        weights=weights, **CLIP)
         runs.append((loss, torch.autograd.grad(loss, lp)[0], metrics))
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
     assert all(torch.equal(runs[0][2][k], runs[1][2][k]) for k in runs[0][2])
@@ -80,7 +80,8 @@ def test_stale_tokens_give_the_single_process_loss_and_gradient_in_any_split(dua
             lp, olp, a = float(logp[b, t]), float(prox[b, t]), float(adv[b, t])
             ref += wt * naive_term(lp, olp, a, dual_clip_c) / N
             h = 1e-6  # the term's derivative in logp, by central differences in float64
-            ref_grad[b, t] = wt * (naive_term(lp + h, olp, a, dual_clip_c) - naive_term(lp - h, olp, a, dual_clip_c)) / (2 * h) / N
+            ref_grad[b, t] = (wt * (naive_term(lp + h, olp, a, dual_clip_c) - naive_term(lp - h, olp, a, dual_clip_c))
+                              / (2 * h) / N)
     # "DP ranks" of rows {0, 3}, {1, 2, 5}, {4}, each split again into single-row "micro-batches":
     # every part's loss sum over the same global N.
     for parts in ([[0, 1, 2, 3, 4, 5]], [[0, 3], [1, 2, 5], [4]], [[r] for r in range(6)]):
@@ -100,8 +101,8 @@ def test_the_step_figures_and_weights_over_a_batch():
     prompts = [[5, 6, 7][: 1 + b % 3] for b in range(len(LENGTHS))]
     responses = [list(range(10, 10 + n)) for n in LENGTHS]
     tokens, pl, rl = pack_sequences(prompts, responses)
-    b = RolloutBatch(tokens=tokens, prompt_lens=pl, response_lens=rl, rewards=torch.zeros(6), correct=torch.zeros(6, dtype=torch.bool),
-                     group_ids=torch.arange(6))
+    b = RolloutBatch(tokens=tokens, prompt_lens=pl, response_lens=rl, rewards=torch.zeros(6),
+                     correct=torch.zeros(6, dtype=torch.bool), group_ids=torch.arange(6))
     S = tokens.shape[1]
     b.old_logp = torch.zeros(6, S)
     for i, n in enumerate(LENGTHS):

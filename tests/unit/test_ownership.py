@@ -119,7 +119,8 @@ def test_trainer_directories_from_before_markers_stay_replaceable(tmp_path):
     export = tmp_path / "run" / "hf"
     export.mkdir()
     (export / "model-pp000-00000.safetensors").write_bytes(b"")
-    (export / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "model-pp000-00000.safetensors"}}))
+    (export / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"w": "model-pp000-00000.safetensors"}}))
     assert writer_of(export) == TRAINER_EXPORT
     commit_dir(built(export), export, writer=TRAINER_EXPORT)
     # ... but a state.json of the user's own is not a checkpoint, and convert's old outputs are not guessed.
@@ -136,7 +137,8 @@ def test_preflight_says_at_start_that_run_dir_hf_is_not_the_trainers(tmp_path):
     run_dir = tmp_path / "run"
     files = user_dir(run_dir / "hf")
     (problem,) = export_problems(Config(trainer=TrainerConfig(run_dir=str(run_dir))))
-    assert problem.startswith(f"trainer.run_dir: {run_dir / 'hf'} is a non-empty directory") and "move it away" in problem
+    assert (problem.startswith(f"trainer.run_dir: {run_dir / 'hf'} is a non-empty directory")
+            and "move it away" in problem)
     assert unchanged(run_dir / "hf", files)
     assert export_problems(Config(trainer=TrainerConfig(run_dir=str(tmp_path / "fresh")))) == []
 
@@ -188,12 +190,14 @@ def test_an_unwritable_run_dir_is_one_problem(tmp_path):
     for run_dir in ("/proc/vapo-run", "/proc/vapo-run/nested"):
         problems = [p for p in startup_problems(Config(trainer=TrainerConfig(run_dir=run_dir)), 1)
                     if "trainer.run_dir" in p or "/proc" in p]
-        assert problems == [f"trainer.run_dir: {run_dir} cannot be created or written (/proc is not writable)"], problems
+        assert problems == [f"trainer.run_dir: {run_dir} cannot be created or written "
+                            "(/proc is not writable)"], problems
     file_run_dir = tmp_path / "a_file"
     file_run_dir.write_text("")
     problems = [p for p in startup_problems(Config(trainer=TrainerConfig(run_dir=str(file_run_dir / "run"))), 1)
                 if "trainer.run_dir" in p]
-    assert problems == [f"trainer.run_dir: {file_run_dir / 'run'} cannot be created or written ({file_run_dir} is a file, not a directory)"]
+    assert problems == [f"trainer.run_dir: {file_run_dir / 'run'} cannot be created or written "
+                        f"({file_run_dir} is a file, not a directory)"]
 
 
 def busy_when_renamed(monkeypatch, mount):

@@ -53,7 +53,8 @@ class LocalGenerator:
         pass
 
     def collect(self, prompts, *, seed):
-        return Rollout(prompts, self.engine.generate([p.prompt_ids for p in prompts], self.sampling(seed=seed)), self.cfg.n_samples)
+        return Rollout(prompts, self.engine.generate([p.prompt_ids for p in prompts], self.sampling(seed=seed)),
+                       self.cfg.n_samples)
 
 
 @dataclass
@@ -127,7 +128,8 @@ def test_within_the_bound_every_step_trains_prompts_per_step_groups(engine, spar
 
 
 def one_go(engine, cfg, prompt_ids, seed):
-    p = SamplingParams(n=1, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, stop_token_ids=STOPS, seed=seed)
+    p = SamplingParams(n=1, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, stop_token_ids=STOPS,
+                       seed=seed)
     return engine.generate([prompt_ids], p)[0]
 
 

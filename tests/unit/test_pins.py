@@ -78,12 +78,14 @@ def test_gpu_extra_resolves_with_the_cpu_pins(tmp_path):
     unreachable = ("Could not fetch URL", "NewConnectionError", "Temporary failure in name resolution",
                    "Network is unreachable", "No matching distribution found")
     if returncode != 0 and any(s in out for s in unreachable) and "ResolutionImpossible" not in out:
-        raise AssertionError(f"the package index could not be reached, so the GPU install was not verified:\n{out[-3000:]}")
+        raise AssertionError("the package index could not be reached, so the GPU install was not verified:\n"
+                             f"{out[-3000:]}")
     assert returncode == 0, f"`pip install '.[gpu]'` does not resolve:\n{out[-5000:]}"
     picked = {_norm(i["metadata"]["name"]): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
     for name in ("sglang", "transformer-engine", "megatron-core"):
         assert name in picked, f"{name} missing from the GPU resolution"
-    differ = [f"{n}: GPU install gets {picked.get(n)}, CPU pin {v}" for n, v in _project_pins().items() if picked.get(n) != v]
+    differ = [f"{n}: GPU install gets {picked.get(n)}, CPU pin {v}" for n, v in _project_pins().items()
+              if picked.get(n) != v]
     assert not differ, "the GPU install would run other versions than the suite tests:\n" + "\n".join(differ)
 
 

@@ -153,7 +153,8 @@ def test_single_call_score_api():
 
 
 def test_user_function_failures_are_counted_logged_once_and_survived(caplog):
-    fn = build_reward_fn("tests.helpers.reward_fns:flaky", correct_score=1.0, incorrect_score=-1.0, timeout_s=TIMEOUT_S, num_workers=2)
+    fn = build_reward_fn("tests.helpers.reward_fns:flaky", correct_score=1.0, incorrect_score=-1.0, timeout_s=TIMEOUT_S,
+                         num_workers=2)
     try:
         responses = ["42", "boom", "41", "boom", "key", "none", "partial 0.25", "partial 1.0", "slow", "42"]
         fn.wait_ready()
@@ -175,7 +176,8 @@ def test_user_function_failures_are_counted_logged_once_and_survived(caplog):
 
 
 def test_every_kind_of_user_function_failure_is_survived(caplog):
-    fn = build_reward_fn("tests.helpers.reward_fns:hostile", correct_score=1.0, incorrect_score=-1.0, timeout_s=TIMEOUT_S, num_workers=2)
+    fn = build_reward_fn("tests.helpers.reward_fns:hostile", correct_score=1.0, incorrect_score=-1.0,
+                         timeout_s=TIMEOUT_S, num_workers=2)
     try:
         fn.wait_ready()
         kinds = {  # response -> the kind counted and logged
@@ -193,7 +195,8 @@ def test_every_kind_of_user_function_failure_is_survived(caplog):
                 assert counters["reward/errors"] == len(kinds) + 1 and counters["reward/timeouts"] == 0
         msgs = [r.getMessage() for r in caplog.records]
         for kind in kinds.values():
-            assert sum(f"raised {kind} " in m or "returned inf" in m and kind == "BadReturn" for m in msgs) == 1, (kind, msgs)
+            assert (sum(f"raised {kind} " in m or "returned inf" in m and kind == "BadReturn" for m in msgs)
+                    == 1), (kind, msgs)
         assert "cannot be formatted" in caplog.text  # the exception whose __str__ raises
         assert max(len(m) for m in msgs) < 20_000  # a 5 MB message is cut, not logged whole
     finally:
@@ -216,9 +219,11 @@ def test_a_reward_module_in_the_working_directory_imports_from_a_console_script(
     import subprocess
     import sys
 
-    (tmp_path / "my_reward.py").write_text("def score(prompt, response, ground_truth):\n    return response == ground_truth\n")
+    (tmp_path / "my_reward.py").write_text("def score(prompt, response, ground_truth):\n"
+                                           "    return response == ground_truth\n")
     script = ("from vapo_megatron.rewards import build_reward_fn, score_batch\n"
               "fn = build_reward_fn('my_reward:score', correct_score=1.0, incorrect_score=0.0, timeout_s=30.0)\n"
               "print(score_batch(fn, ['p', 'p'], ['7', '8'], ['7', '7'])[0].tolist())\n")
-    proc = subprocess.run([sys.executable, "-P", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-P", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "[1.0, 0.0]", proc.stderr[-2000:]

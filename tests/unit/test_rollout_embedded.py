@@ -85,7 +85,8 @@ def test_stop_token_ids_end_a_sample(engine):
     prompts = random_prompts(4, seed=3)
     free = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=16, seed=0))
     stop_id = free[0].token_ids[2]  # a token the first sample is known to produce at step 3
-    outs = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=16, seed=0, stop_token_ids=(stop_id,)))
+    outs = engine.generate(prompts,
+                           SamplingParams(n=2, temperature=1.0, max_new_tokens=16, seed=0, stop_token_ids=(stop_id,)))
     for f, o in zip(free, outs):
         stops = [k for k, t in enumerate(f.token_ids) if t in (stop_id, EOS)]
         if stops:

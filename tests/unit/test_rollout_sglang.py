@@ -32,7 +32,8 @@ def test_flat_bucket_payload_round_trips_through_sglang():
     def deliver():
         # The payload shares the bucket's memory (as CUDA IPC does on a GPU): like SGLang's
         # loaders, copy out before the buffer is reused for the next bucket.
-        received.update({n: t.clone() for n, t in sglang_rank_view([serialize_flattened_bucket(to_flattened_bucket(bucket))], 0)})
+        received.update({n: t.clone()
+                         for n, t in sglang_rank_view([serialize_flattened_bucket(to_flattened_bucket(bucket))], 0)})
 
     for name, t in state.items():
         if not bucket.fits(t):
@@ -183,11 +184,13 @@ class _Recorder(BaseHTTPRequestHandler):
             asked = body.get("return_routed_experts", False)  # rows: the prompt and the one response token, less one
             out = json.dumps([{"output_ids": [5], "meta_info": {
                 "finish_reason": {"type": "length", "length": 1}, "output_token_logprobs": [[-1.0, 5, None]],
-                "weight_version": "9", **({"routed_experts": encode_routes(routes_of(ids, *self.server.route_shape))} if asked else {})}}
+                "weight_version": "9",
+                **({"routed_experts": encode_routes(routes_of(ids, *self.server.route_shape))} if asked else {})}}
                 for ids in body["input_ids"]]).encode()
             ctype = "application/json"
         elif self.path == "/update_weights_from_tensor" and self.server.fail_updates:
-            return self._answer(400, json.dumps({"success": False, "message": "not in a weight-update session"}).encode())
+            return self._answer(400,
+                                json.dumps({"success": False, "message": "not in a weight-update session"}).encode())
         else:
             out, ctype = json.dumps({"success": True, "message": "ok"}).encode(), "application/json"
         self._answer(200, out, ctype)
@@ -228,7 +231,8 @@ def _http_engine(monkeypatch, url: str, model: str = "", replay: bool | None = N
     for name in ("tp_rank", "pp_rank", "dp_rank"):  # the replica's first rank holds the engine
         monkeypatch.setattr(parallel, name, lambda: 0)
     cfg = Config(model=ModelConfig(hf_path=model or _dense_dir()),
-                 rollout=RolloutConfig(engine="sglang_http", sglang_http=SGLangHttpConfig(urls=(url,)), routing_replay=replay))
+                 rollout=RolloutConfig(engine="sglang_http", sglang_http=SGLangHttpConfig(urls=(url,)),
+                                       routing_replay=replay))
     return build_engine(cfg, routes=replays(cfg, read_hf_config(cfg.model.hf_path)))  # as the trainer resolves it
 
 
@@ -251,7 +255,8 @@ def test_http_client_sends_sglang_requests(serve, monkeypatch, tp):
     eng.resume_memory(("weights",))
     stats = eng.update_weights(state.items(), version=9, bucket_bytes=20000)
     eng.resume_memory(("kv_cache", "cuda_graph"))
-    outs = eng.generate([[1, 2, 3]], SamplingParams(n=2, temperature=0.5, max_new_tokens=1, seed=4, stop_token_ids=(2,)))
+    outs = eng.generate([[1, 2, 3]],
+                        SamplingParams(n=2, temperature=0.5, max_new_tokens=1, seed=4, stop_token_ids=(2,)))
     eng.release_memory()
     paths = [p for p, _ in server.requests]
     assert paths == (["/server_info", "/release_memory_occupation", "/resume_memory_occupation", "/begin_weight_update"]
@@ -321,7 +326,8 @@ def test_sglang_engines_return_the_routes_sglang_sends(serve, monkeypatch, tmp_p
     assert dict(server.requests)["/generate"]["return_routed_experts"] is True
     from vapo_megatron.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"rollout.sglang_http.urls\[0\]: rollout.routing_replay is on, but the SGLang "
+    with pytest.raises(ConfigError,
+                       match=r"rollout.sglang_http.urls\[0\]: rollout.routing_replay is on, but the SGLang "
                        r"server at .* --enable-return-routed-experts"):
         _http_engine(monkeypatch, serve(1).url, str(moe))
     assert _http_engine(monkeypatch, serve(1).url, str(moe), replay=False).routes is None

@@ -28,7 +28,8 @@ PROMPTS = [[5, 9, 11, 40], [7, 3], [60, 61, 62, 63, 64, 65]]
 
 
 def test_embedded_engine_returns_the_experts_transformers_routes_each_token_to(moe_engine):
-    outs = moe_engine.generate(PROMPTS, SamplingParams(n=2, temperature=1.0, max_new_tokens=7, seed=4, return_routes=True))
+    outs = moe_engine.generate(PROMPTS,
+                               SamplingParams(n=2, temperature=1.0, max_new_tokens=7, seed=4, return_routes=True))
     model = moe_engine.model
     moe_layers = [i for i in range(4) if i != 2]  # qwen3_moe_config: layer 2 is dense
     for o in outs:

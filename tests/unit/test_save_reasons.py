@@ -28,7 +28,8 @@ def _failed_write(tmp_path, error: Exception) -> CheckpointException:
 
 
 def test_a_save_failure_names_its_first_error_and_blames_the_disk_only_when_the_disk_failed(tmp_path):
-    died = _failed_write(tmp_path, EngineDied("SGLang engine of trainer ranks [0] died: one of its processes sent SIGQUIT"))
+    died = _failed_write(tmp_path,
+                         EngineDied("SGLang engine of trainer ranks [0] died: one of its processes sent SIGQUIT"))
     assert save_reason(died) == "EngineDied: SGLang engine of trainer ranks [0] died: one of its processes sent SIGQUIT"
     assert os_error_of(died) is None  # no free-space figures in the message (CheckpointManager.save)
 

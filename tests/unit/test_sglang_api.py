@@ -1,5 +1,5 @@
-"""Every call vapo_megatron/rollout makes into SGLang, against the installed SGLang's own source (engine.py, io_struct.py,
-the Qwen2/Qwen3/Qwen3-MoE/Llama model files read with ast; ServerArgs and SamplingParams used directly): a renamed argument,
+"""Every call vapo_megatron/rollout makes into SGLang, against the installed SGLang's source (engine.py, io_struct.py,
+the Qwen2/Qwen3/Qwen3-MoE/Llama model files read via ast; ServerArgs, SamplingParams used directly): a renamed argument,
 field or weight mapping fails here. docs/weight_sync.md lists the calls; test_sglang_shutdown.py checks the shutdown."""
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def test_engine_kwargs_are_sglang_server_args():
                              return_routes=True, max_total_tokens=4096)
     kwargs = engine_kwargs(cfg)
     assert kwargs["enable_return_routed_experts"] is True  # routing replay: the engine's capturer is on
-    assert kwargs["max_total_tokens"] == 4096 and "max_total_tokens" not in engine_kwargs(SGLangEngineConfig("/m", 1, 0, 0.5))
+    assert (kwargs["max_total_tokens"] == 4096
+            and "max_total_tokens" not in engine_kwargs(SGLangEngineConfig("/m", 1, 0, 0.5)))
     assert kwargs["custom_sigquit_handler"] is cfg.sigquit_handler and kwargs["load_format"] == "dummy"
     args = ServerArgs(**kwargs)  # what sglang.Engine(**kwargs) builds first; unknown names raise
     for name, value in kwargs.items():
@@ -58,8 +59,7 @@ def test_engine_kwargs_are_sglang_server_args():
     assert args.enable_memory_saver and args.skip_tokenizer_init and args.enable_deterministic_inference
     with pytest.raises(TypeError, match="bogus"):
         ServerArgs(**kwargs, bogus=1)  # the check above would catch a misspelt name
-    # SGLang's CPU engine (tests/distributed/test_sglang_colocated_real.py starts it): its own CPU
-    # settings, no GPU ids, no memory saver (CUDA's)
+    # SGLang's CPU engine (test_sglang_colocated_real.py starts it): CPU settings, no GPU ids, no memory saver (CUDA's)
     cpu = engine_kwargs(dataclasses.replace(cfg, device="cpu"))
     assert {k: cpu[k] for k in ("device", "attention_backend", "sleep_on_idle")} == {
         "device": "cpu", "attention_backend": "torch_native", "sleep_on_idle": True}
@@ -68,9 +68,8 @@ def test_engine_kwargs_are_sglang_server_args():
 
 
 def test_every_rank_has_the_nccl_settings_sglang_gives_its_owner():
-    """sglang.Engine's start sets NCCL variables in its owner's process only (engine.py
-    _set_envs_and_config, run here from its source for our engine's ServerArgs): nccl_env, which
-    init_distributed runs on every rank first, sets exactly those, and the start then changes none."""
+    """sglang.Engine's start sets NCCL variables in its owner's process only (engine.py _set_envs_and_config from
+    source, for our ServerArgs): init_distributed's nccl_env sets them first on each rank; the start changes none."""
     from sglang.srt.arg_groups.model_override_base import resolving_view
     from sglang.srt.environ import envs
     from sglang.srt.server_args import ServerArgs
@@ -141,10 +140,9 @@ def test_sampling_params_are_sglang_sampling_params():
 
 
 def test_sglang_samples_a_token_from_its_seed_and_position_only():
-    """What makes a continuation (prompt + response so far as input_ids) draw the tokens the one-go
-    generation drew (rollout/sglang_requests.py), read from SGLang's source: the seeded sampler's
-    noise is murmur_hash32(seed, positions, columns), and ModelRunner.sample passes the last input
-    position of a prefill and the input token's position of a decode step."""
+    """What makes a continuation (prompt + response so far as input_ids) draw the tokens the one-go generation drew
+    (rollout/sglang_requests.py), from SGLang's source: the seeded sampler's noise is murmur_hash32(seed, positions,
+    columns), and ModelRunner.sample passes a prefill's last input position and a decode step's input token position."""
     import ast
 
     from tests.helpers.sglang_source import SRT
@@ -154,7 +152,8 @@ def test_sglang_samples_a_token_from_its_seed_and_position_only():
 
     fn = next(n for n in ast.walk(tree(SRT / "layers" / "sampler.py"))
               if isinstance(n, ast.FunctionDef) and n.name == "multinomial_with_seed")
-    hashes = [ast.unparse(c) for c in ast.walk(fn) if isinstance(c, ast.Call) and ast.unparse(c.func) == "murmur_hash32"]
+    hashes = [ast.unparse(c) for c in ast.walk(fn)
+              if isinstance(c, ast.Call) and ast.unparse(c.func) == "murmur_hash32"]
     assert hashes == ["murmur_hash32(seed, positions, col_indices)"]
     runner = next(n for n in ast.walk(tree(SRT / "model_executor" / "model_runner.py"))
                   if isinstance(n, ast.ClassDef) and n.name == "ModelRunner")
@@ -171,10 +170,9 @@ def test_sglang_samples_a_token_from_its_seed_and_position_only():
 
 @pytest.mark.parametrize("temperature", [0.8, 0.0])
 def test_a_response_continued_through_sglangs_api_is_the_one_go_response(temperature):
-    """Partial rollout over SGLang (issue 47): SGLangEngine.extend sends prompt + response so far
-    with the response's own seed and the round's budget (SGLang's SamplingParams checks each), and
-    a sampler that draws as SGLang's does (seed and position only) continues each response to
-    exactly the one-go response: tokens, finish reasons and log-probs."""
+    """Partial rollout over SGLang (issue 47): SGLangEngine.extend sends prompt + response so far with the response's
+    seed and the round's budget (SGLang's SamplingParams checks each), and a sampler drawing as SGLang's does (seed and
+    position only) continues each response to exactly the one-go response: tokens, finish reasons and log-probs."""
     from tests.helpers.sglang_doubles import SeededSamplingEngineForTests
     from vapo_megatron.rollout.base import Continuation
     from vapo_megatron.rollout.sglang_engine import SGLangEngine
@@ -207,7 +205,8 @@ def test_parse_output_reads_sglang_fields():
     out = {"output_ids": [4, 2], "meta_info": {"finish_reason": {"type": "stop", "matched": 2},
                                                "output_token_logprobs": [(-0.1, 4, None), (-0.2, 2, None)]}}
     r = parse_output(out, prompt_index=3, version=5)
-    assert (r.prompt_index, r.token_ids, r.finish_reason, r.logprobs, r.weight_version) == (3, [4, 2], "stop", [-0.1, -0.2], 5)
+    assert ((r.prompt_index, r.token_ids, r.finish_reason, r.logprobs, r.weight_version)
+            == (3, [4, 2], "stop", [-0.1, -0.2], 5))
     out["meta_info"]["output_token_logprobs"] = [(-0.1, 4, None), (-0.2, 7, None)]
     with pytest.raises(RuntimeError, match="do not match"):
         parse_output(out, 0, 0)
@@ -266,7 +265,8 @@ def test_hf_names_reach_sglang_llama_parameters(tied):
     """SGLang's LlamaForCausalLM.load_weights runs _legacy_load_weights by default (as Qwen2's),
     whose mapping folds the same HF names, spelled with a leading dot (".q_proj" -> ".qkv_proj")."""
     llama = stacked_params_mapping("llama", "_legacy_load_weights")
-    assert [(p.lstrip("."), s.lstrip("."), i) for p, s, i in llama] == stacked_params_mapping("qwen2", "_legacy_load_weights")
+    assert ([(p.lstrip("."), s.lstrip("."), i) for p, s, i in llama]
+            == stacked_params_mapping("qwen2", "_legacy_load_weights"))
     model = _tiny(LlamaConfig, tied)
     params = dict(model.named_parameters())
     sglang_params = sglang_param_names(params, llama)
@@ -278,18 +278,16 @@ def test_hf_names_reach_sglang_llama_parameters(tied):
         part = name.split(".")[-2]
         assert target == ((name.replace(part, fused[part][0]), fused[part][1]) if part in fused else (name, None)), name
     assert not any(n.endswith(".bias") for n in params)
-    # Unlike Qwen2's undotted mapping (where "v_proj" matches inside "qkv_proj" and the name is
-    # dropped), a fused name reaches Llama's qkv_proj whole, in SGLang's [q; k; v] order, not
-    # Megatron's per-group order: pushing Megatron's fused tensor would load wrong weights silently.
-    # The sync sends the table's separate HF names only (the loop above).
+    # Unlike Qwen2's undotted mapping (where "v_proj" matches inside "qkv_proj", the name dropped), a fused name reaches
+    # Llama's qkv_proj whole, in SGLang's [q; k; v] order, not Megatron's per-group one: pushing Megatron's fused tensor
+    # would silently load wrong weights. The sync sends the table's separate HF names only (the loop above).
     assert legacy_load_target("model.layers.0.self_attn.qkv_proj.weight", sglang_params, llama) == (
         "model.layers.0.self_attn.qkv_proj.weight", None)
 
 
 def _qwen3_moe_sent(hf_cfg: dict) -> list[str]:
-    """Every HF name the weight sync pushes for a Qwen3-MoE actor: the export table's rows, with
-    each layer's dense-MLP rows or its router and expert rows (moe_layer_pattern), every expert
-    bound by Row.for_expert."""
+    """Every HF name the weight sync pushes for a Qwen3-MoE actor: the export table's rows, with each layer's dense-MLP
+    rows or its router and expert rows (moe_layer_pattern), every expert bound by Row.for_expert."""
     pattern, experts, names = moe_layer_pattern(hf_cfg), num_experts(hf_cfg), []
     for row in QWEN3_MOE.export_table(hf_cfg, critic=False):
         if not row.has_layer():
@@ -323,8 +321,8 @@ def test_hf_names_reach_sglang_qwen3_moe_parameters():
         part = name.split(".")[-2]
         assert target is not None, f"{name} reaches no parameter of SGLang's model"
         if m:
-            want = (m[1] + (".w2_weight" if m[3] == "down" else ".w13_weight"), {"gate": "w1", "up": "w3", "down": "w2"}[m[3]],
-                    int(m[2]))
+            want = (m[1] + (".w2_weight" if m[3] == "down" else ".w13_weight"),
+                    {"gate": "w1", "up": "w3", "down": "w2"}[m[3]], int(m[2]))
         elif part in fused:
             want = (name.replace(part, fused[part][0]), fused[part][1], None)
         else:
@@ -343,23 +341,23 @@ def test_hf_names_reach_sglang_qwen3_moe_parameters():
 
 
 def test_sglang_qwen3_moe_has_no_dense_layers():
-    """SGLang's Qwen3MoeDecoderLayer.stage_facts builds every layer with experts: mlp_only_layers
-    and decoder_sparse_step are not read. A model with dense layers (the tiny one: layer 2) loses
-    their MLP in SGLang: the names are dropped and that layer's experts keep what they had. No
-    published Qwen3-MoE has dense layers; nothing in the trainer refuses one yet."""
+    """SGLang's Qwen3MoeDecoderLayer.stage_facts builds every layer with experts, reading neither mlp_only_layers nor
+    decoder_sparse_step. A model with dense layers (the tiny one: layer 2) loses their MLP: the names are dropped, that
+    layer's experts keep what they had. No published Qwen3-MoE has dense layers; the trainer refuses none yet."""
     cfg = qwen3_moe_config()
     assert moe_layer_pattern(cfg.to_dict()) == [1, 1, 0, 1]  # transformers and megatron
     assert [qwen3_moe_layer_is_sparse(cfg, layer) for layer in range(4)] == [True] * 4  # SGLang
     targets, params = _qwen3_moe_targets(cfg)
-    assert {n for n, t in targets.items() if t is None} == {f"model.layers.2.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+    assert {n for n, t in targets.items() if t is None} == {f"model.layers.2.mlp.{p}_proj.weight"
+                                                            for p in ("gate", "up", "down")}
     p = "model.layers.2.mlp."
-    assert params - {t[0] for t in targets.values() if t} == {p + "gate.weight", p + "experts.w13_weight", p + "experts.w2_weight"}
+    assert params - {t[0] for t in targets.values() if t} == {p + "gate.weight", p + "experts.w13_weight",
+                                                              p + "experts.w2_weight"}
 
 
 def test_sglang_qwen3_moe_lm_head_is_not_tied():
-    """SGLang's Qwen3MoeForCausalLM always builds its own lm_head (it never reads
-    tie_word_embeddings). The sync does not send a tied lm_head, so it would keep what it had
-    (random, with load_format="dummy"). Published Qwen3-MoE models are untied."""
+    """SGLang's Qwen3MoeForCausalLM always builds its own lm_head (never reading tie_word_embeddings). The sync sends no
+    tied lm_head, so it would keep what it had (random, with load_format="dummy"). Published Qwen3-MoEs are untied."""
     cfg = qwen3_moe_config(tied=True, mlp_only_layers=())
     targets, params = _qwen3_moe_targets(cfg)
     assert "lm_head.weight" not in targets and all(t is not None for t in targets.values())
@@ -377,24 +375,26 @@ def test_each_sglang_ep_rank_keeps_its_own_experts(ep):
 
 
 def test_sglang_refuses_deterministic_inference_on_the_cpu():
-    """Why trainer.deterministic (vapo-eval --deterministic) is refused with SGLang's CPU engine
-    (config/preflight.py hardware_problems), read from SGLang's source: deterministic inference takes
-    only the attention backends of DETERMINISTIC_ATTENTION_BACKEND_CHOICES, none of them a CPU one
-    (torch_native, intel_amx: the CPU engine's), and its batch-invariant kernels register for an
+    """Why trainer.deterministic (vapo-eval --deterministic) is refused with SGLang's CPU engine (config/preflight.py
+    hardware_problems), per SGLang's source: deterministic inference takes only DETERMINISTIC_ATTENTION_BACKEND_CHOICES,
+    none a CPU one (torch_native, intel_amx: the CPU engine's), and its batch-invariant kernels register for an
     accelerator's dispatch key or raise. A SGLang that allows it fails here (then the refusal can go)."""
     import ast
 
     from tests.helpers.sglang_source import SRT
 
     def function(path, name):
-        return next(n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef) and n.name == name)
+        return next(n for n in ast.walk(ast.parse(path.read_text()))
+                    if isinstance(n, ast.FunctionDef) and n.name == name)
 
     choices = next(n.value for n in ast.parse((SRT / "arg_groups" / "choices.py").read_text()).body
-                   if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "DETERMINISTIC_ATTENTION_BACKEND_CHOICES")
+                   if isinstance(n, ast.Assign)
+                   and ast.unparse(n.targets[0]) == "DETERMINISTIC_ATTENTION_BACKEND_CHOICES")
     allowed = ast.literal_eval(choices)
     assert "torch_native" not in allowed and "intel_amx" not in allowed, allowed
     check = ast.unparse(function(SRT / "arg_groups" / "overrides.py", "_deterministic_attention_backend"))
-    assert "elif view.attention_backend not in DETERMINISTIC_ATTENTION_BACKEND_CHOICES:\n        raise ValueError(" in check
+    assert ("elif view.attention_backend not in DETERMINISTIC_ATTENTION_BACKEND_CHOICES:\n"
+            "        raise ValueError(" in check)
     dispatch = ast.unparse(function(SRT / "utils" / "common.py", "get_dispatch_device_backend"))
     assert dispatch.endswith("else:\n        raise RuntimeError('No supported accelerator (CUDA/XPU) available')\n"
                              "    return dispatch_key"), dispatch

@@ -52,7 +52,8 @@ def test_the_engines_shutdown_ends_its_own_processes_only():
     engine_cls = class_node(ENGINE_PY, "Engine")
     init = ast.unparse(method_node(engine_cls, "__init__"))
     assert "atexit.register(self.shutdown)" in init
-    assert ast.unparse(method_node(engine_cls, "get_all_child_pids")).endswith("return self._scheduler_init_result.all_child_pids")
+    assert ast.unparse(method_node(engine_cls, "get_all_child_pids")).endswith(
+        "return self._scheduler_init_result.all_child_pids")
     launch = ast.unparse(method_node(engine_cls, "_launch_subprocesses"))
     assert "for p in detoken_procs:\n        scheduler_init_result.all_child_pids.append(p.pid)" in launch
 

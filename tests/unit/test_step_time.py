@@ -237,7 +237,8 @@ def test_bad_time_options_are_named_one_each():
 def test_the_trainer_gets_a_prediction_only_for_a_gpu_with_rates():
     cfg, _ = parse_config("configs/qwen2.5_32b_vapo.yaml", [])
     hf = preset("qwen2.5-32b")
-    step_s, save_s = predicted_step_and_save(cfg, hf, hf, world=64, gpus_per_node=8, device_name="NVIDIA H100 80GB HBM3")
+    step_s, save_s = predicted_step_and_save(cfg, hf, hf, world=64, gpus_per_node=8,
+                                             device_name="NVIDIA H100 80GB HBM3")
     assert step_s == estimate(H100, setup_from_config(cfg, hf, hf, world=64, gpus_per_node=8, gpu=H100)).step_s
     # One save at the default 1 GB/s: every parameter of actor and critic, bf16 + fp32 master + 2 Adam moments.
     s = shapes_from_hf(hf)

@@ -33,7 +33,8 @@ def toy():
 
 
 def _cfg(**algo):
-    return Config(algo=AlgoConfig(estimator="toy_rloo", value_pretrain_steps=0, **algo), rollout=RolloutConfig(n_samples=4))
+    return Config(algo=AlgoConfig(estimator="toy_rloo", value_pretrain_steps=0, **algo),
+                  rollout=RolloutConfig(n_samples=4))
 
 
 def test_the_config_checks_ask_the_toys_record(toy):

@@ -118,7 +118,8 @@ def test_an_unreachable_server_falls_back_to_offline_with_one_warning(tmp_path):
     assert proc.stdout.splitlines()[0] == f"[vapo] W&B: connecting to http://127.0.0.1:{port} (an unreachable " \
         "server: offline after WANDB_INIT_TIMEOUT=5 s)", proc.stdout
     warnings = [ln for ln in proc.stderr.splitlines() if "[vapo] warning" in ln]
-    assert len(warnings) == 1 and "could not start the online run" in warnings[0] and "wandb sync" in warnings[0], proc.stderr
+    assert (len(warnings) == 1 and "could not start the online run" in warnings[0]
+            and "wandb sync" in warnings[0]), proc.stderr
     rid = (tmp_path / "run" / ID_FILE).read_text().strip()
     rows = wandb_records.history(tmp_path / "run" / "wandb", rid)
     assert [(r["_step"], r["reward/mean"]) for r in rows] == [(1, 0.5), (2, 0.7)]

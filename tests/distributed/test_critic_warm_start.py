@@ -8,6 +8,7 @@ ForTokenClassification without its score head, a run directory, both start keys 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -93,19 +94,13 @@ def test_bad_warm_starts_are_refused_naming_the_key(dirs, tmp_path):
     assert any("is a llama model; the policy (model.hf_path) is qwen2" in p
                for p in _problems([*base, f"critic.warm_start={llama}"], root))
     # Another vocabulary.
-    other = tmp_path / "vocab"
-    other.mkdir()
-    for f in critic.iterdir():
-        (other / f.name).write_bytes(f.read_bytes())
+    other = shutil.copytree(critic, tmp_path / "vocab")
     c = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**c, "vocab_size": c["vocab_size"] + 8}))
     assert any("has vocab_size=308, the policy 300" in p
                for p in _problems([*base, f"critic.warm_start={other}"], root))
     # A ForTokenClassification config over a causal LM's weights: no score head.
-    headless = tmp_path / "headless"
-    headless.mkdir()
-    for f in actor.iterdir():
-        (headless / f.name).write_bytes(f.read_bytes())
+    headless = shutil.copytree(actor, tmp_path / "headless")
     (headless / "config.json").write_text((critic / "config.json").read_text())
     (p,) = _problems([*base, f"critic.warm_start={headless}"], root)
     assert "has no value head: score.weight is absent, a value model has [1, " in p, p

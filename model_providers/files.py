@@ -59,9 +59,11 @@ def tensor_shape(hf_dir: str | Path, name: str) -> list[int] | None:
     None when no file holds it. The files must be whole (weights_problems says when they are not)."""
     hf_dir = Path(hf_dir)
     index = hf_dir / "model.safetensors.index.json"
-    files = ([hf_dir / json.loads(index.read_text())["weight_map"][name]]
-             if index.is_file() and name in json.loads(index.read_text()).get("weight_map", {})
-             else [] if index.is_file() else [hf_dir / "model.safetensors"])
+    if index.is_file():
+        file = json.loads(index.read_text()).get("weight_map", {}).get(name)
+        files = [hf_dir / file] if file else []
+    else:
+        files = [hf_dir / "model.safetensors"]
     for path in files:
         if path.is_file():
             with open(path, "rb") as f:

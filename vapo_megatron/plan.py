@@ -40,21 +40,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from vapo_megatron.config import ConfigError, parse_config, problems_error
+from vapo_megatron.config.critic_start import critic_start
 from vapo_megatron.config.engines import colocated_engines, engine_of, known_engine
-
-
-def critic_model_path(cfg) -> tuple[str, str]:
-    """(the directory holding the critic's config.json, its key): critic.warm_start's (a Megatron
-    checkpoint's hf/), else model.critic_hf_path; ("", key) when the critic is the actor's model."""
-    from model_providers.files import megatron_model_dir
-
-    start = cfg.critic.warm_start
-    if start:
-        return (str(Path(start) / "hf") if megatron_model_dir(start) else start), "critic.warm_start"
-    return cfg.model.critic_hf_path, "model.critic_hf_path"
 
 
 def resolve_model_config(hf_path: str, preset: str | None, *, key: str) -> tuple[dict, str]:
@@ -132,9 +121,12 @@ def plan(args: argparse.Namespace) -> int:
         try:
             actor_hf, source = resolve_model_config(cfg.model.hf_path, args.preset, key="model.hf_path")
             critic_hf = actor_hf
-            critic_path, critic_key = critic_model_path(cfg)
-            if args.critic_preset is not None or (critic_path and args.preset is None):
-                critic_hf, critic_source = resolve_model_config(critic_path, args.critic_preset, key=critic_key)
+            start = critic_start(cfg)  # the critic's own model, when it has one
+            own = start.key != "model.hf_path"
+            if args.critic_preset is not None or (own and args.preset is None):
+                critic_hf, critic_source = resolve_model_config(str(start.config_dir) if own else "",
+                                                                args.critic_preset,
+                                                                key=start.key if own else "model.critic_hf_path")
                 source += f"; critic: {critic_source}"
         except (ConfigError, ValueError) as e:  # with the file's own problems (a missing --config says so first)
             raise problems_error(problems + [str(e)]) from None

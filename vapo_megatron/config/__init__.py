@@ -5,6 +5,7 @@
     checks.py     values that need nothing else
     estimators.py what each advantage estimator is (algo.estimator), as a record
     engines.py    what each rollout engine is (rollout.engine), as a record: its section, colocated or not
+    critic_start.py where the critic's weights come from (critic.warm_start, model.critic_hf_path or the policy)
     layout.py     the one parallel-layout check (config, start-up, eval, convert, plan)
     preflight.py  the config against the launch and the files, before anything is built
     resume.py     run_dir/config.yaml, and what a resume may change

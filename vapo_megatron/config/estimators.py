@@ -59,7 +59,7 @@ def register(estimator: Estimator) -> None:
     """Add an estimator (a user's module, or a test's); a name already taken is refused."""
     if estimator.name in ESTIMATORS:
         raise ValueError(f"algo.estimator {estimator.name!r} is already registered")
-    if not estimator.fn.count(":") == 1:
+    if estimator.fn.count(":") != 1:
         raise ValueError(f"estimator {estimator.name!r}: fn={estimator.fn!r} must be 'module:function'")
     ESTIMATORS[estimator.name] = estimator
 

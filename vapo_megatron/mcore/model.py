@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from model_providers import Family, family_for, read_hf_config
-from model_providers.files import megatron_model_dir
 from vapo_megatron.config import Config
+from vapo_megatron.config.critic_start import critic_start
 from vapo_megatron.config.layout import check_layout
 from vapo_megatron.data.routes import replays
 from vapo_megatron.mcore import parallel
@@ -107,9 +107,9 @@ def build_model(cfg: Config, *, critic: bool) -> TrainModel:
     model.hf_path's trunk with a fresh value head (VAPO component 1 then trains head and trunk)."""
     from vapo_megatron.weights.hf_read import load_hf_weights
 
-    start = critic_start(cfg) if critic else Path(cfg.model.hf_path)
-    from_megatron = critic and megatron_model_dir(start)  # critic.warm_start: a Megatron critic checkpoint
-    hf_dir = start / "hf" if from_megatron else start
+    start = critic_start(cfg) if critic else None
+    from_megatron = start is not None and start.megatron  # critic.warm_start: a Megatron critic checkpoint
+    hf_dir = start.config_dir if critic else Path(cfg.model.hf_path)
     hf_cfg = read_hf_config(hf_dir)
     p = cfg.parallel
     check_layout(parallel.launcher_env()[1], p.tp, p.pp, p.vpp, model=hf_cfg, ep=p.ep)  # start-up checked it; cheap
@@ -130,12 +130,6 @@ def build_model(cfg: Config, *, critic: bool) -> TrainModel:
     replay = RouteReplay(chunks, hf_cfg) if not critic and replays(cfg, hf_cfg) else None
     return TrainModel(chunks=chunks, optimizer=optimizer, scheduler=scheduler, family=family, hf_cfg=hf_cfg,
                       hf_dir=hf_dir, critic=critic, dtype=cfg.model.dtype, replay=replay)
-
-
-def critic_start(cfg: Config) -> Path:
-    """Where the critic's weights come from: critic.warm_start (a value model), model.critic_hf_path
-    (a trunk, its head fresh unless it has one), or the policy's model.hf_path (a fresh head)."""
-    return Path(cfg.critic.warm_start or cfg.model.critic_hf_path or cfg.model.hf_path)
 
 
 @torch.no_grad()
@@ -160,4 +154,4 @@ def copy_trunk(actor: TrainModel, critic: TrainModel) -> int:
     return copied
 
 
-__all__ = ["TrainModel", "build_model", "copy_trunk", "critic_start", "planned_updates", "wrap_ddp"]
+__all__ = ["TrainModel", "build_model", "copy_trunk", "planned_updates", "wrap_ddp"]

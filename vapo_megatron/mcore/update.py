@@ -51,14 +51,13 @@ def micro_batch_multiple() -> int:
     return parallel.pp_size() if parallel.vp_size() is not None else 1
 
 
-def micro_batches(batch: RolloutBatch, max_tokens: int) -> tuple[list[list[int]], list[RolloutBatch]]:
-    """Collective over DP where a forward crosses DP ranks. (plan, micro-batches) of one schedule
-    call: token-budget micro-batches of this rank's rows (data/microbatch.py), as many on every DP
-    rank when a forward runs collectives across them (expert parallelism: forward_crosses_dp),
-    and a multiple of what the schedule takes (VPP: micro_batch_multiple). The count is the
-    largest any rank plans, and the planner splits this rank's micro-batches up to it; a rank with
-    fewer rows than that count adds filler micro-batches (plan rows []): one of its sequences with
-    no response token, which every loss and count masks out (zero loss, zero tokens)."""
+def micro_batch_plan(batch: RolloutBatch, max_tokens: int) -> list[list[int]]:
+    """Collective over DP where a forward crosses DP ranks. The rows of each micro-batch of one
+    schedule call: token-budget micro-batches of this rank's rows (data/microbatch.py), as many on
+    every DP rank when a forward runs collectives across them (expert parallelism:
+    forward_crosses_dp), and a multiple of what the schedule takes (VPP: micro_batch_multiple). The
+    count is the largest any rank plans, and the planner splits this rank's micro-batches up to it;
+    a rank with fewer rows than that count adds fillers (rows []: see filler)."""
     lengths = batch.seq_lens.tolist()
     plan = plan_micro_batches(lengths, max_tokens)
     target = parallel.agree_max(len(plan)) if forward_crosses_dp() else len(plan)
@@ -66,19 +65,25 @@ def micro_batches(batch: RolloutBatch, max_tokens: int) -> tuple[list[list[int]]
     target = -(-target // multiple) * multiple
     if target > len(plan):
         plan = plan_micro_batches(lengths, max_tokens, min_micro_batches=min(target, len(lengths)))
-    fill = target - len(plan)  # > 0 only where this rank has fewer rows than the agreed count
-    micro = [batch.select(rows) for rows in plan] + [filler(batch)] * fill
-    return plan + [[] for _ in range(fill)], micro
+    return plan + [[] for _ in range(target - len(plan))]  # fillers only where rows ran short
+
+
+def micro_batches(batch: RolloutBatch, max_tokens: int) -> tuple[list[list[int]], list[RolloutBatch]]:
+    """Collective as micro_batch_plan. (plan, micro-batches): each plan entry's rows selected, a
+    filler for each empty one: one of its sequences with no response token, which every loss and
+    count masks out (zero loss, zero tokens)."""
+    plan = micro_batch_plan(batch, max_tokens)
+    return plan, [batch.select(rows) if rows else filler(batch) for rows in plan]
 
 
 def padding_ratio(batch: RolloutBatch, max_tokens: int) -> float:
     """perf/padding_ratio: the padding share of the tokens this rank's scoring forward processes, in
-    the plan micro_batches makes (so collective where it is): each micro-batch padded to its longest
-    sequence, and a filler's tokens all padding."""
-    plan, micro = micro_batches(batch, max_tokens)
+    the plan it runs (micro_batch_plan: collective where that is): each micro-batch padded to its
+    longest sequence, a filler's tokens (row 0's prompt) all padding. Nothing is copied."""
+    plan = micro_batch_plan(batch, max_tokens)
     lengths = batch.seq_lens.tolist()
     real = sum(lengths[i] for rows in plan for i in rows)
-    processed = padded_tokens(plan, lengths) + sum(int(m.seq_lens.sum()) for rows, m in zip(plan, micro) if not rows)
+    processed = padded_tokens(plan, lengths) + int(batch.prompt_lens[0]) * sum(not rows for rows in plan)
     return (processed - real) / processed if processed else 0.0
 
 
@@ -189,5 +194,5 @@ def optimize(model: TrainModel, role: str, batch: RolloutBatch, loss_for: Callab
     return {k: (sum(v) if k.endswith("skipped_steps") else sum(v) / len(v)) for k, v in logs.items()}
 
 
-__all__ = ["NonFiniteError", "UpdateSettings", "forward_only", "global_counts", "guarded_step", "micro_batches",
-           "mini_batch_rows", "optimize", "padding_ratio"]
+__all__ = ["NonFiniteError", "UpdateSettings", "forward_only", "global_counts", "guarded_step", "micro_batch_plan",
+           "micro_batches", "mini_batch_rows", "optimize", "padding_ratio"]

@@ -106,7 +106,6 @@ class Trainer:
         self.critic = build_critic(cfg, updates)  # an estimator without a critic: NoCritic, no value model at all
         self.estimate = estimator_of(cfg).function()  # step 5, the record's (config/estimators.py)
         self.models = {"actor": self.actor.model, **self.critic.models}  # what is checkpointed and offloaded
-        load_critic_start(cfg, self.models)  # critic.warm_start from a Megatron checkpoint (before a resume)
         # trainer.offload_during_rollout: the state's size is known now (mcore/offload.py).
         self.offloader, self.bandwidth_logged = None, False
         if t.offload_during_rollout:
@@ -116,7 +115,8 @@ class Trainer:
             self.planner.check_engine_share(cfg, list(self.models.values()))
         self.state = RunState(sampler=PromptSampler(self.data.train, cfg.rollout.prompts_per_step, cfg.data.seed))
         self.checkpoints = CheckpointManager(t.run_dir, self.models, config=run_record(cfg))
-        self.checkpoints.load(self.state)                                     # resume, when there is a checkpoint
+        if not self.checkpoints.load(self.state):                             # resume, when there is a checkpoint
+            load_critic_start(cfg, self.models)  # a fresh run: critic.warm_start from a Megatron checkpoint
         # Only now: a refused or failed resume must not rewrite the run's record, nor a rerun of a
         # finished run that has nothing to train (its record keeps the settings it ran with).
         if parallel.is_rank0() and not self.nothing_to_train:

@@ -17,9 +17,9 @@ from typing import Iterator
 
 import torch
 
-from model_providers.files import megatron_model_dir
 from vapo_megatron.checkpoint import dist_io
 from vapo_megatron.config import Config
+from vapo_megatron.config.critic_start import critic_start
 from vapo_megatron.data.batch import RolloutBatch, pack_sequences
 from vapo_megatron.data.datasets import Datasets
 from vapo_megatron.data.prompts import PromptSampler
@@ -27,7 +27,7 @@ from vapo_megatron.evaluation.sampled import greedy_accuracy
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.actor import Actor, PolicyLossSettings
 from vapo_megatron.mcore.dtypes import torch_dtype
-from vapo_megatron.mcore.model import TrainModel, critic_start
+from vapo_megatron.mcore.model import TrainModel
 from vapo_megatron.mcore.optimizer import build_optimizer
 from vapo_megatron.mcore.update import UpdateSettings
 from vapo_megatron.rewards.scorer import Scorer
@@ -37,13 +37,14 @@ from vapo_megatron.rollout.generator import Generator
 def load_critic_start(cfg: Config, models: dict[str, TrainModel]) -> None:
     """Collective. critic.warm_start given as a Megatron critic checkpoint (a run's
     checkpoints/iter_N/critic): its weights into the built critic, at this run's layout (a dist
-    checkpoint reshards), and the optimizer's main copies after them. An HF value model was read
-    when the critic was built (mcore/model.py); a resume then loads the run's own checkpoint over
-    either. Nothing without a critic or a Megatron warm start."""
-    if "critic" not in models or not cfg.critic.warm_start or not megatron_model_dir(critic_start(cfg)):
+    checkpoint reshards), and the optimizer's main copies after them; for a fresh run only (a
+    resume loads the run's own checkpoint instead). An HF value model was read when the critic was
+    built (mcore/model.py). Nothing without a critic or a Megatron warm start."""
+    start = critic_start(cfg)
+    if "critic" not in models or not start.megatron:
         return
     model = models["critic"]
-    dist_io.load_model(critic_start(cfg), model.modules)  # weights only: the run's optimizer starts fresh
+    dist_io.load_model(start.path, model.modules)  # weights only: the run's optimizer starts fresh
     model.optimizer.reload_model_params()
 
 

@@ -28,6 +28,18 @@ class LayoutKeys:
 
 CONFIG_KEYS = LayoutKeys()
 CLI_KEYS = LayoutKeys(tp="--tp", pp="--pp", vpp="--vpp", ep="--ep")
+CRITIC_KEYS = LayoutKeys(tp="critic.parallel.tp", pp="critic.parallel.pp", vpp="critic.parallel.vpp",
+                         ep="critic.parallel.ep")
+
+
+def critic_parallel(cfg):
+    """The critic's layout (a ParallelConfig): critic.parallel when given, else the actor's."""
+    return cfg.critic.parallel if cfg.critic.parallel is not None else cfg.parallel
+
+
+def own_critic_layout(cfg) -> bool:
+    """Whether the critic runs at a layout other than the actor's (critic.parallel given and different)."""
+    return cfg.critic.parallel is not None and cfg.critic.parallel != cfg.parallel
 
 
 @dataclass(frozen=True)

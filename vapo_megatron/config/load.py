@@ -57,11 +57,23 @@ def _from_dict(cls, data: dict, path: str, errors: list[str], base=None):
         if dataclasses.is_dataclass(default):
             kwargs[name] = _from_dict(type(default), value or {}, key, errors, base=default)
             continue
+        if default is None and isinstance(value, dict) and (section := _optional_section(cls, name)) is not None:
+            kwargs[name] = _from_dict(section, value, key, errors)  # a section that may be null (critic.parallel)
+            continue
         try:
             kwargs[name] = _coerce(value, default, hints[name], key)
         except ConfigError as e:
             errors.append(str(e))
     return dataclasses.replace(defaults, **kwargs)
+
+
+def _optional_section(cls, name: str):
+    """The dataclass of a field declared `Section | None` (null by default), else None."""
+    import typing
+
+    hint = typing.get_type_hints(cls)[name]
+    found = [t for t in typing.get_args(hint) if dataclasses.is_dataclass(t)]
+    return found[0] if found else None
 
 
 def _coerce(value, default, hint: str, key: str):

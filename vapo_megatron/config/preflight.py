@@ -25,7 +25,8 @@ from pathlib import Path
 from vapo_megatron.config.checks import config_problems
 from vapo_megatron.config.engines import ENGINES, engine_key, engine_tp, known_engine
 from vapo_megatron.config.engines import KEY as ENGINE_KEY
-from vapo_megatron.config.layout import layout_problems
+from vapo_megatron.config.estimators import estimator_of, unknown_estimator
+from vapo_megatron.config.layout import CRITIC_KEYS, critic_parallel, layout_problems, own_critic_layout
 from vapo_megatron.config.schema import Config
 
 PROMPT_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -298,10 +299,46 @@ def moe_problems(cfg: Config, models: list[tuple[str, dict | None]]) -> list[str
         if moe and engine is not None and engine.runtime == "sglang":  # SGLang's model code, here or a server's
             out += _sglang_moe_problems(key, hf_cfg, cfg.rollout.engine)
         # megatron's MoELayer.forward raises in training when TP > 1 without sequence parallelism.
-        if moe and cfg.parallel.tp > 1 and not cfg.parallel.sequence_parallel:
+        # (A critic at its own layout: critic_layout_problems, at the critic's TP.)
+        if moe and cfg.parallel.tp > 1 and not cfg.parallel.sequence_parallel \
+                and (key == "model.hf_path" or not own_critic_layout(cfg)):
             out.append(f"parallel.sequence_parallel=false with parallel.tp={cfg.parallel.tp}: {key} "
                        f"({hf_cfg['_source']}) is a mixture-of-experts model, which megatron-core trains at TP > 1 "
                        "only with sequence parallelism (set parallel.sequence_parallel=true)")
+    return out
+
+
+def _is_moe(hf_cfg: dict) -> bool:
+    return any(k in hf_cfg and hf_cfg[k] for k in ("num_experts", "num_local_experts"))
+
+
+def critic_layout_problems(cfg: Config, world_size: int | None, critic_hf: dict | None, critic_key: str) -> list[str]:
+    """critic.parallel's problems, each naming its key, when the critic has a layout of its own
+    (nothing otherwise: the actor's layout checks cover it). `critic_hf`: the critic's model's HF
+    config (its own, or the policy's when it starts from the policy's trunk; None: not readable,
+    reported elsewhere), `critic_key` the setting it came from. The layout must split the world
+    and the critic's heads, layers and experts (layout_problems at CRITIC_KEYS); a MoE critic at
+    TP > 1 needs sequence parallelism; and every mini-batch must give each of the critic's DP
+    ranks a row (its rows are dealt over the critic's DP ranks, mcore/critic_share.py)."""
+    if not own_critic_layout(cfg):
+        return []
+    c = cfg.critic.parallel
+    out = layout_problems(world_size, c.tp, c.pp, c.vpp, model=critic_hf, model_key=critic_key, keys=CRITIC_KEYS,
+                          ep=c.ep)
+    if critic_hf is not None and _is_moe(critic_hf) and c.tp > 1 and not c.sequence_parallel:
+        out.append(f"critic.parallel.sequence_parallel=false with critic.parallel.tp={c.tp}: {critic_key} "
+                   f"({critic_hf['_source']}) is a mixture-of-experts model, which megatron-core trains at TP > 1 "
+                   "only with sequence parallelism (set critic.parallel.sequence_parallel=true)")
+    if out or world_size is None:
+        return out
+    dp = world_size // (c.tp * c.pp)
+    r, a = cfg.rollout, cfg.algo
+    rows = r.prompts_per_step * r.n_samples // max(a.mini_batches, 1)
+    if rows < dp:
+        out.append(f"critic.parallel: its data-parallel size {dp} (world size {world_size} / (critic.parallel.tp * "
+                   f"critic.parallel.pp)) exceeds the {rows} responses of a mini-batch (rollout.prompts_per_step * "
+                   "rollout.n_samples / algo.mini_batches): each of the critic's DP ranks needs one; raise "
+                   "critic.parallel.tp or critic.parallel.pp")
     return out
 
 
@@ -322,6 +359,9 @@ def launch_problems(cfg: Config, world_size: int, actor_hf: dict, critic_hf: dic
     out += layout
     out += moe_problems(cfg, [("model.hf_path", actor_hf)] + ([("model.critic_hf_path", critic_hf)]
                                                               if critic_hf is not actor_hf else []))
+    if critic_hf is not None:
+        out += critic_layout_problems(cfg, world_size, critic_hf,
+                                      "model.critic_hf_path" if critic_hf is not actor_hf else "model.hf_path")
     if not layout:
         out += batch_problems(cfg, world_size // (p.tp * p.pp))
     tp = engine_tp(cfg) if known_engine(cfg) else None
@@ -352,10 +392,14 @@ def startup_problems(cfg: Config, world_size: int) -> list[str]:
         critic_cfg, critic_key = _critic_warm_start(cfg.critic.warm_start, actor_cfg, out), "critic.warm_start"
     p = cfg.parallel
     out += layout_problems(world_size, p.tp, p.pp, p.vpp, model=actor_cfg, ep=p.ep)
-    if critic_cfg is not None:
+    if critic_cfg is not None and not own_critic_layout(cfg):
         critic = layout_problems(world_size, p.tp, p.pp, p.vpp, model=critic_cfg, model_key=critic_key, ep=p.ep)
         out += [msg for msg in critic if msg not in out]  # the world-size ones are said once
     out += moe_problems(cfg, [("model.hf_path", actor_cfg), (critic_key, critic_cfg)])
+    if not unknown_estimator(cfg.algo.estimator) and estimator_of(cfg).needs_critic:
+        own = critic_cfg is not None or cfg.critic.warm_start or m.critic_hf_path
+        out += critic_layout_problems(cfg, world_size, critic_cfg if own else actor_cfg,
+                                      critic_key if own else "model.hf_path")
     if world_size >= 1 and p.tp >= 1 and p.pp >= 1 and world_size % (p.tp * p.pp) == 0:
         out += batch_problems(cfg, world_size // (p.tp * p.pp))
     if actor_cfg is not None:

@@ -42,7 +42,8 @@ MAY_CHANGE_ON_RESUME: dict[str, tuple[tuple[str, ...], str]] = {
         "when to give up, and this check itself",
     ),
     "layout": (
-        ("parallel.tp", "parallel.pp", "parallel.vpp", "parallel.sequence_parallel"),
+        ("parallel.tp", "parallel.pp", "parallel.vpp", "parallel.sequence_parallel", "critic.parallel",
+         "critic.parallel.tp", "critic.parallel.pp", "critic.parallel.vpp", "critic.parallel.sequence_parallel"),
         "dist checkpoints load at any TP/PP layout (checkpoint/manager.py; the distributed optimizer's state "
         "with torch's Adam, where neither TE nor Apex imports, only at its own: the load says so); a new world "
         "size only loses the bitwise RNG continuation, and the resume says so",
@@ -69,6 +70,8 @@ NEVER_CHANGE = {
     "algo.estimator": "a run cannot switch its estimator (the checkpoint holds a critic or does not)",
     "parallel.ep": "a checkpoint cannot take another expert-parallel size "
                    "(megatron lays the optimizer state out by EP)",
+    "critic.parallel.ep": "a critic checkpoint cannot take another expert-parallel size "
+                          "(megatron lays the optimizer state out by EP)",
 }
 
 
@@ -84,8 +87,16 @@ def ep_change(saved_config: dict | None, config: dict) -> str | None:
 
 def differences(saved: Config, new: Config) -> dict[str, tuple[object, object]]:
     """{dotted key: (saved value, new value)} for every setting that differs."""
-    a, b = flatten(to_dict(saved)), flatten(to_dict(new))
+    a, b = (flatten(_critic_layout_spelled_out(to_dict(c))) for c in (saved, new))
     return {k: (a[k], b[k]) for k in sorted(a) if a[k] != b[k]}
+
+
+def _critic_layout_spelled_out(tree: dict) -> dict:
+    """critic.parallel null is the actor's layout: compared as those values, so that a resume
+    from null to an explicit layout (or back) is a change of the critic's layout fields only."""
+    if "critic" in tree and tree["critic"].get("parallel", 0) is None:
+        tree["critic"]["parallel"] = dict(tree["parallel"])
+    return tree
 
 
 def _has_checkpoint(run_dir: Path) -> bool:

@@ -354,6 +354,13 @@ class CriticConfig:
     # checked before any work. Value pretraining is then optional (algo.value_pretrain_steps=0).
     # "": no warm start. Excludes model.critic_hf_path (a trunk whose head may start fresh).
     warm_start: str = ""
+    # The critic's own layout on the same GPUs and processes as the actor: its TP, PP (VPP), EP (a
+    # mixture-of-experts critic) and sequence parallelism, its DP what is left (world size / (tp * pp)).
+    # A small critic at the actor's TP is slow (small matrices over many GPUs); at its own TP it runs
+    # as wide as it needs. null: the actor's layout (`parallel`), bitwise today's run. Given, it is the
+    # critic's whole layout: a field left out takes the parallel section's default (tp: 1, pp: 1, ...),
+    # not the actor's value. May change on a resume (its checkpoint loads at any layout), but its ep not.
+    parallel: ParallelConfig | None = None
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ MAY_CHANGE_ON_RESUME: dict[str, tuple[tuple[str, ...], str]] = {
         "when to give up, and this check itself",
     ),
     "layout": (
-        ("parallel.tp", "parallel.pp", "parallel.vpp", "parallel.sequence_parallel", "critic.parallel",
+        ("parallel.tp", "parallel.pp", "parallel.vpp", "parallel.sequence_parallel",
          "critic.parallel.tp", "critic.parallel.pp", "critic.parallel.vpp", "critic.parallel.sequence_parallel"),
         "dist checkpoints load at any TP/PP layout (checkpoint/manager.py; the distributed optimizer's state "
         "with torch's Adam, where neither TE nor Apex imports, only at its own: the load says so); a new world "

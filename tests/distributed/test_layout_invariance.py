@@ -27,7 +27,7 @@ TEMPERATURE = 0.7
 VOCAB = 250  # needs padding at TP=2
 
 
-def _make_models(tmp_path, moe: bool = False):
+def make_models(tmp_path, moe: bool = False):
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, Qwen2Config
 
     from tests.helpers.tiny_hf import qwen3_moe_config
@@ -57,7 +57,7 @@ def _make_models(tmp_path, moe: bool = False):
     return str(tmp_path / "actor"), str(tmp_path / "critic")
 
 
-def _global_batch(grpo: bool = False):
+def global_batch(grpo: bool = False):
     """8 responses of very different lengths (1..21 tokens), 3 of them correct, in 4 groups of 2.
     grpo: the advantages are GRPO's group-relative ones of the whole batch (algo.estimator=grpo)."""
     from vapo_megatron.data.batch import RolloutBatch, pack_sequences, to_sequence
@@ -102,7 +102,7 @@ def _reference(actor_dir, critic_dir, loss_agg="token", grpo=False):
 
     from vapo_megatron.data.batch import shifted_targets
 
-    b = _global_batch(grpo)
+    b = global_batch(grpo)
     mask = b.mask
     N, N_pos, M = mask.sum(), (mask * b.correct[:, None]).sum(), b.size
 
@@ -122,7 +122,7 @@ def _reference(actor_dir, critic_dir, loss_agg="token", grpo=False):
     with torch.no_grad():
         for p in actor.parameters():
             p -= LR * p.grad
-    actor_after = _per_expert(actor.state_dict())
+    actor_after = per_expert(actor.state_dict())
 
     critic = AutoModelForTokenClassification.from_pretrained(critic_dir, dtype=torch.float32)
     values = critic(b.tokens).logits[..., 0]
@@ -134,11 +134,11 @@ def _reference(actor_dir, critic_dir, loss_agg="token", grpo=False):
     with torch.no_grad():
         for p in critic.parameters():
             p -= LR * p.grad
-    critic_after = _per_expert(critic.state_dict())
+    critic_after = per_expert(critic.state_dict())
     return actor_after, critic_after
 
 
-def _per_expert(state: dict) -> dict:
+def per_expert(state: dict) -> dict:
     """transformers 5's fused expert tensors as the per-expert HF names the export writes."""
     from vapo_megatron.rollout.embedded import expert_views
 
@@ -178,7 +178,7 @@ def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp=False, e
     from vapo_megatron.weights.params import iter_hf_tensors
 
     parallel.init_distributed(tp, pp, ep=ep, seed=7)
-    b = _global_batch()
+    b = global_batch()
     b = b.select(_dp_split(parallel.dp_rank(), parallel.dp_size(), grpo))
     if grpo:  # each rank estimates its own groups, as the trainer's step 5 does
         b.advantages = _grpo_advantages(b)
@@ -235,14 +235,14 @@ def _parallel_step(actor_dir, critic_dir, tp, pp, n_micro, loss_agg, sp=False, e
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     path = tmp_path_factory.mktemp("layout")
-    actor_dir, critic_dir = _make_models(path)
+    actor_dir, critic_dir = make_models(path)
     return actor_dir, critic_dir, {"token": _reference(actor_dir, critic_dir, "token")}
 
 
 @pytest.fixture(scope="module")
 def moe_models(tmp_path_factory):
     path = tmp_path_factory.mktemp("layout-moe")
-    actor_dir, critic_dir = _make_models(path, moe=True)
+    actor_dir, critic_dir = make_models(path, moe=True)
     return actor_dir, critic_dir, {"token": _reference(actor_dir, critic_dir, "token")}
 
 
@@ -333,7 +333,7 @@ def _repeat_step_grads(critic_dir):
     from vapo_megatron.weights.hf_read import load_hf_weights
 
     parallel.init_distributed(1, 1, seed=7)
-    b = _global_batch()
+    b = global_batch()
     hf_cfg = model_providers.read_hf_config(critic_dir)
     chunks = [build_critic(hf_cfg, params_dtype=torch.float32)]
     load_hf_weights(chunks, model_providers.family_for(hf_cfg), hf_cfg, critic_dir, critic=True)

@@ -365,3 +365,35 @@ def test_cli_refuses_bad_baseline_settings_at_once_without_torch(demo, tmp_path)
                  "algo.value_clip (the value loss's clip) is set, but algo.estimator=grpo has no critic"]:
         assert text in err, (text, err[-3000:])
     assert not (tmp_path / "run").exists()
+
+
+# critic.parallel (the critic's own layout): each bad setting is one line naming its key, before any work.
+CRITIC_LAYOUT_CASES = [
+    (["critic.parallel.tp=3"], 4, "critic.parallel.tp * critic.parallel.pp = 3 * 1 = 3 does not divide the world "
+                                  "size 4 (ranks launched)"),
+    (["critic.parallel.tp=3"], 3, "critic.parallel.tp=3 does not divide num_attention_heads=4 of model.hf_path"),
+    (["critic.parallel.ep=2"], 2, "critic.parallel.ep=2 needs a mixture-of-experts model; model.hf_path"),
+    (["critic.parallel.pp=4"], 4, "critic.parallel.pp=4 does not divide num_hidden_layers=2 of model.hf_path"),
+    (["rollout.prompts_per_step=1", "rollout.n_samples=2", "parallel.tp=2", "critic.parallel.tp=1"], 4,
+     "critic.parallel: its data-parallel size 4 (world size 4 / (critic.parallel.tp * critic.parallel.pp)) exceeds "
+     "the 2 responses of a mini-batch"),
+]
+
+
+@pytest.mark.parametrize("overrides,world,text", CRITIC_LAYOUT_CASES)
+def test_a_bad_critic_layout_is_one_line_naming_its_key(demo, tmp_path, overrides, world, text):
+    report = startup_report(demo, tmp_path, *overrides, world_size=world)
+    assert [line for line in report if text in line], report
+    critic_lines = [line for line in report if "critic.parallel" in line]
+    assert critic_lines and len(critic_lines) == len(set(critic_lines)), report
+
+
+def test_a_critic_layout_is_refused_without_a_critic(demo, tmp_path):
+    report = startup_report(demo, tmp_path, "algo.estimator=grpo", "critic.parallel.tp=1")
+    assert any(line.startswith("critic (the critic's own settings) is set, but algo.estimator=grpo has no critic")
+               for line in report), report
+
+
+def test_the_critic_at_the_actors_layout_passes(demo, tmp_path):
+    assert startup_report(demo, tmp_path, "critic.parallel.tp=1") == []
+    assert startup_report(demo, tmp_path, "parallel.tp=2", "critic.parallel.tp=1", world_size=2) == []

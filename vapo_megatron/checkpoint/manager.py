@@ -33,10 +33,12 @@ from torch.distributed.checkpoint.api import CheckpointException
 from vapo_megatron.checkpoint import dist_io  # also installs safe_unpickle: no checkpoint pickle runs code
 from vapo_megatron.checkpoint.complete import CheckpointCorrupt, candidates, check_complete
 from vapo_megatron.checkpoint.model_state import (
+    at_layout,
     has_distributed_optimizer,
     load_model_state,
     resume_layout_problem,
     save_model_state,
+    saved_layout,
     saved_optimizer_format,
 )
 from vapo_megatron.checkpoint.run_state import RunState
@@ -185,7 +187,7 @@ class CheckpointManager:
         try:
             _agreed(partial(self._begin, target))
             for sub, model in self.models.items():
-                _agreed(partial(save_model_state, model, tmp / sub))
+                _agreed(at_layout(model, partial(save_model_state, model, tmp / sub)))
                 if sub == "actor":
                     fault_points.point("checkpoint")  # a crash mid-write (runtime/fault_points.py)
             _agreed(partial(self._write_rng, tmp))
@@ -303,8 +305,9 @@ class CheckpointManager:
         """Collective: raise CheckpointMismatch on every rank when any rank's part of a model
         differs in shape from the checkpoint (each rank holds only its pipeline stage's layers)."""
         for sub, model in self.models.items():
-            found = dist_io.shape_mismatches(path / sub, dist_io.model_sharded_state(model.modules),
-                                             vocab_size=model.hf_cfg["vocab_size"])
+            with model.layout:  # each model's shards at its own layout (the critic's may differ)
+                found = dist_io.shape_mismatches(path / sub, dist_io.model_sharded_state(model.modules),
+                                                 vocab_size=model.hf_cfg["vocab_size"])
             everyone = [[] for _ in range(dist.get_world_size())]
             parallel.all_gather_object(everyone, found)
             found = sorted({f for rank in everyone for f in rank})
@@ -320,9 +323,8 @@ class CheckpointManager:
         """Stop (older checkpoints are no better) when an optimizer's state cannot load here: at this
         layout, or into this kind of optimizer. The format is the one the checkpoint records, not
         the one this run's Adam would write."""
-        saved = (meta.get("config") or {}).get("parallel", {})
-        now = self.config.get("parallel", {})
         for sub, model in self.models.items():
+            saved, now = saved_layout(meta.get("config") or {}, sub), saved_layout(self.config, sub)
             try:
                 fmt = saved_optimizer_format(path / sub)
             except dist_io.CheckpointError:
@@ -351,7 +353,7 @@ class CheckpointManager:
                 self._check_matches(path)  # another model: stop (older checkpoints are no better)
                 self._check_layout(path, meta)
                 for sub, model in self.models.items():
-                    _on_every_rank(partial(load_model_state, model, path / sub))
+                    _on_every_rank(at_layout(model, partial(load_model_state, model, path / sub)))
                 rng = _on_every_rank(partial(self._rng_state, path, meta))
                 carried = _on_every_rank(partial(self._carried, path, meta, state))
             except CheckpointCorrupt as e:

@@ -15,6 +15,7 @@ the format the checkpoint records, so a checkpoint of either Adam resumes with t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 
@@ -25,6 +26,8 @@ from vapo_megatron.checkpoint import (
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.model import TrainModel
 from vapo_megatron.weights.hf_write import write_source_files
+
+T = TypeVar("T")
 
 # megatron's distributed optimizer writes its sharded Adam state in one of several formats
 # (distrib_optimizer.py sharded_state_dict). Every save here writes "fully_reshardable"'s tensors,
@@ -259,6 +262,24 @@ def load_model_state(model: TrainModel, path: Path) -> None:
     _drop_unstepped_state(model)
 
 
-__all__ = ["DP_RESHARDABLE", "FULLY_RESHARDABLE", "distributed_optimizer_format", "has_distributed_optimizer",
-           "load_model_state", "megatron_optimizers", "optimizer_moments", "per_parameter_steps",
-           "resume_layout_problem", "save_model_state", "saved_optimizer_format"]
+
+
+def at_layout(model: TrainModel, step: Callable[[], T]) -> Callable[[], T]:
+    """`step` run at `model`'s layout (the critic's own, critic.parallel, or the actor's)."""
+    def run() -> T:
+        with model.layout:
+            return step()
+    return run
+
+
+def saved_layout(config: dict, sub: str) -> dict:
+    """The parallel section a model of a run's record ran at: the critic's own when it had one."""
+    if sub == "critic" and ((config.get("critic") or {}).get("parallel")):
+        return config["critic"]["parallel"]
+    return config.get("parallel", {})
+
+
+__all__ = ["DP_RESHARDABLE", "FULLY_RESHARDABLE", "at_layout", "distributed_optimizer_format",
+           "has_distributed_optimizer", "load_model_state", "megatron_optimizers", "optimizer_moments",
+           "per_parameter_steps", "resume_layout_problem", "save_model_state", "saved_layout",
+           "saved_optimizer_format"]

@@ -149,5 +149,42 @@ def check_layout(world_size: int, tp: int, pp: int, vpp: int | None = None, *, m
     return Layout(world_size=world_size, tp=tp, pp=pp, dp=world_size // (tp * pp), vpp=vpp, ep=ep)
 
 
-__all__ = ["CLI_KEYS", "CONFIG_KEYS", "ConfigError", "Layout", "LayoutKeys", "check_layout", "launcher_env",
-           "layout_problems"]
+
+
+def _is_moe(hf_cfg: dict) -> bool:
+    return any(k in hf_cfg and hf_cfg[k] for k in ("num_experts", "num_local_experts"))
+
+
+def critic_layout_problems(cfg, world_size: int | None, critic_hf: dict | None, critic_key: str) -> list[str]:
+    """critic.parallel's problems, each naming its key, when the critic has a layout of its own
+    (nothing otherwise: the actor's layout checks cover it). `critic_hf`: the critic's model's HF
+    config (its own, or the policy's when it starts from the policy's trunk; None: not readable,
+    reported elsewhere), `critic_key` the setting it came from. The layout must split the world
+    and the critic's heads, layers and experts (layout_problems at CRITIC_KEYS); a MoE critic at
+    TP > 1 needs sequence parallelism; and every mini-batch must give each of the critic's DP
+    ranks a row (its rows are dealt over the critic's DP ranks, mcore/critic_share.py)."""
+    if not own_critic_layout(cfg):
+        return []
+    c = cfg.critic.parallel
+    out = layout_problems(world_size, c.tp, c.pp, c.vpp, model=critic_hf, model_key=critic_key, keys=CRITIC_KEYS,
+                          ep=c.ep)
+    if critic_hf is not None and _is_moe(critic_hf) and c.tp > 1 and not c.sequence_parallel:
+        out.append(f"critic.parallel.sequence_parallel=false with critic.parallel.tp={c.tp}: {critic_key} "
+                   f"({critic_hf['_source']}) is a mixture-of-experts model, which megatron-core trains at TP > 1 "
+                   "only with sequence parallelism (set critic.parallel.sequence_parallel=true)")
+    if out or world_size is None:
+        return out
+    dp = world_size // (c.tp * c.pp)
+    r, a = cfg.rollout, cfg.algo
+    rows = r.prompts_per_step * r.n_samples // max(a.mini_batches, 1)
+    if rows < dp:
+        out.append(f"critic.parallel: its data-parallel size {dp} (world size {world_size} / (critic.parallel.tp * "
+                   f"critic.parallel.pp)) exceeds the {rows} responses of a mini-batch (rollout.prompts_per_step * "
+                   "rollout.n_samples / algo.mini_batches): each of the critic's DP ranks needs one; raise "
+                   "critic.parallel.tp or critic.parallel.pp")
+    return out
+
+
+__all__ = ["CLI_KEYS", "CONFIG_KEYS", "CRITIC_KEYS", "ConfigError", "Layout", "LayoutKeys", "check_layout",
+           "critic_layout_problems", "critic_parallel", "launcher_env", "layout_problems",
+           "own_critic_layout"]

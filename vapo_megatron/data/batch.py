@@ -117,6 +117,28 @@ def to_sequence(y: torch.Tensor, prompt_lens: torch.Tensor, response_lens: torch
     return out[:, :width_seq]
 
 
+def cat_rows(batches: list["RolloutBatch"]) -> "RolloutBatch":
+    """The batches' rows in order, as one batch: [B, S] tensors right-padded with zeros to the
+    widest (padding no mask reads). Fields that are None in every batch stay None; extras are not
+    carried (the critic's rows need none: mcore/critic_share.py)."""
+    width = max(int(b.tokens.shape[1]) for b in batches)
+
+    def cat(name):
+        parts = [getattr(b, name) for b in batches]
+        if all(x is None for x in parts):
+            return None
+        if any(x is None for x in parts):
+            raise ValueError(f"cat_rows: {name} is set in some batches only")
+        if parts[0].dim() == 1:
+            return torch.cat(parts)
+        return torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1])) if x.dim() == 2 else
+                          torch.nn.functional.pad(x, (0, 0, 0, 0, 0, width - x.shape[1])) for x in parts])
+
+    names = ("tokens", "prompt_lens", "response_lens", "rewards", "correct", "group_ids", "old_logp", "values",
+             "advantages", "returns", "routes")
+    return RolloutBatch(**{n: cat(n) for n in names})
+
+
 def shifted_targets(tokens: torch.Tensor) -> torch.Tensor:
     """targets[b, p] = tokens[b, p + 1] (the last column gets pad 0; it is never masked in)."""
     return torch.cat([tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -20,9 +22,9 @@ from vapo_megatron.algorithms.normalization import GlobalCounts
 from vapo_megatron.config import Config
 from vapo_megatron.config.estimators import estimator_of
 from vapo_megatron.data.batch import RolloutBatch
-from vapo_megatron.mcore import dp_stats
+from vapo_megatron.mcore import critic_share, dp_stats, parallel
 from vapo_megatron.mcore.model import TrainModel, build_model, copy_trunk
-from vapo_megatron.mcore.update import UpdateSettings, forward_only, optimize
+from vapo_megatron.mcore.update import UpdateSettings, forward_only, mini_batch_rows, optimize
 
 
 def value_outputs(mb: RolloutBatch, values: torch.Tensor):
@@ -47,20 +49,31 @@ def value_loss(mb: RolloutBatch, values: torch.Tensor, *, clip_range: float | No
 
 
 class Critic:
-    """The value model: a TrainModel with the value clip of its updates."""
+    """The value model: a TrainModel with the value clip of its updates. At a layout of its own
+    (critic.parallel), every call runs at that layout (`with parallel.role("critic")`), and the
+    step's rows travel to the critic's DP ranks and its values back (critic_share.py); at the
+    actor's layout both are nothing."""
 
     absent_phases: tuple[str, ...] = ()  # of the step's timed phases (trainer/timing.py), none
 
     def __init__(self, model: TrainModel, clip_range: float | None, update: UpdateSettings, *, own_trunk: bool = False,
-                 passes: int = 1):
+                 passes: int = 1, scratch: Path | None = None, copy_across: Callable | None = None):
         self.model, self.clip_range, self.settings = model, clip_range, update
         self.passes = passes  # critic.updates_per_step: K passes of the update per RL step
         self.own_trunk = own_trunk  # critic_hf_path or critic.warm_start: its own trunk, kept after SFT
+        self.own_layout = parallel.own_layout("critic")
+        # At its own layout the policy's trunk reaches it through a dist checkpoint in `scratch`
+        # (checkpoint/trunk_copy.py, handed in by the trainer: checkpoints are a layer above this one).
+        self.scratch, self.copy_across = scratch, copy_across
 
     def start_from(self, actor: TrainModel) -> None:
         """After the warm start: the critic starts from the policy that RL starts from, with its
         fresh value head (component 1), unless it has a trunk of its own."""
-        if not self.own_trunk:
+        if self.own_trunk:
+            return
+        if self.own_layout:
+            self.copy_across(actor, self.model, self.scratch)
+        else:
             copy_trunk(actor, self.model)
 
     @property
@@ -74,8 +87,13 @@ class Critic:
                                                                            reduce=dp_stats.dp_sum)}
 
     def values(self, batch: RolloutBatch) -> torch.Tensor:
-        """Step 4: V_t at every prediction position, [B, S]."""
-        return forward_only(self.model, batch, value_outputs, ("values",), self.settings.max_tokens)["values"]
+        """Step 4: V_t at every prediction position, [B, S] of this actor rank's rows."""
+        if not self.own_layout:
+            return forward_only(self.model, batch, value_outputs, ("values",), self.settings.max_tokens)["values"]
+        rows, share = critic_share.to_critic(batch, [list(range(batch.size))])
+        with parallel.role("critic"):
+            values = forward_only(self.model, rows, value_outputs, ("values",), self.settings.max_tokens)["values"]
+        return critic_share.values_to_actor(values, share, batch)
 
     def update(self, batch: RolloutBatch, *, value_pretrain: bool) -> dict[str, float]:
         """Step 6: clipped value loss against `batch.returns`, token-level over each mini-batch;
@@ -86,8 +104,13 @@ class Critic:
             return partial(value_loss, clip_range=self.clip_range)
 
         passes = 1 if value_pretrain else self.passes
-        logs = optimize(self.model, "critic", batch, loss_for,
-                        replace(self.settings, epochs=self.settings.epochs * passes))
+        parts = None
+        if self.own_layout:  # the same global mini-batches, dealt over the critic's DP ranks
+            batch, share = critic_share.to_critic(batch, mini_batch_rows(batch, self.settings.mini_batches))
+            parts = share.parts
+        with parallel.role("critic"):
+            logs = optimize(self.model, "critic", batch, loss_for,
+                            replace(self.settings, epochs=self.settings.epochs * passes), parts=parts)
         if self.passes != 1:  # only a run that sets K logs it: the default run's records stay as they were
             logs["critic/updates_per_step"] = float(passes)
         return logs
@@ -114,13 +137,16 @@ class NoCritic:
         return {}
 
 
-def build_critic(cfg: Config, update: UpdateSettings) -> Critic | NoCritic:
-    """Collective. The value model algo.estimator needs (its record, config/estimators.py): a Critic or none."""
+def build_critic(cfg: Config, update: UpdateSettings, *, copy_across: Callable | None = None) -> Critic | NoCritic:
+    """Collective. The value model algo.estimator needs (its record, config/estimators.py): a Critic or none.
+    copy_across(actor, critic, scratch): the policy's trunk into a critic at its own layout."""
     if not estimator_of(cfg).needs_critic:
         return NoCritic()
     own_trunk = bool(cfg.model.critic_hf_path or cfg.critic.warm_start)  # not the policy's after SFT
-    return Critic(build_model(cfg, critic=True), cfg.algo.value_clip, update, own_trunk=own_trunk,
-                  passes=cfg.critic.updates_per_step)
+    with parallel.role("critic"):
+        model = build_model(cfg, critic=True)
+    return Critic(model, cfg.algo.value_clip, update, own_trunk=own_trunk, passes=cfg.critic.updates_per_step,
+                  scratch=Path(cfg.trainer.run_dir) / "critic_trunk.tmp", copy_across=copy_across)
 
 
 __all__ = ["Critic", "NoCritic", "build_critic", "value_loss", "value_outputs"]

@@ -19,7 +19,7 @@ import torch
 from model_providers import Family, family_for, read_hf_config
 from vapo_megatron.config import Config
 from vapo_megatron.config.critic_start import critic_start
-from vapo_megatron.config.layout import check_layout
+from vapo_megatron.config.layout import check_layout, critic_parallel
 from vapo_megatron.data.routes import replays
 from vapo_megatron.mcore import parallel
 from vapo_megatron.mcore.dtypes import torch_dtype
@@ -52,6 +52,11 @@ class TrainModel:
     def config(self):
         """megatron's TransformerConfig (shared by the chunks)."""
         return self.modules[0].config
+
+    @property
+    def layout(self):
+        """`with model.layout:` runs its block at this model's layout (mcore/parallel.py roles)."""
+        return parallel.role("critic" if self.critic else "actor")
 
     @property
     def vocab_size(self) -> int:
@@ -111,7 +116,7 @@ def build_model(cfg: Config, *, critic: bool) -> TrainModel:
     from_megatron = start is not None and start.megatron  # critic.warm_start: a Megatron critic checkpoint
     hf_dir = start.config_dir if critic else Path(cfg.model.hf_path)
     hf_cfg = read_hf_config(hf_dir)
-    p = cfg.parallel
+    p = critic_parallel(cfg) if critic else cfg.parallel  # built inside `with parallel.role(...)` of that layout
     check_layout(parallel.launcher_env()[1], p.tp, p.pp, p.vpp, model=hf_cfg, ep=p.ep)  # start-up checked it; cheap
     family = family_for(hf_cfg)
     dtype = torch_dtype(cfg.model.dtype)

@@ -16,19 +16,24 @@ import torch
 import torch.distributed as dist
 
 from vapo_megatron.config.layout import Layout, check_layout, launcher_env
-from vapo_megatron.mcore import cpu_compat
+from vapo_megatron.mcore import cpu_compat, roles
+from vapo_megatron.mcore.fake_ranks import init_fake  # noqa: F401  (vapo-plan asks parallel.init_fake)
 from vapo_megatron.mcore.memory import free_cached_memory
 from vapo_megatron.mcore.nccl_env import nccl_env
+from vapo_megatron.mcore.roles import own_layout, role  # noqa: F401  (callers ask parallel.role)
 
 DEFAULT_WAIT_TIMEOUT_S = 4 * 3600.0  # the wait groups' timeout unless given (rollout.wait_timeout_s)
 
 
 def init_distributed(tp: int = 1, pp: int = 1, vpp: int | None = None, *, ep: int = 1, seed: int = 1234,
-                     timeout_minutes: int = 30, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S) -> Layout:
+                     timeout_minutes: int = 30, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
+                     critic: tuple[int, int, int | None, int] | None = None) -> Layout:
     """Start torch.distributed and Megatron model parallelism; idempotent per process.
 
     timeout_minutes: the NCCL (GPU) or gloo (CPU) groups' timeout, for tensor traffic.
-    wait_timeout_s: the CPU (gloo) wait groups' timeout (rollout.wait_timeout_s; see wait_group)."""
+    wait_timeout_s: the CPU (gloo) wait groups' timeout (rollout.wait_timeout_s; see wait_group).
+    critic: the critic's own (tp, pp, vpp, ep) on the same ranks (critic.parallel), None: the
+    actor's; its groups are made first and entered with `with role("critic"):` (mcore/roles.py)."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
@@ -58,6 +63,18 @@ def init_distributed(tp: int = 1, pp: int = 1, vpp: int | None = None, *, ep: in
             **({"store": dist.HashStore()} if alone else {}),
         )
     if not parallel_state.model_parallel_is_initialized():
+        if critic is not None and tuple(critic) != (tp, pp, vpp, ep):
+            # The critic's own layout (critic.parallel): megatron's groups for it first, kept as the
+            # critic's role, then megatron's state back to pristine for the actor's (mcore/roles.py).
+            check_layout(world_size, *critic[:3], ep=critic[3])
+            pristine = roles.snapshot()
+            c_tp, c_pp, c_vpp, c_ep = critic
+            parallel_state.initialize_model_parallel(
+                tensor_model_parallel_size=c_tp, pipeline_model_parallel_size=c_pp,
+                virtual_pipeline_model_parallel_size=c_vpp, expert_model_parallel_size=c_ep,
+                distributed_timeout_minutes=timeout_minutes)
+            roles.keep("critic")
+            roles.restore(pristine)
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=pp,
@@ -65,33 +82,9 @@ def init_distributed(tp: int = 1, pp: int = 1, vpp: int | None = None, *, ep: in
             expert_model_parallel_size=ep,  # expert TP stays megatron's default, TP
             distributed_timeout_minutes=timeout_minutes,
         )
+        roles.keep("actor")
     model_parallel_cuda_manual_seed(seed)
     _init_wait_groups(wait_timeout_s, (tp, pp, vpp, ep))
-    return layout
-
-
-def init_fake(world_size: int, rank: int, tp: int, pp: int, vpp: int | None = None, ep: int = 1) -> Layout:
-    """Megatron's parallel state for one rank of a `world_size` launch, inside this one process,
-    with torch's fake process group (collectives do nothing): vapo-plan builds each rank's shard on
-    the meta device this way, with no GPU and no peers. Call `destroy()` before the next rank."""
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
-
-    layout = check_layout(world_size, tp, pp, vpp, ep=ep)
-    if dist.is_initialized() or parallel_state.model_parallel_is_initialized():
-        raise RuntimeError("init_fake: torch.distributed is already initialized in this process; call destroy() first")
-    if not torch.cuda.is_available():
-        cpu_compat.activate()  # megatron's RNG tracker and RoPE ask for CUDA
-    dist.init_process_group(backend="fake", store=FakeStore(), rank=rank, world_size=world_size)
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        virtual_pipeline_model_parallel_size=vpp,
-        expert_model_parallel_size=ep,
-        create_gloo_process_groups=False,  # the fake backend has no gloo counterpart
-    )
-    model_parallel_cuda_manual_seed(0)
     return layout
 
 
@@ -101,6 +94,7 @@ def destroy() -> None:
     global _ENGINE_GROUP, _WAIT_TIMEOUT_S
     _ENGINE_GROUP, _WAIT_TIMEOUT_S = None, None
     _WAIT_GROUPS.clear()
+    roles.clear()
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():
@@ -196,6 +190,10 @@ def is_stage(first: bool, vp_stage: int | None) -> bool:
     if first:
         return _ps().is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
     return _ps().is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 def is_rank0() -> bool:

@@ -165,14 +165,16 @@ def guarded_step(model: TrainModel, sums: dict[str, float], role: str,
 
 
 def optimize(model: TrainModel, role: str, batch: RolloutBatch, loss_for: Callable[[GlobalCounts], Callable],
-             settings: UpdateSettings) -> dict[str, float]:
+             settings: UpdateSettings, *, parts: list[list[int]] | None = None) -> dict[str, float]:
     """One optimizer step per mini-batch and epoch. `loss_for(counts)` is the loss function of a
     mini-batch with these global counts (docs/normalization.md). Logs are means over the steps,
     except `<role>/skipped_steps`, which counts them; `<role>/lr` is the learning rate the steps
-    used (the schedule's next one when the model did not step)."""
+    used (the schedule's next one when the model did not step). parts: this rank's rows of each
+    mini-batch, when another layout dealt them (the critic's own: mcore/critic_share.py); None:
+    mini_batch_rows of the batch (settings.mini_batches of whole prompt groups)."""
     logs: dict[str, list[float]] = {}
     for _ in range(settings.epochs):
-        for rows in mini_batch_rows(batch, settings.mini_batches):
+        for rows in parts if parts is not None else mini_batch_rows(batch, settings.mini_batches):
             part = batch.select(rows)
             counts = global_counts(part)
             _, micro = micro_batches(part, settings.max_tokens)

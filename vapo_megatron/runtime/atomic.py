@@ -40,6 +40,7 @@ MARKER = ".vapo-writer"
 # Writers (the marker's "writer" field); each replaces only its own directories.
 TRAINER_CHECKPOINT = "vapo-train checkpoint"
 TRAINER_EXPORT = "vapo-train export"
+TRAINER_TRUNK = "vapo-train critic trunk"  # the policy's trunk on its way to a critic at another layout
 CONVERT_HF_TO_MCORE = "vapo-convert hf-to-mcore"
 CONVERT_MCORE_TO_HF = "vapo-convert mcore-to-hf"
 EVAL_OUTPUT = "vapo-eval"  # files written into --out, replaced by the next vapo-eval there

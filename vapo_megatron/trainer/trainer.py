@@ -25,9 +25,11 @@ from vapo_megatron.algorithms import step_stats
 from vapo_megatron.checkpoint.complete import finished_message
 from vapo_megatron.checkpoint.manager import CheckpointManager
 from vapo_megatron.checkpoint.run_state import RunState
+from vapo_megatron.checkpoint.trunk_copy import copy_trunk_across
 from vapo_megatron.config import Config, resume, run_record
 from vapo_megatron.config.determinism import determinism_env
 from vapo_megatron.config.estimators import estimator_of
+from vapo_megatron.config.layout import critic_parallel
 from vapo_megatron.data.datasets import Datasets, repeat_warnings, stop_token_ids
 from vapo_megatron.data.prompts import PromptSampler
 from vapo_megatron.data.routes import replays
@@ -77,8 +79,10 @@ class Trainer:
         self.deadline = Deadline.from_setting(cfg.trainer.deadline, cfg.trainer.deadline_margin_s)
         self.clock = StepClock()  # longest step and save so far, for the deadline
         determinism_env(cfg.trainer.deterministic)  # vapo-train set it before torch; here for direct callers
+        c = critic_parallel(cfg)  # the critic's own layout (critic.parallel), or the actor's
         parallel.init_distributed(cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, ep=cfg.parallel.ep,
-                                  seed=cfg.trainer.seed, wait_timeout_s=cfg.rollout.wait_timeout_s)
+                                  seed=cfg.trainer.seed, wait_timeout_s=cfg.rollout.wait_timeout_s,
+                                  critic=(c.tp, c.pp, c.vpp, c.ep))
         # Before anything is written into the run directory: one trainer per run (run_guard.py).
         self.lock = RunDirLock.acquire(cfg.trainer.run_dir, rank0=parallel.is_rank0(), share=parallel.share_from_rank0)
         torch.manual_seed(cfg.trainer.seed)
@@ -103,7 +107,8 @@ class Trainer:
         self.actor = Actor(build_model(cfg, critic=False), PolicyLossSettings(
             eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c, loss_agg=a.loss_agg,
             nll_coef=a.nll_coef, temperature=cfg.rollout.temperature, chunk_tokens=t.logprob_chunk_tokens), updates)
-        self.critic = build_critic(cfg, updates)  # an estimator without a critic: NoCritic, no value model at all
+        # an estimator without a critic: NoCritic, no value model at all
+        self.critic = build_critic(cfg, updates, copy_across=copy_trunk_across)
         self.estimate = estimator_of(cfg).function()  # step 5, the record's (config/estimators.py)
         self.models = {"actor": self.actor.model, **self.critic.models}  # what is checkpointed and offloaded
         # trainer.offload_during_rollout: the state's size is known now (mcore/offload.py).

@@ -44,8 +44,9 @@ def load_critic_start(cfg: Config, models: dict[str, TrainModel]) -> None:
     if "critic" not in models or not start.megatron:
         return
     model = models["critic"]
-    dist_io.load_model(start.path, model.modules)  # weights only: the run's optimizer starts fresh
-    model.optimizer.reload_model_params()
+    with model.layout:  # loaded at the critic's layout, its own (critic.parallel) or the actor's
+        dist_io.load_model(start.path, model.modules)  # weights only: the run's optimizer starts fresh
+        model.optimizer.reload_model_params()
 
 
 def _sft_batch(records, tokenizer, stop_id: int) -> RolloutBatch:

@@ -102,6 +102,18 @@ def test_two_vapo_steps_run_with_te_modules_and_sync_into_the_engine(te, kind):
         assert any("experts.linear_fc1._extra_state" in k for k in r["extra_state"]), r["extra_state"][:40]
 
 
+def test_the_critic_at_its_own_layout_trains_in_the_te_world(te):
+    """critic.parallel.tp=1 (DP=2) beside the actor at TP=2 with SP, both with TE's modules: the same
+    rollouts (the actor is the same), so each step's figures equal the run at one layout up to the
+    critic's float rounding at another TP (its sums run in another order)."""
+    one, own = ok(te["dense_train"]), ok(te["dense_critic_layout"])
+    assert len(own["vapo"]) == 2, own["tail"]
+    assert any("self_attention.linear_qkv._extra_state" in k for k in own["extra_state"])
+    for a, b in zip(one["vapo"], own["vapo"]):
+        for key in ("critic/value_loss", "actor/pg_loss", "actor/grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-6), (key, a, b)
+
+
 @pytest.mark.parametrize("kind", list(LAYOUTS))
 def test_a_resume_is_bitwise_the_uninterrupted_run_adam_moments_included(te, kind):
     r = ok(te[f"{kind}_resume"])

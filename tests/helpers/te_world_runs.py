@@ -220,6 +220,8 @@ def drive(work: str, local_ckpts: dict) -> dict:
     out: dict = {}
     stage(out, "dense_train", train, data / "model", data, w / "dense", DENSE)
     stage(out, "moe_train", train, moe, data, w / "moe", MOE)
+    # The critic at its own layout (TP=1, DP=2) beside the TE actor at TP=2 with SP: TE's modules at both.
+    stage(out, "dense_critic_layout", train, data / "model", data, w / "dense-critic", [*DENSE, "critic.parallel.tp=1"])
     stage(out, "dense_resume", resume, data / "model", data, w / "dense", w / "dense-resumed", DENSE)
     stage(out, "moe_resume", resume, moe, data, w / "moe", w / "moe-resumed", MOE)
     # The unfused reference: iteration 2 again from the fused run's iteration 1, without the fusion.

@@ -4,8 +4,9 @@ over two global mini-batches equals a single-process reference.
 
 The harness is the layout-invariance test's (its tiny Qwen2 pair, batch and transformers reference
 formulas), at two ranks where the two models' layouts differ: actor TP=2 / critic DP=2, actor DP=2 /
-critic TP=2, actor PP=2 / critic TP=2. The actor's DP shares are uneven in tokens, the token budget
-gives each rank several micro-batches, and the two mini-batches are not contiguous in the global
+critic TP=2, actor PP=2 / critic TP=2, actor TP=2 / critic PP=2, and a Qwen3-MoE critic at EP=2.
+The actor's DP shares are uneven in tokens, the token budget gives each rank several
+micro-batches, and the two mini-batches are not contiguous in the global
 batch (each actor DP rank's i-th part): a dealing that mixed them up, lost a row or normalized by
 the wrong count would move the weights. Reference: transformers' value model, the clipped value
 loss over each global mini-batch / its token count, two plain SGD steps.
@@ -73,7 +74,8 @@ def _mini_batches(actor_dp: int) -> list[list[int]]:
     return [[0, 1, 2, 3], [4, 5, 6, 7]] if actor_dp == 1 else [[0, 1, 4, 5], [2, 3, 6, 7]]
 
 
-def _parallel(critic_dir: str, actor: tuple[int, int], critic: tuple[int, int], old_values: torch.Tensor):
+def _parallel(critic_dir: str, actor: tuple[int, int], critic: tuple[int, int], old_values: torch.Tensor,
+              critic_ep: int = 1):
     from megatron.core import dist_checkpointing  # noqa: F401  (import order: megatron first)
 
     import model_providers
@@ -87,7 +89,7 @@ def _parallel(critic_dir: str, actor: tuple[int, int], critic: tuple[int, int], 
     from vapo_megatron.weights.hf_read import load_hf_weights
     from vapo_megatron.weights.params import iter_hf_tensors
 
-    parallel.init_distributed(*actor, seed=7, critic=(*critic, None, 1))
+    parallel.init_distributed(*actor, seed=7, critic=(*critic, None, critic_ep))
     assert parallel.own_layout("critic")
     share = _actor_share(parallel.dp_rank(), parallel.dp_size())
     b = _batch_with_targets(old_values).select(share)
@@ -120,20 +122,37 @@ def reference(tmp_path_factory):
     return critic_dir, {dp: _reference(critic_dir, dp) for dp in (1, 2)}
 
 
+@pytest.fixture(scope="module")
+def moe_reference(tmp_path_factory):
+    _, critic_dir = make_models(tmp_path_factory.mktemp("critic-layout-moe"), moe=True)
+    return critic_dir, {1: _reference(critic_dir, 1)}
+
+
 PAIRS = {  # (actor tp, pp), (critic tp, pp) on two ranks
     "actor_tp2-critic_dp2": ((2, 1), (1, 1)),
     "actor_dp2-critic_tp2": ((1, 1), (2, 1)),
     "actor_pp2-critic_tp2": ((1, 2), (2, 1)),
+    "actor_tp2-critic_pp2": ((2, 1), (1, 2)),
 }
 
 
 @pytest.mark.parametrize("pair", list(PAIRS))
 def test_critic_at_its_own_layout_matches_the_reference(reference, pair):
-    actor, critic = PAIRS[pair]
+    _check(reference, *PAIRS[pair])
+
+
+def test_a_moe_critic_at_its_own_expert_parallelism_matches_the_reference(moe_reference):
+    """A Qwen3-MoE critic at EP=2 (each rank holds two of its four experts; tokens cross ranks by
+    all-to-all in every forward) beside the actor at TP=2: the critic's DP ranks must run as many
+    micro-batches (update.micro_batch_plan agrees them over the critic's DP group)."""
+    _check(moe_reference, (2, 1), (1, 1), critic_ep=2)
+
+
+def _check(reference, actor, critic, critic_ep=1):
     actor_dp = 2 // (actor[0] * actor[1])
     critic_dir, refs = reference
     v0, old, norms, want = refs[actor_dp]
-    ranks = run_ranks(2, _parallel, critic_dir, actor, critic, old)
+    ranks = run_ranks(2, _parallel, critic_dir, actor, critic, old, critic_ep)
     assert {r["critic_dp"] for r in ranks} == {2 // (critic[0] * critic[1])}
     assert {r["actor_dp"] for r in ranks} == {actor_dp}
     for r in ranks:  # the mini-batches are the global ones the reference steps through

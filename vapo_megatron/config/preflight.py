@@ -26,7 +26,7 @@ from vapo_megatron.config.checks import config_problems
 from vapo_megatron.config.engines import ENGINES, engine_key, engine_tp, known_engine
 from vapo_megatron.config.engines import KEY as ENGINE_KEY
 from vapo_megatron.config.estimators import estimator_of, unknown_estimator
-from vapo_megatron.config.layout import CRITIC_KEYS, critic_parallel, layout_problems, own_critic_layout
+from vapo_megatron.config.layout import CRITIC_KEYS, layout_problems, own_critic_layout
 from vapo_megatron.config.schema import Config
 
 PROMPT_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -352,7 +352,9 @@ def launch_problems(cfg: Config, world_size: int, actor_hf: dict, critic_hf: dic
     p = cfg.parallel
     out = []
     layout = layout_problems(world_size, p.tp, p.pp, p.vpp, model=actor_hf, ep=p.ep)
-    if critic_hf is not actor_hf:  # a critic of its own: its heads and experts split too
+    # A critic of its own model at the actor's layout: its heads and experts split over it too (at
+    # a layout of its own, critic_layout_problems checks them against critic.parallel instead).
+    if critic_hf is not actor_hf and not own_critic_layout(cfg):
         critic = layout_problems(world_size, p.tp, p.pp, p.vpp, model=critic_hf, model_key="model.critic_hf_path",
                                  ep=p.ep)
         layout += [msg for msg in critic if msg not in layout]  # the world-size ones are said once

@@ -110,7 +110,7 @@ def plan(args: argparse.Namespace) -> int:
     """Check the configuration for the cluster (exit 2 naming every problem), then size it."""
     from model_providers import HFConfigError, check_supported
     from vapo_megatron.config.checks import config_problems
-    from vapo_megatron.config.preflight import launch_problems
+    from vapo_megatron.config.preflight import critic_layout_problems, launch_problems
     from vapo_megatron.sizing.search import setting_problems
 
     try:
@@ -137,6 +137,9 @@ def plan(args: argparse.Namespace) -> int:
             problems.append(str(e))
         if args.search:  # the layout is the search's: only what no layout can fix, and the search's options
             problems += setting_problems(cfg) + time_option_problems(args, cfg) + search_option_problems(args, cfg)
+            # critic.parallel as given: no actor layout changes whether it splits the critic and the batch
+            problems += critic_layout_problems(cfg, world, critic_hf, "model.hf_path" if critic_hf is actor_hf
+                                               else "model.critic_hf_path")
         else:
             problems += config_problems(cfg, check_paths=False)
             problems += time_option_problems(args, cfg)
@@ -205,9 +208,9 @@ def search_layouts(args: argparse.Namespace, cfg, actor_hf: dict, critic_hf: dic
         if not result.rows:  # the records hold no reason for that: it goes to stderr, stdout stays JSON
             print("\n".join(f"vapo-plan: {line}" for line in no_layout_lines(result)), file=sys.stderr)
         return code
-    options = [("--preset", args.preset), ("--gpu-memory-gib", args.gpu_memory_gib),
-               ("--reserve-gib", args.reserve_gib), ("--mean-response-tokens", args.mean_response_tokens),
-               ("--mean-prompt-tokens", args.mean_prompt_tokens),
+    options = [("--preset", args.preset), ("--critic-preset", args.critic_preset),
+               ("--gpu-memory-gib", args.gpu_memory_gib), ("--reserve-gib", args.reserve_gib),
+               ("--mean-response-tokens", args.mean_response_tokens), ("--mean-prompt-tokens", args.mean_prompt_tokens),
                ("--storage-gb-per-s", None if args.storage_gb_per_s == 1.0 else args.storage_gb_per_s),
                ("--eval-prompts", args.eval_prompts)]
     given = [x for option, v in options if v is not None

@@ -199,13 +199,17 @@ def evaluate(cfg: Config, actor_hf: dict, critic_hf: dict, *, world: int, a: Ass
     if problems:
         return Row(cfg, problems)
     p = cfg.parallel
-    key = (p.tp, p.pp, p.vpp, p.ep, cfg.model.dtype)
-    if key not in shards_cache:  # the critic's counts even without one: make_plan's with_critic (grpo) uses them
-        shards_cache[key] = layout_shards(actor_hf, critic_hf if estimator_of(cfg).needs_critic else actor_hf, tp=p.tp,
-                                          pp=p.pp, vpp=p.vpp, ep=p.ep, params_dtype=torch_dtype(cfg.model.dtype),
+    own = estimator_of(cfg).needs_critic and own_critic_layout(cfg)
+    # The critic's counts even without one (make_plan's with_critic, grpo, uses them), but not at the
+    # actor's layout when it has its own (which need not split it: the checks above did not ask).
+    key = (p.tp, p.pp, p.vpp, p.ep, cfg.model.dtype) + (("actor alone",) if own else ())
+    if key not in shards_cache:
+        trunk = None if own else critic_hf if estimator_of(cfg).needs_critic else actor_hf
+        shards_cache[key] = layout_shards(actor_hf, trunk, tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep,
+                                          params_dtype=torch_dtype(cfg.model.dtype),
                                           sequence_parallel=p.sequence_parallel)
     critic_shards = None
-    if estimator_of(cfg).needs_critic and own_critic_layout(cfg):  # the critic's counts at its own layout
+    if own:  # the critic's counts at its own layout
         c = cfg.critic.parallel
         ckey = ("critic", c.tp, c.pp, c.vpp, c.ep, cfg.model.dtype)
         if ckey not in shards_cache:

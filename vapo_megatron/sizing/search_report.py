@@ -191,7 +191,8 @@ def critic_lines(result: Search, *, top: int, rerun: str) -> list[str]:
     rank = result.rows.index(actor) + 1
     against = ("the critic's fastest layout here is the actor's" if best is follow else
                f"{best.estimate.step_s - follow.estimate.step_s:+,.1f} s against the critic at the actor's layout"
-               if follow.fits else "the critic at the actor's layout does not fit")
+               if follow.fits else "the critic at the actor's layout does not fit" if follow.plan is not None
+               else f"the critic at the actor's layout is refused: {follow.problems[0]}")
     lines.append(f"the fastest pair: actor {_layout(actor)} (rank {rank}) + critic {_critic_layout(best, world)}: "
                  f"{best.estimate.step_s:,.0f} s per step ({against})")
     lines.append("the critic's layouts beside that actor layout, fastest first (GiB per GPU at the worst rank: "

@@ -86,10 +86,9 @@ class CriticSearch:
 
 
 def search_critic(result, cfg: Config, actor_hf: dict, critic_hf: dict, *, world: int, a, shards_cache: dict,
-                  paired: int = PAIRED) -> CriticSearch:
-    """The second stage (module docstring) on a finished actor ranking `result` (search.Search)."""
-    from vapo_megatron.sizing.search import evaluate
-
+                  evaluate, paired: int = PAIRED) -> CriticSearch:
+    """The second stage (module docstring) on a finished actor ranking `result` (search.Search);
+    `evaluate`: search.evaluate, passed in (search.py imports this module, not the other way)."""
     layouts = [None, *critic_candidates(critic_hf, world=world, a=a)]
     out = CriticSearch(candidates=len(layouts))
     actors = list(result.rows[:paired])

@@ -254,7 +254,8 @@ def search(cfg: Config, actor_hf: dict, critic_hf: dict, *, world: int, a: Assum
     if estimator_of(cfg).needs_critic:
         from vapo_megatron.sizing.critic_search import search_critic
 
-        result.critic = search_critic(result, cfg, actor_hf, critic_hf, world=world, a=a, shards_cache=shards_cache)
+        result.critic = search_critic(result, cfg, actor_hf, critic_hf, world=world, a=a, shards_cache=shards_cache,
+                                      evaluate=evaluate)
     return result
 
 

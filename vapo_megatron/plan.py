@@ -16,7 +16,8 @@ it by one flat figure. Also printed: the size of one checkpoint and the disk the
 The model config comes from model.hf_path/config.json when that file exists; otherwise --preset
 NAME (model_providers/presets.py) must be given, and it is always said which one was used. The
 critic's is critic.warm_start's or model.critic_hf_path's config.json, or --critic-preset NAME (a
-critic of its own size, at the actor's layout), else the actor's.
+critic of its own size), else the actor's; it is sized and timed at critic.parallel when given (its
+own TP/PP/VPP/EP on the same GPUs: sizing/plan.py), else at the actor's layout.
 With algo.estimator=grpo (GRPO, DAPO) there is no critic: only the actor is sized and built, and the
 report compares the KV cache and state with the same config with a critic (sizing/plan.py).
 Mixture-of-experts models (Qwen3-MoE) are sized at parallel.ep: each rank holds E/EP of every MoE
@@ -27,9 +28,10 @@ stated efficiencies, with --mean-response-tokens, --mean-prompt-tokens, --storag
 --eval-prompts as the assumptions it cannot read from the config).
 With --search (and --gpu) it tries every layout instead of the config's: TP, PP, VPP, EP, the
 engine's TP, recompute, offload and micro-batch tokens, each through the same checks and memory
-check as one config, and ranks those that fit by modelled step time, the config's own among them
-(sizing/search.py; --top N, --json for a list of records; exit 0 when one fits, 1 when none does, 2 when the
-checks refuse every layout: the refusals counted by rule and the three closest, each with its problems).
+check as one config, and ranks those that fit by modelled step time, the config's own among them,
+then the critic's own layouts beside the fastest (sizing/search.py, critic_search.py; --top N, --json
+for a list of records; exit 0 when one fits, 1 when none does, 2 when the checks refuse every layout:
+the refusals counted by rule and the three closest, each with its problems).
 Exit status: 0 fits, 1 does not fit (each failing phase, rank and the amount over are printed),
 2 invalid configuration or layout (one message, never a traceback: config/cli.py). The figures are computed, not
 measured (docs/slurm.md).
@@ -78,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                          "otherwise model.hf_path/config.json is read")
     ap.add_argument("--critic-preset", default=None,
                     help="the critic's model config by name: a critic of its own size (what model.critic_hf_path or "
-                         "critic.warm_start gives the trainer; it shares the actor's layout); otherwise their "
-                         "config.json, else the actor's model")
+                         "critic.warm_start gives the trainer; at critic.parallel, else the actor's layout); otherwise "
+                         "their config.json, else the actor's model")
     timing = ap.add_argument_group("step time and cost (sizing/step_time.py; computed, nothing measured)")
     timing.add_argument("--gpu", default=None, help="the GPU whose rates time the step: h100, h200, a100, b200, gb200")
     timing.add_argument("--mean-response-tokens", type=float, default=None,
@@ -110,7 +112,7 @@ def plan(args: argparse.Namespace) -> int:
     """Check the configuration for the cluster (exit 2 naming every problem), then size it."""
     from model_providers import HFConfigError, check_supported
     from vapo_megatron.config.checks import config_problems
-    from vapo_megatron.config.preflight import launch_problems
+    from vapo_megatron.config.preflight import critic_layout_problems, launch_problems
     from vapo_megatron.sizing.search import setting_problems
 
     try:
@@ -137,6 +139,9 @@ def plan(args: argparse.Namespace) -> int:
             problems.append(str(e))
         if args.search:  # the layout is the search's: only what no layout can fix, and the search's options
             problems += setting_problems(cfg) + time_option_problems(args, cfg) + search_option_problems(args, cfg)
+            # critic.parallel as given: no actor layout changes whether it splits the critic and the batch
+            problems += critic_layout_problems(cfg, world, critic_hf, "model.hf_path" if critic_hf is actor_hf
+                                               else "model.critic_hf_path")
         else:
             problems += config_problems(cfg, check_paths=False)
             problems += time_option_problems(args, cfg)
@@ -205,9 +210,9 @@ def search_layouts(args: argparse.Namespace, cfg, actor_hf: dict, critic_hf: dic
         if not result.rows:  # the records hold no reason for that: it goes to stderr, stdout stays JSON
             print("\n".join(f"vapo-plan: {line}" for line in no_layout_lines(result)), file=sys.stderr)
         return code
-    options = [("--preset", args.preset), ("--gpu-memory-gib", args.gpu_memory_gib),
-               ("--reserve-gib", args.reserve_gib), ("--mean-response-tokens", args.mean_response_tokens),
-               ("--mean-prompt-tokens", args.mean_prompt_tokens),
+    options = [("--preset", args.preset), ("--critic-preset", args.critic_preset),
+               ("--gpu-memory-gib", args.gpu_memory_gib), ("--reserve-gib", args.reserve_gib),
+               ("--mean-response-tokens", args.mean_response_tokens), ("--mean-prompt-tokens", args.mean_prompt_tokens),
                ("--storage-gb-per-s", None if args.storage_gb_per_s == 1.0 else args.storage_gb_per_s),
                ("--eval-prompts", args.eval_prompts)]
     given = [x for option, v in options if v is not None

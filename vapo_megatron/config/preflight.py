@@ -318,7 +318,7 @@ def launch_problems(cfg: Config, world_size: int, actor_hf: dict, critic_hf: dic
     p = cfg.parallel
     out = []
     layout = layout_problems(world_size, p.tp, p.pp, p.vpp, model=actor_hf, ep=p.ep)
-    if critic_hf is not actor_hf:  # a critic of its own: its heads and experts split too
+    if critic_hf is not actor_hf and not own_critic_layout(cfg):  # its own model at the actor's layout: split too
         critic = layout_problems(world_size, p.tp, p.pp, p.vpp, model=critic_hf, model_key="model.critic_hf_path",
                                  ep=p.ep)
         layout += [msg for msg in critic if msg not in layout]  # the world-size ones are said once

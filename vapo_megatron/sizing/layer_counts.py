@@ -223,5 +223,15 @@ def layout_shards(actor_hf: dict, critic_hf: dict | None, *, tp: int, pp: int, v
             for r, (a, c) in enumerate(zip(actor, critic))]
 
 
-__all__ = ["ModelPieces", "Piece", "inflight_microbatches", "layer_kinds", "layout_shards", "model_pieces",
-           "stage_pieces"]
+def critic_layout_shards(critic_hf: dict, *, tp: int, pp: int, vpp: int | None, ep: int, params_dtype: torch.dtype,
+                         sequence_parallel: bool) -> list[ShardSize]:
+    """shards.critic_shard_sizes' counts for a critic of its own layout, one position per stage (the
+    actor's counts 0): what vapo-plan --search puts beside an actor layout's shards."""
+    kw = dict(tp=tp, ep=ep, params_dtype=params_dtype, sequence_parallel=sequence_parallel and tp > 1)
+    critic = stage_pieces(model_pieces(critic_hf, critic=True, **kw), pp=pp, vpp=vpp)
+    return [ShardSize(0, r, 0, c.params, 0, c.unique_first + (tp - 1) * c.unique_other,
+                      inflight_microbatches(pp, vpp, r), 0, c.expert) for r, c in enumerate(critic)]
+
+
+__all__ = ["ModelPieces", "Piece", "critic_layout_shards", "inflight_microbatches", "layer_kinds", "layout_shards",
+           "model_pieces", "stage_pieces"]

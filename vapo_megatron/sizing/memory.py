@@ -81,12 +81,29 @@ def sglang_stash_bytes(hf_cfg: dict) -> int:
     return hf_cfg["max_position_embeddings"] * head_dim(hf_cfg) * 4
 
 
+def critic_group_count(actor: tuple[int, int, int, int], critic: tuple[int, int, int, int]) -> int:
+    """The NCCL communicators a critic at its own layout (critic.parallel) adds: its groups of more
+    than one rank, (tp, pp, dp, ep) each, that are not the actor's. In megatron's rank order a TP
+    group's ranks depend on TP alone, a PP group's on PP, a DP group's on TP and PP, the expert
+    groups' (EP, TP x EP, expert-DP) on TP and EP (and PP for expert-DP); a group of the same
+    ranks is assumed shared, every other one a communicator of its own."""
+    def groups(tp: int, pp: int, dp: int, ep: int) -> dict:
+        out = {("tp", tp): tp, ("pp", pp): pp, ("dp", tp, pp): dp}
+        if ep > 1:
+            out.update({("ep", tp, ep): ep, ("tp-ep", tp, ep): tp * ep if tp > 1 else 1,
+                        ("expert-dp", tp, pp, ep): dp // ep})
+        return out
+    theirs = groups(*actor)
+    return sum(size > 1 for key, size in groups(*critic).items() if key not in theirs)
+
+
 def reserve_parts(cfg: Config, *, world_size: int, dp: int, activations: int, phase: str,
-                  engine_stash: int = 0, replay_bytes: int = 0) -> dict[str, int]:
+                  engine_stash: int = 0, replay_bytes: int = 0, critic_groups: int = 0) -> dict[str, int]:
     """Bytes one GPU needs besides the counted tensors in `phase` ("training" or "rollout");
     `activations` is the training peak's (the model being trained); `engine_stash` the colocated
     engine's stashed buffers (sglang_stash_bytes), held while training; `replay_bytes` routing
-    replay's device item (route_parts), while training. With EP > 1 the MoE layers
+    replay's device item (route_parts), while training; `critic_groups` the communicators of a critic
+    at its own layout (critic_group_count). With EP > 1 the MoE layers
     add the EP group (the dispatcher's all-to-all), the TP x EP group (its token counts, TP > 1)
     and the expert-DP group (DDP's expert gradients, DP / EP > 1)."""
     tp, pp, ep, colocated = cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.ep, engine_of(cfg).colocated
@@ -97,6 +114,8 @@ def reserve_parts(cfg: Config, *, world_size: int, dp: int, activations: int, ph
     if colocated:
         parts["CUDA context, engine"] = CUDA_CONTEXT_BYTES
     parts[f"NCCL buffers ({groups} communicators)"] = groups * NCCL_COMMUNICATOR_BYTES
+    if critic_groups:  # critic.parallel: its own TP/PP/DP groups (critic_group_count)
+        parts[f"NCCL buffers, the critic's own groups ({critic_groups})"] = critic_groups * NCCL_COMMUNICATOR_BYTES
     if phase == "training":
         parts[f"allocator cache ({FRAGMENTATION_FRACTION:g} x activations)"] = int(FRAGMENTATION_FRACTION * activations)
         if colocated:
@@ -297,5 +316,6 @@ def route_parts(cfg: Config, hf_cfg: dict, *, dp: int, inflight_microbatches: in
 
 __all__ = ["GIB", "LOAD_GPU", "LOAD_HOST", "MOE_COMBINE", "MOE_DISPATCH", "MOE_EXPERT_MLP", "MOE_ITEMS", "MOE_ROUTER",
            "ROLLOUT_CACHE_ITEM", "ROUTES_DEVICE_ITEM", "SAVE_GPU", "SAVE_HOST", "SGLANG_RUNTIME_ITEM",
-           "activation_bytes", "activation_parts", "checkpoint_bytes", "checkpoint_parts", "layer_activation_bytes",
-           "logprob_buffer_bytes", "moe_architecture", "moe_layer_parts", "reserve_parts", "route_parts", "state_bytes"]
+           "activation_bytes", "activation_parts", "checkpoint_bytes", "checkpoint_parts", "critic_group_count",
+           "layer_activation_bytes", "logprob_buffer_bytes", "moe_architecture", "moe_layer_parts", "reserve_parts",
+           "route_parts", "state_bytes"]

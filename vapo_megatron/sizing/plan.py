@@ -19,6 +19,12 @@ The models are the actor and, with algo.estimator=gae, the critic: with grpo (GR
 no critic at all (Plan.models), so none of its state, activations or checkpoint bytes, and
 Plan.with_critic is the same config with a critic (its optimizer sharded like the actor's), sized
 at this plan's rollout peak, to compare.
+A critic at its own layout (critic.parallel) lives on the same GPUs: its shards are built at its
+own TP/PP/VPP/EP, its state sharded over its own DP, its activations those of its own stages, and
+each GPU holds the actor's shard of its actor position and the critic's of its critic position
+(shards.paired_positions): the two models' resident state adds, the training peak takes the larger
+model's activations (they train one after the other), and the critic's own process groups add
+their NCCL buffers to the reserve. critic.parallel null: the critic at the actor's layout, as before.
 All figures are computed from shapes and the estimates in memory.py, not measured.
 """
 
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from vapo_megatron.config import Config
 from vapo_megatron.config.engines import engine_key, engine_of, engine_settings, engine_tp
 from vapo_megatron.config.estimators import estimator_of
+from vapo_megatron.config.layout import critic_parallel, own_critic_layout
 from vapo_megatron.mcore.dtypes import torch_dtype
 from vapo_megatron.rollout.engines import record_of
 from vapo_megatron.sizing.memory import (
@@ -38,12 +45,13 @@ from vapo_megatron.sizing.memory import (
     activation_parts,
     checkpoint_bytes,
     checkpoint_parts,
+    critic_group_count,
     reserve_parts,
     route_parts,
     sglang_stash_bytes,
     state_bytes,
 )
-from vapo_megatron.sizing.shards import ShardSize, shard_sizes
+from vapo_megatron.sizing.shards import ShardSize, critic_shard_sizes, paired_positions, shard_sizes
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,14 @@ class RankMemory:
     # A checkpoint's save and load beyond the state (memory.checkpoint_parts), the larger model's:
     # the models are saved and loaded one after the other.
     checkpoint_io: dict = field(default_factory=dict)
+    # With critic.parallel: the critic's position on this GPU, at its own layout (None: the actor's).
+    critic_tp_rank: int | None = None
+    critic_pp_rank: int | None = None
+
+    def where(self) -> str:
+        """The GPU's position(s), as the report and the messages name it."""
+        own = "" if self.critic_pp_rank is None else f"; critic tp={self.critic_tp_rank} pp={self.critic_pp_rank}"
+        return f"tp={self.tp_rank} pp={self.pp_rank}{own}"
 
 
 @dataclass(frozen=True)
@@ -102,6 +118,14 @@ class Plan:
     # Routing replay (memory.route_parts) on the worst rank: its host items ({} when off; the
     # device item is in each rank's training reserve).
     routes_host: dict = field(default_factory=dict)
+    # critic.parallel: the critic's own (tp, pp, dp, vpp, ep) and its shards at that layout (`shards`
+    # then holds the actor's alone); None: the critic at the actor's layout, its counts in `shards`.
+    critic_layout: tuple[int, int, int, int | None, int] | None = None
+    critic_shards: list[ShardSize] | None = None
+
+    def model_shards(self, name: str) -> list[ShardSize]:
+        """The shards that hold model `name`'s counts ("actor" or "critic")."""
+        return self.critic_shards if name == "critic" and self.critic_shards is not None else self.shards
 
 
 def _padded_vocab(hf_cfg: dict, tp: int) -> int:
@@ -115,22 +139,41 @@ HOST_STATE = ("parameters", "optimizer state")  # per model: what the offload co
 
 
 def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, gpu_memory_gib: float,
-              reserve_gib: float | None = None, peak: int | None = None, shards: list[ShardSize] | None = None) -> Plan:
+              reserve_gib: float | None = None, peak: int | None = None, shards: list[ShardSize] | None = None,
+              critic_shards: list[ShardSize] | None = None) -> Plan:
     """Size `cfg` for `world_size` GPUs; `problems` lists what does not fit (empty: it fits).
     critic_hf is the critic's model, unused with algo.estimator=grpo (no critic). peak: the rollout
     peak of kv_compare (default: this plan's own, at most the GPU). shards: this layout's, with the
     critic's counts even under grpo (the actor's trunk as critic, for with_critic), when the caller
-    has them (vapo-plan --search: sizing/layer_counts.py); None: built here (shards.py)."""
+    has them (vapo-plan --search: sizing/layer_counts.py); None: built here (shards.py). With
+    critic.parallel the critic's counts come from critic_shards (its own layout's; None: built
+    here), never from `shards`."""
     given = shards
     tp, pp, vpp, ep = cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp, cfg.parallel.ep
     dp = world_size // (tp * pp)
     params_dtype = torch_dtype(cfg.model.dtype)
     dtype_bytes = params_dtype.itemsize
     has_critic = estimator_of(cfg).needs_critic
+    own = has_critic and own_critic_layout(cfg)
+    c = critic_parallel(cfg) if own else cfg.parallel
+    c_dp = world_size // (c.tp * c.pp)
     if shards is None:
-        shards = shard_sizes(actor_hf, critic_hf if has_critic else None, world_size=world_size, tp=tp, pp=pp, vpp=vpp,
-                             params_dtype=params_dtype, ep=ep,
+        shards = shard_sizes(actor_hf, critic_hf if has_critic and not own else None, world_size=world_size, tp=tp,
+                             pp=pp, vpp=vpp, params_dtype=params_dtype, ep=ep,
                              sequence_parallel=cfg.parallel.sequence_parallel and tp > 1)
+    if not own:
+        critic_shards = None
+    elif critic_shards is None:
+        critic_shards = critic_shard_sizes(critic_hf, world_size=world_size, tp=c.tp, pp=c.pp, vpp=c.vpp,
+                                           params_dtype=params_dtype, ep=c.ep,
+                                           sequence_parallel=c.sequence_parallel and c.tp > 1)
+    # Each GPU's (actor shard, critic shard); at one layout, the same position for both.
+    pairs = (paired_positions(world_size, (tp, pp), (c.tp, c.pp), shards, critic_shards) if own
+             else [(s, s) for s in shards])
+    sp = cfg.parallel.sequence_parallel and tp > 1  # off at tp=1 (config/schema.py)
+    layouts = {"actor": (tp, pp, vpp, ep, dp, sp),
+               "critic": (c.tp, c.pp, c.vpp, c.ep, c_dp, c.sequence_parallel and c.tp > 1)}
+    critic_groups = critic_group_count((tp, pp, dp, ep), (c.tp, c.pp, c_dp, c.ep)) if own else 0
     models = ((("actor", actor_hf, cfg.actor_optim),)
               + ((("critic", critic_hf, cfg.critic_optim),) if has_critic else ()))
     names = tuple(name for name, _, _ in models)
@@ -144,27 +187,28 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     sequence = cfg.data.max_prompt_tokens + r.max_new_tokens
     T = cfg.trainer.micro_batch_tokens
     recompute = cfg.model.recompute_activations
-    sp = cfg.parallel.sequence_parallel and tp > 1  # off at tp=1 (config/schema.py)
     offload = cfg.trainer.offload_during_rollout
 
     ranks, routes_host = [], {}
-    for s in shards:
+    for a_shard, c_shard in pairs:
         parts: dict[str, int] = {}
         io: dict[str, int] = {}
         for name, hf_cfg, optim in models:
+            s = a_shard if name == "actor" else c_shard
+            m_tp, m_pp, m_vpp, m_ep, m_dp, m_sp = layouts[name]  # this model's layout
             n, n_expert = getattr(s, f"{name}_params"), getattr(s, f"{name}_expert")
-            p, g, o = state_bytes(n, dtype_bytes=dtype_bytes, dp=dp, distributed_optimizer=optim.distributed_optimizer,
-                                  expert_params=n_expert, ep=ep)
-            own = checkpoint_parts(params=n, expert_params=n_expert, written_params=getattr(s, f"{name}_unique")
-                                   - n_expert * (ep - 1), largest=getattr(s, f"{name}_largest"),
-                                   merged=getattr(s, f"{name}_merged"), dtype_bytes=dtype_bytes, dp=dp, ep=ep,
-                                   distributed_optimizer=optim.distributed_optimizer)
-            io = {k: max(v, io.get(k, 0)) for k, v in own.items()}
-            last = s.pp_rank == pp - 1
-            vocab = 0 if name == "critic" or not last else _padded_vocab(hf_cfg, tp)
-            items = {rc: activation_parts(hf_cfg, tokens=T, tp=tp, pp=pp, vpp=vpp,
+            p, g, o = state_bytes(n, dtype_bytes=dtype_bytes, dp=m_dp,
+                                  distributed_optimizer=optim.distributed_optimizer, expert_params=n_expert, ep=m_ep)
+            mine = checkpoint_parts(params=n, expert_params=n_expert, written_params=getattr(s, f"{name}_unique")
+                                    - n_expert * (m_ep - 1), largest=getattr(s, f"{name}_largest"),
+                                    merged=getattr(s, f"{name}_merged"), dtype_bytes=dtype_bytes, dp=m_dp, ep=m_ep,
+                                    distributed_optimizer=optim.distributed_optimizer)
+            io = {k: max(v, io.get(k, 0)) for k, v in mine.items()}
+            last = s.pp_rank == m_pp - 1
+            vocab = 0 if name == "critic" or not last else _padded_vocab(hf_cfg, m_tp)
+            items = {rc: activation_parts(hf_cfg, tokens=T, tp=m_tp, pp=m_pp, vpp=m_vpp,
                                           inflight_microbatches=s.inflight_microbatches, dtype_bytes=dtype_bytes,
-                                          recompute=rc, logits_vocab=vocab, sequence_parallel=sp,
+                                          recompute=rc, logits_vocab=vocab, sequence_parallel=m_sp,
                                           chunk_tokens=cfg.trainer.logprob_chunk_tokens) for rc in (True, False)}
             act = {rc: sum(items[rc].values()) for rc in (True, False)}
             parts.update({f"{name} count": n, f"{name} expert count": n_expert, f"{name} parameters": p,
@@ -176,21 +220,24 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
         state_names = [f"{m} {k}" for m in names for k in STATE]
         resident = sum(parts[k] for k in state_names)
         act = max(parts[f"{m} activations"] for m in names)
-        routes = route_parts(cfg, actor_hf, dp=dp, inflight_microbatches=s.inflight_microbatches)
+        routes = route_parts(cfg, actor_hf, dp=dp, inflight_microbatches=a_shard.inflight_microbatches)
         routes_host = max(routes_host, {k: v for k, v in routes.items() if k != ROUTES_DEVICE_ITEM},
                           key=lambda d: sum(d.values()))
         reserve = {ph: {"--reserve-gib": flat} if flat is not None else
                    reserve_parts(cfg, world_size=world_size, dp=dp, activations=act, phase=ph,
                                  engine_stash=sglang_stash_bytes(actor_hf),
-                                 replay_bytes=routes.get(ROUTES_DEVICE_ITEM, 0))
+                                 replay_bytes=routes.get(ROUTES_DEVICE_ITEM, 0), critic_groups=critic_groups)
                    for ph in ("training", "rollout")}
         state = {k.replace("gradients", "gradient buffers (fp32 main_grad)"): parts[k] for k in state_names}
         kv_resume = {} if offload else dict(state)
         kv_resume.update({k: v for k, v in reserve["rollout"].items() if k != SGLANG_RUNTIME_ITEM})
         runtime = reserve["rollout"].get(SGLANG_RUNTIME_ITEM, 0)
-        ranks.append(RankMemory(s.tp_rank, s.pp_rank, parts, resident + act + sum(reserve["training"].values()),
+        ranks.append(RankMemory(a_shard.tp_rank, a_shard.pp_rank, parts,
+                                resident + act + sum(reserve["training"].values()),
                                 sum(kv_resume.values()) + engine_share + runtime, reserve, kv_resume,
-                                offloaded=state if offload else {}, checkpoint_io=io))
+                                offloaded=state if offload else {}, checkpoint_io=io,
+                                critic_tp_rank=c_shard.tp_rank if own else None,
+                                critic_pp_rank=c_shard.pp_rank if own else None))
 
     problems = []
     for phase in ("training", "rollout"):
@@ -211,7 +258,8 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
             problems.append(f"rollout: the {engine.label} KV cache holds {kv_tokens} tokens per engine, less than one "
                             f"full sequence of data.max_prompt_tokens + rollout.max_new_tokens = {sequence}; raise "
                             f"{share_key} or {tp_key}")
-    ckpt = checkpoint_bytes(sum(getattr(s, f"{m}_unique") for s in shards for m in names), dtype_bytes=dtype_bytes)
+    held = {"actor": shards, "critic": critic_shards if own else shards}  # the shards with each model's counts
+    ckpt = checkpoint_bytes(sum(getattr(s, f"{m}_unique") for m in names for s in held[m]), dtype_bytes=dtype_bytes)
     # The weight sync's bound (rollout/weight_sync.py, SyncStats.bound): the bucket, and the largest
     # full tensor gathered from its TP shards, the embedding or output layer [padded vocab, h].
     largest = _padded_vocab(actor_hf, tp) * actor_hf["hidden_size"] * dtype_bytes
@@ -230,12 +278,14 @@ def make_plan(cfg: Config, actor_hf: dict, critic_hf: dict, *, world_size: int, 
     with_critic = None
     if not has_critic:  # the same config with a critic (optimizer sharded as the actor's), at this plan's rollout peak
         gae = replace(cfg, algo=replace(cfg.algo, estimator="gae"), critic_optim=replace(
-            cfg.critic_optim, distributed_optimizer=cfg.actor_optim.distributed_optimizer))
+            cfg.critic_optim, distributed_optimizer=cfg.actor_optim.distributed_optimizer),
+            critic=replace(cfg.critic, parallel=None))  # the actor's trunk at the actor's layout
         with_critic = make_plan(gae, actor_hf, actor_hf, world_size=world_size, gpu_memory_gib=gpu_memory_gib,
                                 reserve_gib=reserve_gib, peak=compare.get("peak"), shards=given)
     return Plan(world_size, gpu, flat, (tp, pp, dp, vpp), shards, ranks, engine_weights, engine_share,
                 kv_cache, kv_tokens, sequence, ckpt, freed, problems, offload, compare, max(state), host, ep, names,
-                with_critic, routes_host)
+                with_critic, routes_host, critic_layout=(c.tp, c.pp, c_dp, c.vpp, c.ep) if own else None,
+                critic_shards=critic_shards)
 
 
 def _kv_compare(ranks: list[RankMemory], state: list[int], *, offload: bool, engine_share: int, engine_weights: int,
@@ -270,7 +320,7 @@ def _overflow_message(phase: str, m: RankMemory, need: int, gpu: int, reserve: i
     hint = ""
     if phase == "training" and not recompute:
         hint = "; model.recompute_activations=true would cut activations"
-    return (f"{phase} does not fit on rank tp={m.tp_rank} pp={m.pp_rank}: needs {need / GIB:.1f} GiB of "
+    return (f"{phase} does not fit on rank {m.where()}: needs {need / GIB:.1f} GiB of "
             f"{gpu / GIB:.1f} GiB ({(need - gpu) / GIB:.1f} GiB over); largest parts: "
             + ", ".join(f"{k} {v / GIB:.1f} GiB" for k, v in top) + hint)
 

@@ -21,7 +21,7 @@ def _kv_resume_lines(plan: Plan, cfg: Config) -> list[str]:
     the KV cache, then what the engine adds; and the transients freed before, not counted."""
     m = max(plan.ranks, key=lambda x: x.rollout)
     runtime = m.rollout - sum(m.kv_resume.values()) - plan.engine_share
-    lines = [f"{'rollout per GPU, GiB, worst rank (tp=' + str(m.tp_rank) + ' pp=' + str(m.pp_rank) + ')':<52}"
+    lines = [f"{'rollout per GPU, GiB, worst rank (' + m.where() + ')':<52}"
              f"{'GiB':>8}",
              "  computed from shapes and the reserve estimates above, not measured on a GPU",
              "  left when the owner resumes the KV cache (every rank of its engine has emptied PyTorch's cache):"]
@@ -118,6 +118,23 @@ def _no_critic_lines(plan: Plan, cfg: Config) -> list[str]:
     return lines
 
 
+def _critic_layout_lines(plan: Plan, cfg: Config) -> list[str]:
+    """How the shards were built, and with critic.parallel the critic's own layout on the same GPUs."""
+    models = plan.models
+    if plan.critic_layout is None:
+        return [f"shards built on the meta device: {len(plan.shards)} distinct (tp_rank, pp_rank) positions x "
+                f"{len(models)} model{'s' * (len(models) > 1)} ({' and '.join(models)});"]
+    tp, pp, dp, vpp, ep = plan.critic_layout
+    c = cfg.critic.parallel
+    ep_text = f" EP={ep}" if ep > 1 else ""
+    return [f"critic layout (critic.parallel): TP={tp} PP={pp} VPP={vpp or '-'} DP={dp}{ep_text}; sequence parallel: "
+            f"{_yes(c.sequence_parallel and tp > 1)}; on the same GPUs as the actor, each step's rows dealt over its "
+            f"{dp} DP ranks",
+            f"shards built on the meta device: {len(plan.shards)} actor and {len(plan.critic_shards)} critic "
+            f"(tp_rank, pp_rank) positions, each at its own layout; {len(plan.ranks)} distinct pairs on the GPUs "
+            "(per GPU: both models' state, the larger one's activations);"]
+
+
 def ep_group_nodes(*, tp: int, pp: int, dp: int, ep: int, gpus_per_node: int) -> int:
     """The most nodes one expert-parallel group spans. Megatron orders ranks tp-cp-ep-dp-pp (TP
     fastest): an EP group is the ranks r + tp*k, k < ep, of one TP rank r, expert-DP rank and
@@ -131,7 +148,7 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
     r = cfg.rollout
     models, critic = plan.models, "critic" in plan.models
     optim = {"actor": cfg.actor_optim, "critic": cfg.critic_optim}
-    moe = any(s.actor_expert or s.critic_expert for s in plan.shards)
+    moe = any(s.actor_expert for s in plan.shards) or any(s.critic_expert for s in plan.model_shards("critic"))
     span = ep_group_nodes(tp=tp, pp=pp, dp=dp, ep=plan.ep, gpus_per_node=gpus_per_node)
     where = "each EP group within one node" if span == 1 else \
         f"an EP group spans {span} nodes: every MoE all-to-all crosses the network"
@@ -147,15 +164,14 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
         f"sequence parallel: {_yes(cfg.parallel.sequence_parallel and tp > 1)}; "
         f"micro_batch_tokens={cfg.trainer.micro_batch_tokens}, "
         f"logprob_chunk_tokens={cfg.trainer.logprob_chunk_tokens} (actor activations include its float32 buffer)",
-        f"shards built on the meta device: {len(plan.shards)} distinct (tp_rank, pp_rank) positions x "
-        f"{len(models)} model{'s' * (len(models) > 1)} ({' and '.join(models)});",
+        *_critic_layout_lines(plan, cfg),
         f"model parameters ({counted}): "
-        + ", ".join(f"{m} {sum(getattr(s, f'{m}_unique') for s in plan.shards):,}" for m in models)
+        + ", ".join(f"{m} {sum(getattr(s, f'{m}_unique') for s in plan.model_shards(m)):,}" for m in models)
         + ("" if critic else f", critic {NO_CRITIC}") + " (megatron's padded vocabulary)",
         "",
     ]
     worst = max(plan.ranks, key=lambda m: max(m.training, m.rollout))
-    lines.append(f"{'per GPU, GiB, worst rank (tp=' + str(worst.tp_rank) + ' pp=' + str(worst.pp_rank) + ')':<52}"
+    lines.append(f"{'per GPU, GiB, worst rank (' + worst.where() + ')':<52}"
                  + "   ".join(f"{m:>7}" for m in models))
 
     def cells(key: str, fmt=_g) -> str:
@@ -167,6 +183,11 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
     sharded = ""
     if cfg.actor_optim.distributed_optimizer:
         sharded = f", / DP={dp}" + (f", experts / {dp // plan.ep}" if moe else "")
+    if plan.critic_layout is not None:  # the critic's DP is its own
+        c_dp, c_ep = plan.critic_layout[2], plan.critic_layout[4]
+        sharded = (f", / DP={dp} actor" if cfg.actor_optim.distributed_optimizer else ", actor unsharded") + (
+            f", {c_dp} critic" + (f", its experts / {c_dp // c_ep}" if c_ep > 1 else "")
+            if cfg.critic_optim.distributed_optimizer else ", critic unsharded")
     rows = [("parameters", "parameters"), ("gradients (fp32 main_grad)", "gradients"),
             (f"optimizer state (Adam{sharded})", "optimizer state"),
             ("activations, full recompute", "activations, recompute"),
@@ -241,7 +262,7 @@ def format_plan(plan: Plan, cfg: Config, *, model_source: str, nodes: int, gpus_
     else:
         tr = max(plan.ranks, key=lambda m: m.training)
         ro = max(plan.ranks, key=lambda m: m.rollout)
-        lines.append(f"fits: training peak {tr.training / GIB:.1f} GiB (tp={tr.tp_rank} pp={tr.pp_rank}), "
+        lines.append(f"fits: training peak {tr.training / GIB:.1f} GiB ({tr.where()}), "
                      f"rollout peak {ro.rollout / GIB:.1f} GiB, of {plan.gpu_bytes / GIB:.1f} GiB per GPU")
     return "\n".join(lines)
 
@@ -276,6 +297,14 @@ def format_step_time(est, cfg: Config, *, critic_delta_s: float | None = None) -
     lines.append(f"  {'step':<22}{est.step_s:9.1f}{1:8.0%}  = {_duration(est.step_s)}")
     lines.append(f"tokens/s/GPU: {est.tokens_per_s_per_gpu:,.0f} (prompt + response tokens of a step / (step time x "
                  f"{s.world} GPUs), NeMo-RL's definition)")
+    if s.critic_layout is not None:
+        from vapo_megatron.sizing.step_time import critic_layout_text, mfu
+
+        lines.append(f"  the critic at its own layout {critic_layout_text(s)} (critic.parallel): its values "
+                     f"{est.critic_forward_s:,.1f} s of the score phase, its update "
+                     f"{est.phases['critic_update'].seconds:,.1f} s; modelled from its FLOPs at MFU "
+                     f"{mfu(s.critic):.2f} whatever its TP (a small model's lower efficiency at a high TP is not "
+                     "priced), with its own pipeline bubble, micro-batches per DP rank and gradient sync")
     if r.dynamic_sampling:
         lines.append("  rollout.dynamic_sampling: each extra generation round adds a rollout phase (one round assumed)")
     other = est.rollout_sync_s if s.partial else est.rollout_partial_s

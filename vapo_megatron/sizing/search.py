@@ -1,9 +1,9 @@
 """vapo-plan --search: the layouts the trainer accepts on a cluster, those that fit, ranked by modelled step time.
 
-One layout serves actor and critic: the trainer builds both models on the same ranks with the same
-parallel settings (config/schema.py ParallelConfig, mcore/parallel.py); only their optimizers
-differ (actor_optim, critic_optim), and those stay as configured. A candidate is the config with
-these settings replaced:
+The ranking is of the actor's layout; the critic, on the same GPUs, at the config's critic layout:
+the actor's (critic.parallel null) or critic.parallel's; the optimizers (actor_optim, critic_optim)
+stay as configured. Then the critic's own layouts are tried beside the fastest actor layouts
+(sizing/critic_search.py; Search.critic). A candidate is the config with these settings replaced:
 
   parallel.tp                      each divisor of the world whose TP group stays in one NVLink
                                    domain (hardware.on_nvlink: a node; the model's MFUs come from
@@ -159,6 +159,7 @@ class Search:
     closest: list[Row] = field(default_factory=list)  # of those that do not fit, the 3 with the lowest peak
     moe: bool = False  # EP was searched (a mixture-of-experts model)
     refusals: list[Row] = field(default_factory=list)  # the candidates the checks refused, in the order tried
+    critic: object | None = None  # critic_search.CriticSearch: the critic's own layouts (None: no critic)
 
     @property
     def nothing_accepted(self) -> bool:
@@ -185,9 +186,10 @@ def setting_problems(cfg: Config) -> list[str]:
 def evaluate(cfg: Config, actor_hf: dict, critic_hf: dict, *, world: int, a: Assumptions, shards_cache: dict) -> Row:
     """One candidate through vapo-plan's checks, its memory check and (when it fits) its step time."""
     from vapo_megatron.config.checks import config_problems
+    from vapo_megatron.config.layout import own_critic_layout
     from vapo_megatron.config.preflight import launch_problems
     from vapo_megatron.mcore.dtypes import torch_dtype
-    from vapo_megatron.sizing.layer_counts import layout_shards
+    from vapo_megatron.sizing.layer_counts import critic_layout_shards, layout_shards
     from vapo_megatron.sizing.plan import make_plan
     from vapo_megatron.sizing.step_config import plan_setup
     from vapo_megatron.sizing.step_time import estimate
@@ -197,13 +199,26 @@ def evaluate(cfg: Config, actor_hf: dict, critic_hf: dict, *, world: int, a: Ass
     if problems:
         return Row(cfg, problems)
     p = cfg.parallel
-    key = (p.tp, p.pp, p.vpp, p.ep, cfg.model.dtype)
-    if key not in shards_cache:  # the critic's counts even without one: make_plan's with_critic (grpo) uses them
-        shards_cache[key] = layout_shards(actor_hf, critic_hf if estimator_of(cfg).needs_critic else actor_hf, tp=p.tp,
-                                          pp=p.pp, vpp=p.vpp, ep=p.ep, params_dtype=torch_dtype(cfg.model.dtype),
+    own = estimator_of(cfg).needs_critic and own_critic_layout(cfg)
+    # The critic's counts even without one (make_plan's with_critic, grpo, uses them), but not at the
+    # actor's layout when it has its own (which need not split it: the checks above did not ask).
+    key = (p.tp, p.pp, p.vpp, p.ep, cfg.model.dtype) + (("actor alone",) if own else ())
+    if key not in shards_cache:
+        trunk = None if own else critic_hf if estimator_of(cfg).needs_critic else actor_hf
+        shards_cache[key] = layout_shards(actor_hf, trunk, tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep,
+                                          params_dtype=torch_dtype(cfg.model.dtype),
                                           sequence_parallel=p.sequence_parallel)
+    critic_shards = None
+    if own:  # the critic's counts at its own layout
+        c = cfg.critic.parallel
+        ckey = ("critic", c.tp, c.pp, c.vpp, c.ep, cfg.model.dtype)
+        if ckey not in shards_cache:
+            shards_cache[ckey] = critic_layout_shards(critic_hf, tp=c.tp, pp=c.pp, vpp=c.vpp, ep=c.ep,
+                                                      params_dtype=torch_dtype(cfg.model.dtype),
+                                                      sequence_parallel=c.sequence_parallel)
+        critic_shards = shards_cache[ckey]
     plan = make_plan(cfg, actor_hf, critic_hf, world_size=world, gpu_memory_gib=a.gpu_memory_gib,
-                     reserve_gib=a.reserve_gib, shards=shards_cache[key])
+                     reserve_gib=a.reserve_gib, shards=shards_cache[key], critic_shards=critic_shards)
     if plan.problems:
         return Row(cfg, list(plan.problems), plan)
     setup = plan_setup(cfg, plan, actor_hf, critic_hf, gpus_per_node=a.gpus_per_node, gpu=a.gpu,
@@ -236,6 +251,11 @@ def search(cfg: Config, actor_hf: dict, critic_hf: dict, *, world: int, a: Assum
     if own.fits and own not in result.rows:  # a layout outside the candidates (TP across nodes, ...)
         result.rows.append(own)
     result.rows.sort(key=lambda r: (r.estimate.step_s, max(r.training_peak, r.rollout_peak), not r.own))
+    if estimator_of(cfg).needs_critic:
+        from vapo_megatron.sizing.critic_search import search_critic
+
+        result.critic = search_critic(result, cfg, actor_hf, critic_hf, world=world, a=a, shards_cache=shards_cache,
+                                      evaluate=evaluate)
     return result
 
 
@@ -308,13 +328,22 @@ def gib(n: int) -> float:
     return n / float(1 << 30)
 
 
-def record(row: Row, rank: int | None, reference: Row | None) -> dict:
+def record(row: Row, rank: int | None, reference: Row | None, result: Search | None = None) -> dict:
     """One layout as --json prints it (GiB and seconds; the phases in the trainer's order). dp is
-    None where the layout is refused; vs_config_s: seconds against `reference` (the config's own)."""
+    None where the layout is refused; vs_config_s: seconds against `reference` (the config's own).
+    With `result`: the row's critic layout ("critic", None at the actor's) and, for an actor layout
+    the critic's layouts were tried beside, those ("critic_layouts", fastest first)."""
+    from vapo_megatron.sizing.critic_search import critic_record, pair_record
+
     keys = dict(zip(("tp", "pp", "vpp", "ep", "sequence_parallel", "engine_tp", "recompute", "offload",
                      "micro_batch_tokens"), settings(row.cfg)))
     out = {"rank": rank, "config": row.own, **keys, "dp": row.plan.layout[2] if row.plan is not None else None,
            "overrides": list(overrides(row.cfg)), "fits": row.fits}
+    if result is not None and result.critic is not None:
+        out["critic"] = critic_record(row, result.world)
+        paired = result.critic.rows_for(row)
+        if paired is not None:
+            out["critic_layouts"] = [pair_record(r, result.world) for r in paired]
     if row.plan is not None:
         out.update(training_peak_gib=round(gib(row.training_peak), 3), rollout_peak_gib=round(gib(row.rollout_peak), 3),
                    peak_gib=round(gib(max(row.training_peak, row.rollout_peak)), 3),
@@ -336,9 +365,9 @@ def records(result: Search, top: int) -> list[dict]:
     """The --json list: the top layouts by step time, then the config's own when it is not among them."""
     shown = result.rows[:top]
     ref = result.own if result.own.fits else None
-    out = [record(r, i + 1, ref) for i, r in enumerate(shown)]
+    out = [record(r, i + 1, ref, result) for i, r in enumerate(shown)]
     if result.own not in shown:
-        out.append(record(result.own, result.own_rank, ref))
+        out.append(record(result.own, result.own_rank, ref, result))
     return out
 
 

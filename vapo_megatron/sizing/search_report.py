@@ -85,8 +85,7 @@ def format_search(result: Search, cfg: Config, *, top: int, model_source: str, n
         f"vapo-plan --search: {nodes} node(s) x {a.gpus_per_node} GPUs = {world} GPUs of {a.gpu_memory_gib:.1f} GiB; "
         f"step time on {a.gpu.name} (--gpu)",
         f"model: {model_source}",
-        "one layout for actor and critic: the trainer builds both on the same ranks with the same parallel.* settings "
-        "(their optimizers stay as configured)" if estimator_of(cfg).needs_critic else
+        _critic_note(cfg) if estimator_of(cfg).needs_critic else
         f"one layout for the actor (algo.estimator={cfg.algo.estimator}: no critic)",
         "searched: TP within one NVLink domain, PP, VPP, " + ("EP with its groups in one node, " if result.moe else "")
         + f"the engine's TP ({engine_key(cfg, 'tp')}, dividing TP), full recompute off and on, "
@@ -126,9 +125,102 @@ def format_search(result: Search, cfg: Config, *, top: int, model_source: str, n
             lines.append("the config's layout is the fastest the model finds")
         lines.append(f"the fastest as vapo-plan sees one config, its memory and step time in full: {rerun} "
                      + " ".join(overrides(best.cfg)))
+    if result.critic is not None and result.rows:
+        lines += critic_lines(result, top=top, rerun=rerun)
     if not result.rows:
         lines += no_layout_lines(result)
     return "\n".join(lines)
+
+
+def _critic_note(cfg: Config) -> str:
+    """Where the table's critic is: at each actor layout (critic.parallel null) or at critic.parallel's."""
+    from vapo_megatron.config.layout import own_critic_layout
+
+    if not own_critic_layout(cfg):
+        return ("one layout for actor and critic: the trainer builds both on the same ranks with the same parallel.* "
+                "settings (their optimizers stay as configured); the critic's own layouts (critic.parallel) are "
+                "searched after the table")
+    c = cfg.critic.parallel
+    return (f"the actor's layouts, the critic at its configured critic.parallel (TP={c.tp} PP={c.pp} "
+            f"VPP={c.vpp or '-'} EP={c.ep}) on the same GPUs (their optimizers stay as configured); the critic's other "
+            "layouts are searched after the table")
+
+
+def _critic_layout(row: Row, world: int) -> str:
+    c = row.cfg.critic.parallel
+    if c is None or c == row.cfg.parallel:
+        p = row.cfg.parallel
+        return f"the actor's (TP={p.tp} PP={p.pp} VPP={p.vpp or '-'} DP={world // (p.tp * p.pp)})"
+    return f"TP={c.tp} PP={c.pp}" + (f" EP={c.ep}" if c.ep > 1 else "") + f" DP={world // (c.tp * c.pp)}"
+
+
+def _follows(row: Row) -> bool:
+    """Whether the row's critic is at the actor's layout."""
+    return row.cfg.critic.parallel is None or row.cfg.critic.parallel == row.cfg.parallel
+
+
+def _critic_seconds(row: Row | None) -> str:
+    if row is None or not row.fits:
+        return "does not fit"
+    e = row.estimate
+    return (f"values {e.critic_forward_s:,.1f} s, update {e.phases['critic_update'].seconds:,.1f} s, "
+            f"step {e.step_s:,.0f} s")
+
+
+def critic_lines(result: Search, *, top: int, rerun: str) -> list[str]:
+    """The critic's own layouts (critic_search.py): the fastest pair, the critic's layouts beside its
+    actor layout with their cost per phase, and its fastest beside the config's own actor layout."""
+    from vapo_megatron.sizing.critic_search import critic_overrides, critic_state
+
+    cs, world = result.critic, result.world
+    lines = ["",
+             f"the critic's own layout (critic.parallel: TP within one NVLink domain, PP, EP for a MoE critic, no VPP; "
+             f"sequence parallelism on wherever TP > 1; or null, the actor's): {cs.candidates} per actor layout, tried "
+             f"beside the {cs.paired} fastest actor layouts" + (" and the config's" if cs.with_own else "")
+             + f": {cs.tried:,} pairs, {cs.refused:,} refused by the checks, {cs.too_big:,} do not fit, "
+             f"{cs.tried - cs.refused - cs.too_big:,} fit",
+             "  the critic's seconds are modelled from its FLOPs at the assumed MFU whatever its TP (a small model's "
+             "lower efficiency at a high TP and TP traffic are not priced): its layout moves them through its "
+             "pipeline bubble, its micro-batches per DP rank and its gradient sync; memory is computed from shapes; "
+             "nothing measured"]
+    best = cs.best
+    if best is None:
+        return lines + ["  no critic layout fits beside these actor layouts"]
+    actor = next(a for a, rows in cs.pairs if best in rows)
+    follow = next(r for r in cs.rows_for(actor) if _follows(r))
+    rank = result.rows.index(actor) + 1
+    against = ("the critic's fastest layout here is the actor's" if best is follow else
+               f"{best.estimate.step_s - follow.estimate.step_s:+,.1f} s against the critic at the actor's layout"
+               if follow.fits else "the critic at the actor's layout does not fit" if follow.plan is not None
+               else f"the critic at the actor's layout is refused: {follow.problems[0]}")
+    lines.append(f"the fastest pair: actor {_layout(actor)} (rank {rank}) + critic {_critic_layout(best, world)}: "
+                 f"{best.estimate.step_s:,.0f} s per step ({against})")
+    lines.append("the critic's layouts beside that actor layout, fastest first (GiB per GPU at the worst rank: "
+                 "training and rollout peaks, free, the critic's state; seconds: its values (of the score phase), "
+                 "its update, the step):")
+    lines.append(f"  {'critic layout':<40} {'train':>6} {'roll':>6} {'free':>5} {'critic':>6} {'values':>7} "
+                 f"{'update':>7} {'step s':>7}")
+    rows = cs.rows_for(actor)
+    for r in rows[:top]:
+        label = f"  {_critic_layout(r, world):<40}"
+        if r.fits:
+            e = r.estimate
+            lines.append(f"{label} {gib(r.training_peak):6.1f} {gib(r.rollout_peak):6.1f} {gib(r.headroom):5.1f} "
+                         f"{gib(critic_state(r)):6.1f} {e.critic_forward_s:7.1f} "
+                         f"{e.phases['critic_update'].seconds:7.1f} {e.step_s:7.1f}")
+        else:
+            lines.append(f"{label} {'does not fit' if r.plan is not None else 'refused'}: {r.problems[0]}")
+    if len(rows) > top:
+        lines.append(f"  ... {len(rows) - top} more (--top)")
+    own = cs.rows_for(result.own)
+    if own is not None and result.own is not actor:
+        fastest = next(r for r in own if r.fits)  # the config's own row fits: one does
+        lines.append(f"beside the config's layout ({_layout(result.own)}): the critic's fastest "
+                     f"{_critic_layout(fastest, world)}: {_critic_seconds(fastest)} (the critic at the actor's layout: "
+                     f"{_critic_seconds(next(r for r in own if _follows(r)))})")
+    lines.append(f"the fastest pair as vapo-plan sees one config: {rerun} "
+                 + " ".join([*overrides(best.cfg), *critic_overrides(best.cfg)]))
+    return lines
 
 
 def no_layout_lines(result: Search) -> list[str]:
@@ -155,4 +247,4 @@ def no_layout_lines(result: Search) -> list[str]:
     return lines
 
 
-__all__ = ["format_search", "no_layout_lines"]
+__all__ = ["critic_lines", "format_search", "no_layout_lines"]

@@ -91,6 +91,33 @@ def shard_sizes(actor_hf: dict, critic_hf: dict | None, *, world_size: int, tp: 
             for a, c in zip(actor, critic)]
 
 
+def critic_shard_sizes(critic_hf: dict, *, world_size: int, tp: int, pp: int, vpp: int | None,
+                       params_dtype: torch.dtype, ep: int = 1, sequence_parallel: bool = False) -> list[ShardSize]:
+    """The critic's shards at a layout of its own (critic.parallel), one per distinct (tp_rank,
+    pp_rank) of that layout; the actor's counts 0 (its shards are built at its own layout)."""
+    counts = _model_counts(critic_hf, True, world_size, tp, pp, vpp, params_dtype, ep, sequence_parallel)
+    return [ShardSize(c.tp_rank, c.pp_rank, 0, c.params, 0, c.unique, c.inflight, 0, c.expert, 0, c.largest, 0,
+                      c.merged) for c in counts]
+
+
+def paired_positions(world_size: int, actor: tuple[int, int], critic: tuple[int, int], actor_shards: list[ShardSize],
+                     critic_shards: list[ShardSize]) -> list[tuple[ShardSize, ShardSize]]:
+    """(actor shard, critic shard) of every distinct pair that some GPU holds, when the critic has
+    its own (tp, pp): both models place global rank g in megatron's order (TP fastest, PP slowest),
+    tp_rank g % tp and pp_rank g // (world / pp), each at its own sizes. A list with one position
+    per stage (layer_counts.py: tp_rank 0, TP ranks folded) stands for every TP rank of the stage."""
+    def index(shards: list[ShardSize]) -> dict:
+        return {(s.tp_rank, s.pp_rank): s for s in shards}
+
+    def at(shards: dict, tp: int, pp: int, g: int) -> ShardSize:
+        where = (g % tp, g // (world_size // pp))
+        return shards[where] if where in shards else shards[(0, where[1])]
+
+    a, c = index(actor_shards), index(critic_shards)
+    pairs = dict.fromkeys((at(a, *actor, g), at(c, *critic, g)) for g in range(world_size))
+    return list(pairs)
+
+
 class Counts(NamedTuple):
     """One model's parameter counts at one rank position (ShardSize's fields, per model)."""
 
@@ -161,4 +188,5 @@ def _model_counts(hf_cfg: dict, critic: bool, world_size: int, tp: int, pp: int,
     return out
 
 
-__all__ = ["Counts", "ShardSize", "global_rank", "is_expert", "peak_inflight_microbatches", "shard_sizes"]
+__all__ = ["Counts", "ShardSize", "critic_shard_sizes", "global_rank", "is_expert", "paired_positions",
+           "peak_inflight_microbatches", "shard_sizes"]

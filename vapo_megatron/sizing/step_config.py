@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from vapo_megatron.config.engines import engine_of, engine_tp
 from vapo_megatron.config.estimators import estimator_of
+from vapo_megatron.config.layout import critic_parallel, own_critic_layout
 from vapo_megatron.rollout.engines import record_of
 from vapo_megatron.sizing.flops import shapes_from_hf
 from vapo_megatron.sizing.hardware import GPU, GPUS, gpu_from_device_name
@@ -41,21 +42,23 @@ def setup_from_config(cfg, actor_hf: dict, critic_hf: dict | None, *, world: int
     p, r, t, a = cfg.parallel, cfg.rollout, cfg.trainer, cfg.algo
     actor = shapes_from_hf(actor_hf)
     critic = shapes_from_hf(critic_hf or actor_hf) if estimator_of(cfg).needs_critic else None
-    dp = world // (p.tp * p.pp)
+    c = critic_parallel(cfg)  # the critic's layout: critic.parallel, else the actor's
     dtype_bytes = 2 if cfg.model.dtype == "bfloat16" else 4
     if kv_tokens is None:  # the engine's record: its KV cache on a GPU of this size (rollout/engines.py)
         kv_tokens = record_of(cfg).gpu_memory(cfg, gpu_bytes=int((gpu_memory_gib or gpu.memory_gib) * GIB),
                                               actor_params=actor.params(), actor_hf=actor_hf).kv_tokens
-    models = [(actor.params(), cfg.actor_optim)] + ([(critic.params(critic=True), cfg.critic_optim)] if critic else [])
+    models = [(actor.params(), cfg.actor_optim, p)] + ([(critic.params(critic=True), cfg.critic_optim, c)]
+                                                         if critic else [])
     if offload_bytes_per_gpu is None:  # parameters + optimizer state; the gradient buffers are freed, not copied
         offload_bytes_per_gpu = 0
         if t.offload_during_rollout:
-            for n, optim in models:
-                params, _, optimizer = state_bytes(n // (p.tp * p.pp), dtype_bytes=dtype_bytes, dp=dp,
+            for n, optim, m in models:  # each model at its own layout
+                params, _, optimizer = state_bytes(n // (m.tp * m.pp), dtype_bytes=dtype_bytes,
+                                                   dp=world // (m.tp * m.pp),
                                                    distributed_optimizer=optim.distributed_optimizer)
                 offload_bytes_per_gpu += params + optimizer
     if checkpoint_bytes is None:
-        checkpoint_bytes = ckpt_bytes(sum(n for n, _ in models), dtype_bytes=dtype_bytes)
+        checkpoint_bytes = ckpt_bytes(sum(n for n, _, _ in models), dtype_bytes=dtype_bytes)
     e = cfg.eval
     evals = (2 + (max(0, t.total_steps - 1) // e.every if e.every else 0)) if cfg.data.eval_files else 0
     eval_n = min(e.max_prompts, eval_prompts) if eval_prompts is not None else e.max_prompts
@@ -71,7 +74,8 @@ def setup_from_config(cfg, actor_hf: dict, critic_hf: dict | None, *, world: int
         checkpoint_bytes=checkpoint_bytes, save_every=t.save_every, storage_bytes_s=storage_bytes_s,
         bucket_bytes=r.weight_sync_bucket_mb << 20, value_pretrain_steps=a.value_pretrain_steps,
         total_steps=t.total_steps, evals=evals, eval_prompts=eval_n, eval_samples=e.n_samples,
-        partial=r.partial.enabled, spare_batches=r.partial.spare_batches, max_staleness=r.partial.max_staleness)
+        partial=r.partial.enabled, spare_batches=r.partial.spare_batches, max_staleness=r.partial.max_staleness,
+        critic_layout=(c.tp, c.pp, c.vpp, c.ep) if critic is not None and own_critic_layout(cfg) else None)
 
 
 def plan_setup(cfg, plan, actor_hf: dict, critic_hf: dict, *, gpus_per_node: int, gpu: GPU,

@@ -21,6 +21,10 @@ own (trainer/timing.py PHASES), so a prediction can be set beside a run's perf/<
   checkpoint        one checkpoint's bytes to the file system, every trainer.save_every steps
 
 Without a critic (algo.estimator=grpo) there is no score pass of the critic and no critic_update.
+A critic at its own layout (critic.parallel: Setup.critic_layout) is timed at its own PP/VPP (its
+bubble), its own DP (the step's rows dealt over its DP ranks: its micro-batches per rank) and its
+own TP x PP shard of the gradient sync; its compute is its FLOPs over all GPUs at the same MFU
+whatever its TP (a small model's lower efficiency at a high TP and TP traffic are not priced).
 Pure Python: hardware.py has the GPUs' rates, flops.py the models' shapes, step_config.py builds
 a Setup from a run config; vapo-plan prints the estimate (sizing/report.py), and vapo-train takes
 its step and save times for the deadline before it has measured any (trainer/deadline.py).
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 
 from vapo_megatron.sizing.flops import Shapes, forward_flops_per_token
 from vapo_megatron.sizing.hardware import GPU, LINK_EFFICIENCY, host_copy_s, link_bytes_s, on_nvlink
+from vapo_megatron.sizing.step_setup import Setup
 
 # ---- efficiencies: assumptions, not measurements ----------------------------------------------------
 # MFU of the trained and scored models' matmuls, counting every FLOP the GPU runs (the recomputed
@@ -64,66 +69,7 @@ SYNC_PER_TENSOR_S = 2e-3
 SYNC_PER_BUCKET_S = 0.1
 SYNC_FIXED_S = 1.0
 
-# ---- one iteration's inputs --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Setup:
-    """Everything one estimate needs, as numbers (setup_from_config builds it from a run config)."""
-
-    actor: Shapes
-    critic: Shapes | None  # None: no critic (algo.estimator=grpo)
-    world: int
-    gpus_per_node: int
-    tp: int
-    pp: int
-    vpp: int | None
-    ep: int  # parallel.ep
-    engine_tp: int  # GPUs per engine: rollout.sglang.tp
-    kv_tokens: int  # KV-cache tokens per engine
-    prompts: int  # rollout.prompts_per_step
-    samples: int  # prompts x rollout.n_samples
-    prompt_tokens: float  # mean prompt length
-    response_tokens: float  # mean response length
-    max_response_tokens: int  # rollout.max_new_tokens: the tail
-    micro_batch_tokens: int
-    mini_batches: int
-    ppo_epochs: int
-    recompute: bool
-    distributed_optimizer: bool
-    offload_bytes_per_gpu: int  # copied to the host and back per step (0: no offload)
-    checkpoint_bytes: int
-    save_every: int
-    storage_bytes_s: float  # what the job can write to its file system, all nodes together
-    bucket_bytes: int  # rollout.weight_sync_bucket_mb
-    value_pretrain_steps: int = 0
-    total_steps: int = 0
-    evals: int = 0  # evaluations over the run
-    eval_prompts: int = 0  # prompts of one evaluation: one greedy response each, then eval_samples sampled
-    eval_samples: int = 0  # eval.n_samples
-    # Forward passes of a reference policy at scoring (0 here: VAPO, GRPO and DAPO as configured
-    # have no KL term; NeMo-RL's published GRPO runs have one).
-    reference_forwards: int = 0
-    partial: bool = False  # rollout.partial.enabled: the step's rollout phase is partial_rollout's
-    spare_batches: int = 1  # rollout.partial.spare_batches
-    max_staleness: int = 1  # rollout.partial.max_staleness
-
-    @property
-    def dp(self) -> int:
-        return self.world // (self.tp * self.pp)
-
-    @property
-    def engines(self) -> int:
-        return self.world // self.engine_tp
-
-    @property
-    def sequence_tokens(self) -> float:
-        return self.prompt_tokens + self.response_tokens
-
-    @property
-    def tokens(self) -> float:
-        """Prompt + response tokens of one step's samples."""
-        return self.samples * self.sequence_tokens
+# ---- one iteration's inputs: step_setup.py Setup (re-exported here) ----------------------------------
 
 
 @dataclass(frozen=True)
@@ -141,6 +87,7 @@ class Estimate:
     eval_s: float  # one evaluation
     rollout_sync_s: float = 0.0  # the rollout phase without partial rollout
     rollout_partial_s: float = 0.0  # and with it (rollout.partial's settings, on or off in the config)
+    critic_forward_s: float = 0.0  # the critic's values, of the score phase (0: no critic)
 
     @property
     def step_s(self) -> float:
@@ -262,40 +209,66 @@ def micro_batches_per_rank(tokens_per_rank: float, micro_batch_tokens: int) -> i
 
 
 def model_passes_s(gpu: GPU, s: Shapes, *, setup: Setup, tokens: float, passes: float, lm_head: bool,
-                   micro_batches: int) -> float:
+                   micro_batches: int, critic: bool = False) -> float:
     """`passes` forward-equivalents (backward = 2) over `tokens` tokens on every GPU at the MFU,
-    padded, with the pipeline bubble of `micro_batches` per data-parallel rank and schedule call."""
+    padded, with the pipeline bubble of `micro_batches` per data-parallel rank and schedule call
+    (the critic's own PP and VPP with critic.parallel)."""
     flops = passes * tokens * PADDING * forward_flops_per_token(s, context=setup.sequence_tokens / 2, lm_head=lm_head)
-    return flops / (setup.world * gpu.bf16_flops * mfu(s)) * bubble(setup.pp, setup.vpp, micro_batches)
+    _, pp, vpp, _, _ = setup.layout(critic)
+    return flops / (setup.world * gpu.bf16_flops * mfu(s)) * bubble(pp, vpp, micro_batches)
 
 
 def gradient_sync_s(gpu: GPU, s: Shapes, *, setup: Setup, critic: bool) -> float:
     """One optimizer step's data-parallel traffic per GPU: the fp32 gradients reduce-scattered and
     the bf16 parameters all-gathered (distributed optimizer), or the fp32 gradients all-reduced,
-    each (dp - 1) / dp of the rank's bytes, over the DP group's link (DP ranks are TP apart)."""
-    if setup.dp == 1:
+    each (dp - 1) / dp of the rank's bytes, over the DP group's link (DP ranks are TP apart); the
+    critic's at its own layout with critic.parallel."""
+    tp, pp, _, ep, dp = setup.layout(critic)
+    if dp == 1:
         return 0.0
     experts = s.expert_params()
-    per_gpu = (s.params(critic=critic) - experts + experts / setup.ep) / (setup.tp * setup.pp)
-    moved = (4 + 2 if setup.distributed_optimizer else 2 * 4) * per_gpu * (setup.dp - 1) / setup.dp
-    return moved / link_bytes_s(gpu, setup.tp * setup.dp, setup.gpus_per_node, setup.world)
+    per_gpu = (s.params(critic=critic) - experts + experts / ep) / (tp * pp)
+    moved = (4 + 2 if setup.distributed_optimizer else 2 * 4) * per_gpu * (dp - 1) / dp
+    return moved / link_bytes_s(gpu, tp * dp, setup.gpus_per_node, setup.world)
 
 
 def update_s(gpu: GPU, s: Shapes, *, setup: Setup, critic: bool) -> tuple[float, str]:
     """ppo_epochs x (forward + backward (+ recomputed forward)) over every token, split into
     mini_batches optimizer steps, each with its gradient sync."""
     passes = (3 + setup.recompute) * setup.ppo_epochs
-    per_rank = setup.tokens / setup.mini_batches / setup.dp
+    tp, pp, vpp, _, dp = setup.layout(critic)
+    per_rank = setup.tokens / setup.mini_batches / dp
     m = micro_batches_per_rank(per_rank, setup.micro_batch_tokens)
     compute = model_passes_s(gpu, s, setup=setup, tokens=setup.tokens, passes=passes, lm_head=not critic,
-                             micro_batches=m)
+                             micro_batches=m, critic=critic)
     steps = setup.mini_batches * setup.ppo_epochs
     sync = steps * gradient_sync_s(gpu, s, setup=setup, critic=critic)
     recompute = " (recompute on)" if setup.recompute else ""
     how = (f"{passes:g} forward-equivalents{recompute} of {setup.tokens / 1e6:,.2f}M "
-           f"tokens at MFU {mfu(s):.2f}, bubble x{bubble(setup.pp, setup.vpp, m):.3f} ({m} micro-batches); "
-           f"{steps} gradient syncs {sync:.1f} s")
+           f"tokens at MFU {mfu(s):.2f}, bubble x{bubble(pp, vpp, m):.3f} ({m} micro-batches); "
+           f"{steps} gradient syncs {sync:.1f} s" + (own_layout_note(setup) if critic else ""))
     return compute + sync, how
+
+
+def critic_layout_text(setup: Setup) -> str:
+    """The critic's layout as the report names it: "TP=8 PP=1 DP=8" (VPP and EP where set)."""
+    tp, pp, vpp, ep, dp = setup.layout(True)
+    return f"TP={tp} PP={pp}" + (f" VPP={vpp}" if vpp else "") + (f" EP={ep}" if ep > 1 else "") + f" DP={dp}"
+
+
+def own_layout_note(setup: Setup) -> str:
+    """The critic's own layout, as a phase's how-line ends with it ("" at the actor's)."""
+    return "" if setup.critic_layout is None else f"; at the critic's own layout {critic_layout_text(setup)}"
+
+
+def critic_forward_s(gpu: GPU, setup: Setup) -> float:
+    """The critic's values at scoring: one forward over every token, its rows dealt over its own DP
+    ranks (0 without a critic)."""
+    if setup.critic is None:
+        return 0.0
+    m = micro_batches_per_rank(setup.tokens / setup.layout(True)[4], setup.micro_batch_tokens)
+    return model_passes_s(gpu, setup.critic, setup=setup, tokens=setup.tokens, passes=1, lm_head=False,
+                          micro_batches=m, critic=True)
 
 
 def score_s(gpu: GPU, setup: Setup) -> tuple[float, str]:
@@ -307,10 +280,12 @@ def score_s(gpu: GPU, setup: Setup) -> tuple[float, str]:
                              micro_batches=m)
     parts = ["actor log-probs"] + ["reference log-probs"] * setup.reference_forwards
     if setup.critic is not None:
-        seconds += model_passes_s(gpu, setup.critic, setup=setup, tokens=setup.tokens, passes=1, lm_head=False,
-                                  micro_batches=m)
+        seconds += critic_forward_s(gpu, setup)
         parts.append("critic values")
-    return seconds, f"{' + '.join(parts)}: forward over {setup.tokens / 1e6:,.2f}M tokens at MFU {mfu(setup.actor):.2f}"
+    own = (f"; critic values {critic_forward_s(gpu, setup):.1f} s{own_layout_note(setup)}"
+           if setup.critic is not None and setup.critic_layout is not None else "")
+    return seconds, (f"{' + '.join(parts)}: forward over {setup.tokens / 1e6:,.2f}M tokens at MFU "
+                     f"{mfu(setup.actor):.2f}{own}")
 
 
 def sync_s(gpu: GPU, setup: Setup) -> tuple[float, str]:
@@ -375,7 +350,8 @@ def estimate(gpu: GPU, setup: Setup) -> Estimate:
         f"every {setup.save_every} steps"))
     pretrain = sum(p.seconds for name, p in phases.items() if name != "actor_update")
     return Estimate(gpu, setup, phases, pretrain, evaluation_s(gpu, setup) + 2 * move if setup.evals else 0.0,
-                    rollout_sync_s=sync_ro.seconds, rollout_partial_s=partial_ro.seconds)
+                    rollout_sync_s=sync_ro.seconds, rollout_partial_s=partial_ro.seconds,
+                    critic_forward_s=critic_forward_s(gpu, setup))
 
 
 def evaluation_s(gpu: GPU, setup: Setup) -> float:
@@ -389,5 +365,6 @@ def evaluation_s(gpu: GPU, setup: Setup) -> float:
     return generate(1) + generate(setup.eval_samples)
 
 
-__all__ = ["Estimate", "Phase", "Rollout", "Setup", "bubble", "checkpoint_save_s", "decode_step_s", "estimate",
-           "evaluation_s", "partial_rollout", "rollout"]
+__all__ = ["Estimate", "Phase", "Rollout", "Setup", "bubble", "checkpoint_save_s", "critic_forward_s",
+           "critic_layout_text", "decode_step_s", "estimate", "evaluation_s", "own_layout_note", "partial_rollout",
+           "rollout"]

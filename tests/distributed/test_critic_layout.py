@@ -51,6 +51,12 @@ def _reference(critic_dir: str, actor_dp: int):
     with torch.no_grad():
         v0 = critic(b.tokens).logits[..., 0] * b.mask
     old = v0 + b.extras["old_value_offset"] * b.mask
+    from dataclasses import replace
+
+    from vapo_megatron.algorithms.advantages import gae_estimator
+    from vapo_megatron.config import AlgoConfig
+
+    gae = gae_estimator(replace(b, values=v0), AlgoConfig(), value_pretrain=False, dp_sum=lambda t: t)[:2]
     norms = []
     for rows in _mini_batches(actor_dp):
         mb = b.select(rows)
@@ -64,7 +70,7 @@ def _reference(critic_dir: str, actor_dp: int):
         with torch.no_grad():
             for p in critic.parameters():
                 p -= LR * p.grad
-    return v0, old, norms, per_expert(critic.state_dict())
+    return v0, old, norms, per_expert(critic.state_dict()), gae
 
 
 def _mini_batches(actor_dp: int) -> list[list[int]]:
@@ -76,11 +82,14 @@ def _mini_batches(actor_dp: int) -> list[list[int]]:
 
 def _parallel(critic_dir: str, actor: tuple[int, int], critic: tuple[int, int], old_values: torch.Tensor,
               critic_ep: int = 1):
+    from dataclasses import replace
+
     from megatron.core import dist_checkpointing  # noqa: F401  (import order: megatron first)
 
     import model_providers
-    from vapo_megatron.config import OptimConfig
-    from vapo_megatron.mcore import parallel
+    from vapo_megatron.algorithms.advantages import gae_estimator
+    from vapo_megatron.config import AlgoConfig, OptimConfig
+    from vapo_megatron.mcore import dp_stats, parallel
     from vapo_megatron.mcore.critic import Critic
     from vapo_megatron.mcore.model import TrainModel, wrap_ddp
     from vapo_megatron.mcore.models import build_critic
@@ -106,12 +115,14 @@ def _parallel(critic_dir: str, actor: tuple[int, int], critic: tuple[int, int], 
     role = Critic(model, VALUE_CLIP, UpdateSettings(mini_batches=MINI_BATCHES, epochs=1, max_tokens=MAX_TOKENS,
                                                     max_consecutive_skips=3))
     values = role.values(b)  # [B_share, S] on this actor rank's rows
+    scored = replace(b, values=values)  # step 5 on the actor's ranks, from the values that came back
+    advantages, returns, _ = gae_estimator(scored, AlgoConfig(), value_pretrain=False, dp_sum=dp_stats.dp_sum)
     logs = role.update(b, value_pretrain=False)
     with parallel.role("critic"):
         weights = {k: v.clone() for k, v in iter_hf_tensors(model.modules, family, hf_cfg, critic=True)}
         critic_dp = parallel.dp_size()
-    out = {"share": share, "values": values, "parts": got_parts, "grad_norm": logs["critic/grad_norm"],
-           "weights": weights, "critic_dp": critic_dp, "actor_dp": parallel.dp_size()}
+    out = {"share": share, "values": values, "advantages": advantages, "returns": returns, "parts": got_parts,
+           "grad_norm": logs["critic/grad_norm"], "weights": weights, "critic_dp": critic_dp, "actor_dp": parallel.dp_size()}
     parallel.destroy()
     return out
 
@@ -151,7 +162,7 @@ def test_a_moe_critic_at_its_own_expert_parallelism_matches_the_reference(moe_re
 def _check(reference, actor, critic, critic_ep=1):
     actor_dp = 2 // (actor[0] * actor[1])
     critic_dir, refs = reference
-    v0, old, norms, want = refs[actor_dp]
+    v0, old, norms, want, (adv, ret) = refs[actor_dp]
     ranks = run_ranks(2, _parallel, critic_dir, actor, critic, old, critic_ep)
     assert {r["critic_dp"] for r in ranks} == {2 // (critic[0] * critic[1])}
     assert {r["actor_dp"] for r in ranks} == {actor_dp}
@@ -159,6 +170,10 @@ def _check(reference, actor, critic, critic_ep=1):
         assert r["parts"] == [[x for x in part if x in r["share"]] for part in _mini_batches(actor_dp)]
         # values back on the actor's rows, exactly where the reference has them (float32 sums)
         torch.testing.assert_close(r["values"], v0[r["share"]][:, : r["values"].shape[1]], rtol=1e-5, atol=1e-6)
+        # GAE on the actor's ranks (step 5) from those values: the reference's returns and advantages
+        for key, ref in (("advantages", adv), ("returns", ret)):
+            torch.testing.assert_close(r[key], ref[r["share"]][:, : r[key].shape[1]], rtol=1e-5, atol=1e-5,
+                                       msg=lambda m: f"{key}: {m}")
         assert r["grad_norm"] == pytest.approx(sum(norms) / len(norms), rel=1e-5)
     got = {}
     for r in ranks:

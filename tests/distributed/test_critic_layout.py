@@ -122,7 +122,8 @@ def _parallel(critic_dir: str, actor: tuple[int, int], critic: tuple[int, int], 
         weights = {k: v.clone() for k, v in iter_hf_tensors(model.modules, family, hf_cfg, critic=True)}
         critic_dp = parallel.dp_size()
     out = {"share": share, "values": values, "advantages": advantages, "returns": returns, "parts": got_parts,
-           "grad_norm": logs["critic/grad_norm"], "weights": weights, "critic_dp": critic_dp, "actor_dp": parallel.dp_size()}
+           "grad_norm": logs["critic/grad_norm"], "weights": weights, "critic_dp": critic_dp,
+           "actor_dp": parallel.dp_size()}
     parallel.destroy()
     return out
 

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     from vapo_megatron import train
     from vapo_megatron.trainer import trainer as loop
 
-    loop.build_critic = lambda cfg, update: OracleCritic(cfg)  # the one swap (see the module docstring)
+    loop.build_critic = lambda cfg, update, **_: OracleCritic(cfg)  # the one swap (see the module docstring)
     print("[bench_oracle] the critic is the chain task's oracle (scripts/bench_oracle.py), not a learned model",
           flush=True)
     return train.main(argv)

@@ -44,7 +44,7 @@ def test_a_studys_report_rebuilds_byte_identical_from_its_committed_summaries(na
 
 
 def test_the_committed_reports_are_all_found():  # an empty parametrization above would pass silently
-    assert set(REPORTED) >= {"critic", "partial", "volume"}, REPORTED
+    assert set(REPORTED) >= {"critic", "partial", "volume", "single"}, REPORTED
 
 
 def test_the_oracle_studys_tables_and_rules_keep_their_bytes_on_the_critic_studys_summaries():
@@ -121,7 +121,8 @@ def test_a_summary_without_a_record_is_refused_naming_the_flag_given(tmp_path, c
 # ---- docs/benchmarks.md's condensed study tables carry the rebuilt reports' numbers -------------------------
 
 SECTIONS = {"## The critic study's results": "critic", "### At DAPO's generation": "volume",
-            "## The positive control's results": "oracle", "#### Results": "partial"}
+            "## The positive control's results": "oracle", "#### Results": "partial",
+            "## One answer per prompt: the results": "single"}
 NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
 
 
@@ -159,4 +160,4 @@ def test_the_docs_study_tables_hold_only_their_reports_numbers():
         have = set(_numbers(rows[0].split("|", 2)[2]))
         assert [n for n in _numbers(cells) if n not in have] == [], (study, line, rows[0])
         checked += 1
-    assert checked >= 30, checked  # every section found: 10 + 8 critic, 3 volume, 7 + 5 oracle, 4 + 2 partial
+    assert checked >= 47, checked  # every section: 10 + 8 critic, 3 volume, 7 + 5 oracle, 4 + 2 partial, 5 + 3 single
